@@ -1,0 +1,150 @@
+"""The algorithm contract (DESIGN.md): ``init`` / ``local_step`` / ``communicate``.
+
+An algorithm is written from one client's point of view over a *state*: a
+tree (nested dict) of tensors. Engines own everything else: data, sampling,
+client layout, collectives, byte accounting, evaluation.
+
+- ``init(client)`` returns the client's starting state.
+- ``local_step(state, batch, ctx)`` is one local update with no communication.
+  It is a pure function of its inputs (no randomness, no in-place mutation of
+  ``state``), so engines may run it per client or batched with ``torch.func.vmap``.
+- ``communicate(state, comm, ctx)`` ends a round: it calls ``comm.mean`` and
+  ``comm.gather`` and does any server-side arithmetic. Here every state leaf
+  carries a leading client axis (all clients of this process); code must be
+  elementwise over it, which is what per-client vector arithmetic is anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from fedxrisk.algorithms.schedule import RoundPlan
+from fedxrisk.problem import Problem
+from fedxrisk.tree import Tree
+
+State = dict[str, Any]
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    index: int
+    num_samples: int
+    pos_ratio: float  # the client's own positive ratio
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a local step may know besides its state and batch."""
+
+    step: int  # global local-step index t (0-based)
+    local_step: int  # index within the current round
+    round: int
+    stage: int
+    lr: float
+    window: int
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What ``communicate`` may know: the round just finished and the next one."""
+
+    plan: RoundPlan
+    next_plan: RoundPlan | None  # None after the last round
+    stage_batch: Batch | None = None  # per-client large batch at stage ends, if requested
+
+    @property
+    def lr(self) -> float:
+        return self.plan.lr
+
+    @property
+    def window(self) -> int:
+        return self.plan.window
+
+    @property
+    def stage_end(self) -> bool:
+        return self.plan.stage_end
+
+
+class Collective(Protocol):
+    """What ``communicate`` may use to talk to other clients."""
+
+    num_clients: int
+
+    def mean(self, tree: Tree) -> Tree:
+        """Mean over all clients of each leaf, returned to every client (one packed reduce)."""
+
+    def gather(self, tree: Tree) -> Tree:
+        """Each leaf ``[*shape]`` becomes ``[num_clients, *shape]`` on every client."""
+
+    def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
+        """Run a per-client function (no communication) over stacked trees."""
+
+
+class Algorithm:
+    """Base class: hyperparameters are dataclass fields; subclasses implement the contract.
+
+    Class attributes:
+        name: registry key.
+        communicates: names of state entries a round sends (documentation and tests).
+        fixed_window: a window the algorithm requires (NPA: 1), else None.
+        stage_batch_size: per-client samples the engine draws at stage ends (CoDA).
+    """
+
+    name: ClassVar[str] = ""
+    communicates: ClassVar[tuple[str, ...]] = ()
+    fixed_window: ClassVar[int | None] = None
+    stage_batch_size: int = 0
+
+    problem: Problem
+
+    def init(self, client: ClientInfo) -> State:
+        raise NotImplementedError
+
+    def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
+        raise NotImplementedError
+
+    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
+        raise NotImplementedError
+
+    def model(self, state: State) -> tuple[Tree, Tree]:
+        """The (params, buffers) to evaluate."""
+        return state["w"], state["buffers"]
+
+    @classmethod
+    def hyperparameters(cls) -> dict[str, Any]:
+        """Field name → default, for ``fedxrisk list`` and config validation."""
+        return {f.name: f.default for f in fields(cls) if f.name != "problem"}  # type: ignore[arg-type]
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator adding an algorithm to :data:`ALGORITHMS` under ``cls.name``."""
+    if not cls.name or cls.name in ALGORITHMS:
+        raise ValueError(f"algorithm name {cls.name!r} missing or registered twice")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def model_payload(state: State, problem: Problem) -> Tree:
+    """The model part of a round's message: parameters, plus float buffers if averaged."""
+    payload = {"w": state["w"]}
+    if problem.buffer_policy == "average":
+        floats = {k: v for k, v in state["buffers"].items() if v.is_floating_point()}
+        if floats:
+            payload["buffers"] = floats
+    return payload
+
+
+def with_model(state: State, averaged: Tree) -> State:
+    """Write an averaged model payload back into ``state``."""
+    out = dict(state, w=averaged["w"])
+    if "buffers" in averaged:
+        out["buffers"] = {**state["buffers"], **averaged["buffers"]}
+    return out

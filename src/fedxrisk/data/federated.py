@@ -1,0 +1,118 @@
+"""A binary training set split over clients, and batches drawn from it."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedxrisk.data.datasets import BinaryData, binarize, load_dataset
+from fedxrisk.data.imbalance import make_imbalanced
+from fedxrisk.data.partition import partition
+
+
+@dataclass
+class FederatedData:
+    """Training data (after imbalance) with one index shard per client, and the global test set."""
+
+    data: BinaryData
+    shards: list[np.ndarray]
+
+    def __post_init__(self) -> None:
+        width = max(len(s) for s in self.shards)
+        table = np.zeros((len(self.shards), width), dtype=np.int64)
+        for k, s in enumerate(self.shards):
+            table[k, : len(s)] = s
+        self._table = torch.from_numpy(table)
+        self._rows = torch.arange(len(self.shards))[:, None]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.shards)
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        return [len(s) for s in self.shards]
+
+    def client_pos_ratio(self, k: int) -> float:
+        return float(self.data.y_train[torch.from_numpy(self.shards[k])].mean())
+
+    def client_counts(self) -> list[tuple[int, int]]:
+        """(positives, negatives) held by each client."""
+        y = self.data.y_train
+        out = []
+        for s in self.shards:
+            pos = int(y[torch.from_numpy(s)].sum())
+            out.append((pos, len(s) - pos))
+        return out
+
+    def batch(self, positions: np.ndarray, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index."""
+        local = torch.from_numpy(positions)
+        index = self._table[self._rows, local]
+        return {
+            "x": self.data.x_train[index].to(device),
+            "y": self.data.y_train[index].to(device),
+            "index": index.to(device),
+            "local_index": local.to(device),
+        }
+
+    def client_view(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.shards[k])
+        return self.data.x_train[idx], self.data.y_train[idx]
+
+
+def check_client_classes(fed: FederatedData, allow_missing_class: bool) -> list[int]:
+    """Clients lacking positives or negatives: an error unless explicitly allowed.
+
+    When allowed, such clients still train: the AUC losses use the configured
+    p and contribute only the terms of the class they hold; their per-client
+    AUROC is undefined and left out of the per-client mean.
+    """
+    lacking = [k for k, (pos, neg) in enumerate(fed.client_counts()) if pos == 0 or neg == 0]
+    if lacking and not allow_missing_class:
+        counts = fed.client_counts()
+        detail = ", ".join(f"client {k}: {counts[k][0]} pos / {counts[k][1]} neg" for k in lacking[:5])
+        raise ValueError(
+            f"{len(lacking)} client(s) hold only one class ({detail}). Use fewer clients, "
+            "a higher imratio, another partition, or allow_missing_class=True "
+            "(--allow-missing-class) to train anyway: such clients then contribute only "
+            "the loss terms of the class they hold."
+        )
+    if lacking:
+        warnings.warn(f"clients {lacking[:10]} hold only one class", stacklevel=2)
+    return lacking
+
+
+def make_federated(
+    dataset: str | BinaryData,
+    num_clients: int,
+    partition_kind: str = "class",
+    imratio: float | None = 0.1,
+    seed: int = 0,
+    positive_classes: Sequence[int] | None = None,
+    dirichlet_alpha: float = 0.5,
+    allow_missing_class: bool = False,
+) -> FederatedData:
+    """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``."""
+    data = dataset if isinstance(dataset, BinaryData) else binarize(load_dataset(dataset), positive_classes)
+    rng = np.random.default_rng([seed, 1])
+    kept = make_imbalanced(data.y_train.numpy(), imratio, rng)
+    data = BinaryData(
+        name=data.name,
+        x_train=data.x_train[torch.from_numpy(kept)],
+        y_train=data.y_train[torch.from_numpy(kept)],
+        x_test=data.x_test,
+        y_test=data.y_test,
+        classes_train=data.classes_train[kept],
+        positive_classes=data.positive_classes,
+    )
+    shards = partition(
+        partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha
+    )
+    fed = FederatedData(data, shards)
+    check_client_classes(fed, allow_missing_class)
+    return fed

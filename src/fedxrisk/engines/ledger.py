@@ -1,0 +1,74 @@
+"""Byte accounting of every collective: per client, per round, per named variable."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from fedxrisk.tree import Tree, leaves
+
+
+def _per_client_bytes(tree: Tree) -> int:
+    """Bytes of one client's share of a stacked tree (leading axis = clients)."""
+    return sum(t[0].numel() * t.element_size() if t.dim() else t.element_size() for _, t in leaves(tree))
+
+
+class ByteLedger:
+    """Counts bytes sent up (client → server) and down (server → client) by each client.
+
+    ``mean`` of a variable costs its size up and the same size down; ``gather``
+    costs its size up and ``num_clients`` times its size down (everyone receives
+    everyone's values). Totals are per variable (top-level key) and per round.
+    """
+
+    def __init__(self) -> None:
+        self.up: dict[str, int] = defaultdict(int)
+        self.down: dict[str, int] = defaultdict(int)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.rounds: list[tuple[int, int]] = []
+        self._round_up = self._round_down = 0
+
+    def record(self, kind: str, tree: dict[str, Any], num_clients: int) -> None:
+        self.calls[kind] += 1
+        for name, sub in tree.items():
+            size = _per_client_bytes(sub)
+            down = size * (num_clients if kind == "gather" else 1)
+            self.up[name] += size
+            self.down[name] += down
+            self._round_up += size
+            self._round_down += down
+
+    def close_round(self) -> None:
+        self.rounds.append((self._round_up, self._round_down))
+        self._round_up = self._round_down = 0
+
+    @property
+    def total_up(self) -> int:
+        return sum(self.up.values())
+
+    @property
+    def total_down(self) -> int:
+        return sum(self.down.values())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "rounds": len(self.rounds),
+            "bytes_up_per_client": self.total_up,
+            "bytes_down_per_client": self.total_down,
+            "by_variable": {k: {"up": self.up[k], "down": self.down[k]} for k in sorted(self.up)},
+            "collective_calls": dict(self.calls),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "up": dict(self.up),
+            "down": dict(self.down),
+            "calls": dict(self.calls),
+            "rounds": list(self.rounds),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.up = defaultdict(int, state["up"])
+        self.down = defaultdict(int, state["down"])
+        self.calls = defaultdict(int, state["calls"])
+        self.rounds = [tuple(r) for r in state["rounds"]]

@@ -1,0 +1,271 @@
+"""One experiment: config → data → algorithm → engine → ``history.csv`` and ``summary.json``."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
+from fedxrisk.data import DATASETS, PARTITIONS, FederatedData, make_federated
+from fedxrisk.engines import ENGINES, NonFiniteLoss, Simulation
+from fedxrisk.metrics import evaluate
+from fedxrisk.models import MODELS, build_model
+from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
+
+HISTORY_FIELDS = (
+    "round", "step", "stage", "lr", "train_loss", "test_auroc", "test_ap",
+    "client_auroc_mean", "client_auroc_std", "bytes_up_per_client",
+    "bytes_down_per_client", "wall_seconds",
+)  # fmt: skip
+DEFAULT_LOCAL_STEPS = 8
+
+
+class ConfigError(ValueError):
+    """An invalid experiment setting; the message names the setting."""
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run. ``options`` holds the algorithm's hyperparameters."""
+
+    algorithm: str = "codasca"
+    dataset: str = "digits"
+    clients: int = 8
+    imratio: float | None = 0.1
+    partition: str = "class"
+    dirichlet_alpha: float = 0.5
+    positive_classes: list[int] | None = None
+    model: str = "mlp"
+    rounds: int = 60
+    local_steps: int | None = None  # None: the algorithm's fixed window, else 8
+    batch_size: int = 32
+    lr: float = 0.1
+    stages: int = 3
+    lr_decay: float = 3.0
+    window_growth: float = 1.0
+    seed: int = 0
+    engine: str = "vmap"
+    device: str = "cpu"
+    eval_every: int = 5
+    buffer_policy: str = "average"
+    pos_ratio_mode: str = "global"
+    allow_missing_class: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_local_steps(self) -> int:
+        fixed = ALGORITHMS[self.algorithm].fixed_window if self.algorithm in ALGORITHMS else None
+        return self.local_steps if self.local_steps is not None else (fixed or DEFAULT_LOCAL_STEPS)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["local_steps"] = self.resolved_local_steps()
+        return out
+
+
+def _choice(name: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of {sorted(allowed)}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check every setting that can be checked without loading data."""
+    _choice("algorithm", cfg.algorithm, ALGORITHMS)
+    _choice("dataset", cfg.dataset, DATASETS)
+    _choice("partition", cfg.partition, PARTITIONS)
+    _choice("model", cfg.model, MODELS)
+    _choice("engine", cfg.engine, ENGINES)
+    _choice("buffer_policy", cfg.buffer_policy, BUFFER_POLICIES)
+    _choice("pos_ratio_mode", cfg.pos_ratio_mode, POS_RATIO_MODES)
+    if cfg.imratio is not None and not 0.0 < cfg.imratio < 1.0:
+        raise ConfigError(f"imratio must lie in (0, 1), got {cfg.imratio}")
+    for name in ("clients", "rounds", "batch_size", "eval_every", "stages"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be ≥ 1, got {getattr(cfg, name)}")
+    steps = cfg.resolved_local_steps()
+    fixed = ALGORITHMS[cfg.algorithm].fixed_window
+    if fixed is not None and steps != fixed:
+        raise ConfigError(
+            f"{cfg.algorithm} communicates every {fixed} step(s); local_steps must be {fixed}, got {steps}"
+        )
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {cfg.device!r} requested but CUDA is not available")
+    known = ALGORITHMS[cfg.algorithm].hyperparameters()
+    unknown = sorted(set(cfg.options) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {unknown} for {cfg.algorithm}; allowed: {sorted(known)}")
+    try:
+        Schedule.build(cfg.rounds, steps, cfg.lr, cfg.stages, cfg.lr_decay, cfg.window_growth)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+@dataclass
+class Setup:
+    """The built pieces of a run, before any training."""
+
+    config: RunConfig
+    data: FederatedData
+    problem: Problem
+    algorithm: Algorithm
+    simulation: Simulation
+
+
+def build(cfg: RunConfig) -> Setup:
+    """Validate and build everything; raises :class:`ConfigError` before any output exists."""
+    validate(cfg)
+    try:
+        data = make_federated(
+            cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
+            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class,
+        )  # fmt: skip
+        model = build_model(cfg.model, data.data.input_shape, cfg.seed)
+        problem = Problem(model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode)
+        algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
+        schedule = Schedule.build(
+            cfg.rounds, cfg.resolved_local_steps(), cfg.lr, cfg.stages, cfg.lr_decay, cfg.window_growth
+        )
+        sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from e
+    return Setup(cfg, data, problem, algorithm, sim)
+
+
+def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path(root) / f"{stamp}-{cfg.algorithm}-{cfg.dataset}"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON through a temporary file and a rename: never a half-written file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _clean(value: Any) -> Any:
+    """NaN → None so summary.json stays standard JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class RunResult:
+    summary: dict[str, Any]
+    history: list[dict[str, Any]]
+    out_dir: Path
+
+
+Callback = Callable[[dict[str, Any], int, int], None]  # (row or {}, rounds done, total)
+
+
+def run_experiment(
+    cfg: RunConfig, out_dir: str | Path | None = None, callback: Callback | None = None
+) -> RunResult:
+    """Train, evaluating every ``eval_every`` rounds and at the end; write history and summary.
+
+    On a NaN/inf loss the run stops: the history written so far is kept, the
+    summary records ``status: failed`` and the round, and :class:`NonFiniteLoss` is raised.
+    """
+    setup = build(cfg)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
+    if (out / "summary.json").exists():
+        raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    sim, history, best = setup.simulation, [], None
+    start = time.perf_counter()
+    total = len(sim.plans)
+    failure: NonFiniteLoss | None = None
+    with open(out / "history.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
+        writer.writeheader()
+        try:
+            while not sim.done:
+                plan = sim.run_round()
+                row: dict[str, Any] = {}
+                if sim.round % cfg.eval_every == 0 or sim.done:
+                    row = _evaluate_row(setup, plan, time.perf_counter() - start)
+                    writer.writerow(row)
+                    f.flush()
+                    history.append(row)
+                    if best is None or _better(row["test_auroc"], best["test_auroc"]):
+                        best = row
+                if callback:
+                    callback(row, sim.round, total)
+        except NonFiniteLoss as e:
+            failure = e
+    summary = _summary(setup, history, best, time.perf_counter() - start, failure)
+    write_json_atomic(out / "summary.json", summary)
+    if failure is not None:
+        raise failure
+    return RunResult(summary, history, out)
+
+
+def _better(new: float, old: float) -> bool:
+    return not math.isnan(new) and (math.isnan(old) or new > old)
+
+
+def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
+    sim = setup.simulation
+    params, buffers = sim.global_model()
+    metrics = evaluate(setup.problem, params, buffers, setup.data)
+    return {
+        "round": sim.round,
+        "step": plan.first_step + plan.window,
+        "stage": plan.stage,
+        "lr": plan.lr,
+        "train_loss": sim.train_loss(),
+        **metrics,
+        "bytes_up_per_client": sim.ledger.total_up,
+        "bytes_down_per_client": sim.ledger.total_down,
+        "wall_seconds": round(wall, 4),
+    }
+
+
+def _summary(setup: Setup, history, best, wall: float, failure: Exception | None) -> dict[str, Any]:
+    cfg, sim = setup.config, setup.simulation
+    final = history[-1] if history else {}
+    keys = ("test_auroc", "test_ap", "client_auroc_mean", "client_auroc_std", "round")
+    return _clean(
+        {
+            "status": "failed" if failure else "completed",
+            "error": str(failure) if failure else None,
+            "algorithm": cfg.algorithm,
+            "dataset": cfg.dataset,
+            "engine": cfg.engine,
+            "num_clients": cfg.clients,
+            "rounds": sim.round,
+            "local_steps": cfg.resolved_local_steps(),
+            "seed": cfg.seed,
+            "final": {k: final.get(k, math.nan) for k in keys},
+            "best": {"test_auroc": best["test_auroc"], "round": best["round"]} if best else None,
+            "communication": sim.ledger.summary(),
+            "wall_seconds": round(wall, 3),
+            "data": {
+                "train_samples": len(setup.data.data.y_train),
+                "train_pos_ratio": setup.data.data.pos_ratio,
+                "test_samples": len(setup.data.data.y_test),
+                "client_counts": setup.data.client_counts(),
+            },
+            "hyperparameters": _hparams(setup.algorithm),
+            "config": cfg.to_dict(),
+            "torch_version": torch.__version__,
+        }
+    )
+
+
+def _hparams(alg: Algorithm) -> dict[str, Any]:
+    return {f.name: getattr(alg, f.name) for f in dataclasses.fields(alg) if f.name != "problem"}  # type: ignore[arg-type]

@@ -1,0 +1,64 @@
+"""Evaluation metrics: AUROC and average precision via scikit-learn, per-client summaries."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from fedxrisk.data.federated import FederatedData
+from fedxrisk.problem import Problem
+from fedxrisk.tree import Tree
+
+
+def auroc(y: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve; NaN when ``y`` holds a single class."""
+    return float(roc_auc_score(y, scores)) if 0 < y.sum() < len(y) else math.nan
+
+
+def average_precision(y: np.ndarray, scores: np.ndarray) -> float:
+    """Average precision (area under the precision-recall curve); NaN without positives."""
+    return float(average_precision_score(y, scores)) if y.sum() > 0 else math.nan
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module):
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def predict(problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, chunk: int = 4096) -> np.ndarray:
+    """Logits of the model in eval mode (BatchNorm uses running statistics)."""
+    device = next(iter(params.values())).device
+    with eval_mode(problem.model):
+        out = [
+            problem.logits(params, buffers, x[i : i + chunk].to(device))[0] for i in range(0, len(x), chunk)
+        ]
+    return torch.cat(out).float().cpu().numpy()
+
+
+def evaluate(problem: Problem, params: Tree, buffers: Tree, data: FederatedData) -> dict[str, float]:
+    """Test AUROC/AP of the global model, and its AUROC on each client's own shard.
+
+    ``client_auroc_mean``/``std`` are over clients holding both classes.
+    """
+    y_test = data.data.y_test.numpy()
+    s_test = predict(problem, params, buffers, data.data.x_test)
+    s_train = predict(problem, params, buffers, data.data.x_train)
+    y_train = data.data.y_train.numpy()
+    per_client = [auroc(y_train[shard], s_train[shard]) for shard in data.shards]
+    valid = [a for a in per_client if not math.isnan(a)]
+    return {
+        "test_auroc": auroc(y_test, s_test),
+        "test_ap": average_precision(y_test, s_test),
+        "client_auroc_mean": float(np.mean(valid)) if valid else math.nan,
+        "client_auroc_std": float(np.std(valid)) if valid else math.nan,
+    }

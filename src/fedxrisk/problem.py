@@ -1,0 +1,66 @@
+"""The learning problem shared by all clients: a model used functionally.
+
+Client state holds the parameters and buffers; the ``nn.Module`` is only a
+template evaluated with :func:`torch.func.functional_call`, so the same code
+runs per client (loop engine) and batched over clients (vmap engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from fedxrisk.tree import Tree
+
+BUFFER_POLICIES = ("average", "local")
+POS_RATIO_MODES = ("global", "local", "batch")
+
+
+@dataclass
+class Problem:
+    """A model template plus the facts every client agrees on.
+
+    Args:
+        model: any ``nn.Module`` mapping a batch of inputs to one logit per row.
+        pos_ratio: the global positive ratio p of the training data (all clients).
+        buffer_policy: ``"average"`` (BatchNorm running stats are averaged with
+            the model) or ``"local"`` (each client keeps its own).
+        pos_ratio_mode: which p the AUC losses use: ``global`` (default),
+            ``local`` (the client's own ratio) or ``batch`` (the mini-batch's).
+    """
+
+    model: nn.Module
+    pos_ratio: float
+    buffer_policy: str = "average"
+    pos_ratio_mode: str = "global"
+
+    def __post_init__(self) -> None:
+        if self.buffer_policy not in BUFFER_POLICIES:
+            raise ValueError(f"buffer_policy must be one of {BUFFER_POLICIES}, got {self.buffer_policy!r}")
+        if self.pos_ratio_mode not in POS_RATIO_MODES:
+            raise ValueError(f"pos_ratio_mode must be one of {POS_RATIO_MODES}, got {self.pos_ratio_mode!r}")
+
+    def init_model(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Detached copies of the template's parameters and buffers."""
+        params = {k: v.detach().clone() for k, v in self.model.named_parameters()}
+        buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
+        return params, buffers
+
+    def logits(
+        self, params: Tree, buffers: Tree, x: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Logits of shape ``[batch]`` and the buffers after this forward pass."""
+        buffers = {k: v.clone() for k, v in buffers.items()}
+        out = functional_call(self.model, (params, buffers), (x,))
+        return out.reshape(out.shape[0]), buffers
+
+    def client_pos_ratio(self, local_ratio: float) -> float:
+        """The p a client's AUC loss starts with (``batch`` mode overrides per step)."""
+        return local_ratio if self.pos_ratio_mode == "local" else self.pos_ratio
+
+    def batch_p(self, p_state: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """p for this mini-batch: the stored p, or the batch's ratio in ``batch`` mode."""
+        return y.mean() if self.pos_ratio_mode == "batch" else p_state
