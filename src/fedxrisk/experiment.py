@@ -47,10 +47,10 @@ class RunConfig:
     dirichlet_alpha: float = 0.5
     positive_classes: list[int] | None = None
     model: str = "mlp"
-    rounds: int = 60
+    rounds: int = 100
     local_steps: int | None = None  # None: the algorithm's fixed window, else 8
     batch_size: int = 32
-    lr: float = 0.1
+    lr: float | None = None  # None: the algorithm's default_lr
     stages: int = 3
     lr_decay: float = 3.0
     window_growth: float = 1.0
@@ -67,9 +67,15 @@ class RunConfig:
         fixed = ALGORITHMS[self.algorithm].fixed_window if self.algorithm in ALGORITHMS else None
         return self.local_steps if self.local_steps is not None else (fixed or DEFAULT_LOCAL_STEPS)
 
+    def resolved_lr(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return ALGORITHMS[self.algorithm].default_lr if self.algorithm in ALGORITHMS else 0.1
+
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["local_steps"] = self.resolved_local_steps()
+        out["lr"] = self.resolved_lr()
         return out
 
 
@@ -105,7 +111,7 @@ def validate(cfg: RunConfig) -> None:
     if unknown:
         raise ConfigError(f"unknown option(s) {unknown} for {cfg.algorithm}; allowed: {sorted(known)}")
     try:
-        Schedule.build(cfg.rounds, steps, cfg.lr, cfg.stages, cfg.lr_decay, cfg.window_growth)
+        Schedule.build(cfg.rounds, steps, cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth)
     except ValueError as e:
         raise ConfigError(str(e)) from e
 
@@ -133,7 +139,7 @@ def build(cfg: RunConfig) -> Setup:
         problem = Problem(model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode)
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
         schedule = Schedule.build(
-            cfg.rounds, cfg.resolved_local_steps(), cfg.lr, cfg.stages, cfg.lr_decay, cfg.window_growth
+            cfg.rounds, cfg.resolved_local_steps(), cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth
         )
         sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:

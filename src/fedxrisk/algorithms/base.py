@@ -93,12 +93,17 @@ class Algorithm:
         communicates: names of state entries a round sends (documentation and tests).
         fixed_window: a window the algorithm requires (NPA: 1), else None.
         stage_batch_size: per-client samples the engine draws at stage ends (CoDA).
+        default_lr: the learning rate used when a run does not set one.
+        uniforms_per_step: U(0, 1) numbers the engine adds to each batch as
+            ``batch["uniform"]`` (local steps may not draw random numbers themselves).
     """
 
     name: ClassVar[str] = ""
     communicates: ClassVar[tuple[str, ...]] = ()
     fixed_window: ClassVar[int | None] = None
     stage_batch_size: int = 0
+    default_lr: ClassVar[float] = 0.1
+    uniforms_per_step: ClassVar[int] = 0
 
     problem: Problem
 

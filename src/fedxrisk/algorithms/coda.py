@@ -67,6 +67,7 @@ class CODAPlus(Algorithm):
 
     name = "codaplus"
     communicates = ("w", "a", "b", "alpha")
+    default_lr = 1.0  # sigmoid scores make the square loss's gradients small (factor p(1 − p))
 
     problem: Problem
     form: str = "paper"

@@ -1,0 +1,68 @@
+"""Shared builders for tests: small federated runs and tree comparisons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedxrisk.algorithms import ALGORITHMS, Schedule
+from fedxrisk.data import make_federated
+from fedxrisk.engines import Simulation
+from fedxrisk.models import build_model
+from fedxrisk.problem import Problem
+from fedxrisk.tree import leaves
+
+
+def make_sim(
+    algorithm: str,
+    engine: str = "loop",
+    clients: int = 4,
+    rounds: int = 3,
+    local_steps: int = 2,
+    batch_size: int = 8,
+    lr: float = 0.1,
+    stages: int = 1,
+    dataset: str = "digits",
+    model: str = "mlp",
+    partition: str = "iid",
+    imratio: float | None = 0.3,
+    seed: int = 0,
+    buffer_policy: str = "average",
+    pos_ratio_mode: str = "global",
+    options: dict[str, Any] | None = None,
+) -> Simulation:
+    """A small simulation with every piece built from ``seed``."""
+    data = make_federated(dataset, clients, partition, imratio, seed)
+    net = build_model(model, data.data.input_shape, seed)
+    problem = Problem(net, data.data.pos_ratio, buffer_policy, pos_ratio_mode)
+    alg = ALGORITHMS[algorithm](problem, **(options or {}))
+    schedule = Schedule.build(rounds, local_steps, lr, stages)
+    return Simulation(alg, data, schedule, batch_size, seed, engine)
+
+
+def run_all(sim: Simulation) -> Simulation:
+    while not sim.done:
+        sim.run_round()
+    return sim
+
+
+def max_abs_diff(a: Any, b: Any) -> float:
+    """Largest elementwise difference between two trees of the same structure."""
+    pairs = zip(leaves(a), leaves(b), strict=True)
+    diffs = []
+    for (pa, ta), (pb, tb) in pairs:
+        assert pa == pb, (pa, pb)
+        diffs.append(float((ta.double() - tb.double()).abs().max()) if ta.numel() else 0.0)
+    return max(diffs)
+
+
+def assert_equal_across_clients(tree: Any, name: str = "", atol: float = 0.0) -> None:
+    """Every leaf of a stacked tree is the same on all clients."""
+    for path, t in leaves(tree):
+        spread = float((t - t[:1]).abs().max()) if t.numel() else 0.0
+        assert spread <= atol, f"{name}.{path} differs across clients by {spread}"
+
+
+def torch_seed(seed: int = 0) -> None:
+    torch.manual_seed(seed)
