@@ -61,7 +61,9 @@ def main() -> None:
 @click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)
 @click.option("--local-steps", "-I", type=int, default=None, help="window I (default 8; NPA: 1)")
 @click.option("--batch-size", type=int, default=DEFAULTS.batch_size, show_default=True)
-@click.option("--lr", type=float, default=None, help="step size (default: the algorithm's, see `fedxrisk list`)")
+@click.option(
+    "--lr", type=float, default=None, help="step size (default: the algorithm's, see `fedxrisk list`)"
+)
 @click.option(
     "--stages", type=int, default=DEFAULTS.stages, show_default=True, help="lr ÷ lr-decay per stage"
 )

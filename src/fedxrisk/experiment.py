@@ -139,7 +139,12 @@ def build(cfg: RunConfig) -> Setup:
         problem = Problem(model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode)
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
         schedule = Schedule.build(
-            cfg.rounds, cfg.resolved_local_steps(), cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth
+            cfg.rounds,
+            cfg.resolved_local_steps(),
+            cfg.resolved_lr(),
+            cfg.stages,
+            cfg.lr_decay,
+            cfg.window_growth,
         )
         sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
