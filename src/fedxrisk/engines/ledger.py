@@ -51,10 +51,13 @@ class ByteLedger:
         return sum(self.down.values())
 
     def summary(self) -> dict[str, Any]:
+        n = max(len(self.rounds), 1)
         return {
             "rounds": len(self.rounds),
             "bytes_up_per_client": self.total_up,
             "bytes_down_per_client": self.total_down,
+            "bytes_up_per_client_per_round": self.total_up / n,
+            "bytes_down_per_client_per_round": self.total_down / n,
             "by_variable": {k: {"up": self.up[k], "down": self.down[k]} for k in sorted(self.up)},
             "collective_calls": dict(self.calls),
         }
