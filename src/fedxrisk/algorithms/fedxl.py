@@ -59,7 +59,13 @@ from fedxrisk.algorithms.base import (
     register,
     with_model,
 )
-from fedxrisk.objectives.pairwise import BOUNDED, check_lambda, check_scores, check_surrogate, pairwise_surrogate
+from fedxrisk.objectives.pairwise import (
+    BOUNDED,
+    check_lambda,
+    check_scores,
+    check_surrogate,
+    pairwise_surrogate,
+)
 from fedxrisk.problem import Problem
 from fedxrisk.tree import tmap, zeros_like
 
@@ -94,7 +100,9 @@ class PairwiseBase(Algorithm):
         if self.positives_per_batch < 1:
             raise ValueError(f"positives_per_batch must be ≥ 1, got {self.positives_per_batch}")
         if not 0.0 < self.beta <= 1.0:
-            raise ValueError(f"beta (momentum weight of the new gradient) must lie in (0, 1], got {self.beta}")
+            raise ValueError(
+                f"beta (momentum weight of the new gradient) must lie in (0, 1], got {self.beta}"
+            )
         if self.margin < 0:
             raise ValueError(f"margin must be ≥ 0, got {self.margin}")
 
@@ -297,7 +305,9 @@ class FeDXL2(FeDXL1):
 
     def _seed_records(self, state: State, batch: Batch) -> dict[str, torch.Tensor]:
         rec = super()._seed_records(state, batch)
-        rec["rec_u"] = torch.cat([state["rec_u"], state["u"][batch["local_index"][: self.positives_per_batch]]])
+        rec["rec_u"] = torch.cat(
+            [state["rec_u"], state["u"][batch["local_index"][: self.positives_per_batch]]]
+        )
         return rec
 
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:

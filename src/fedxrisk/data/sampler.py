@@ -89,7 +89,10 @@ class ClassSampler(ClientSampler):
     def next(self) -> np.ndarray:
         b1, b2 = self.positives, self.batch_size - self.positives
         return np.stack(
-            [np.concatenate([self._draw_class(k, 0, b1), self._draw_class(k, 1, b2)]) for k in range(len(self.sizes))]
+            [
+                np.concatenate([self._draw_class(k, 0, b1), self._draw_class(k, 1, b2)])
+                for k in range(len(self.sizes))
+            ]
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -97,4 +100,6 @@ class ClassSampler(ClientSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.class_queues = [[np.asarray(q, dtype=np.int64).copy() for q in qs] for qs in state["class_queues"]]
+        self.class_queues = [
+            [np.asarray(q, dtype=np.int64).copy() for q in qs] for qs in state["class_queues"]
+        ]

@@ -25,4 +25,6 @@ def feature_shift(
         idx = torch.from_numpy(shard)
         noise = rng.normal((k - num_clients / 2) * step, std, size=(len(shard), *x.shape[1:]))
         x[idx] = x[idx] + torch.from_numpy(noise.astype(np.float32))
-    return BinaryData(data.name, x, data.y_train, data.x_test, data.y_test, data.classes_train, data.positive_classes)
+    return BinaryData(
+        data.name, x, data.y_train, data.x_test, data.y_test, data.classes_train, data.positive_classes
+    )
