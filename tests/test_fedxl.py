@@ -222,8 +222,12 @@ def test_kl_dro_tends_to_pairwise_auc_for_large_lambda():
 def test_surrogates_have_their_formulas():
     d = torch.tensor([0.3])
     assert float(pairwise_auc_loss(d, torch.zeros(1))) == pytest.approx(0.49)
-    assert float(pairwise_auc_loss(torch.ones(1), torch.zeros(1), "square", margin=0.5)) == pytest.approx(0.25)
-    assert float(pairwise_auc_loss(d, torch.zeros(1), "logistic")) == pytest.approx(math.log1p(math.exp(-0.3)))
+    assert float(pairwise_auc_loss(torch.ones(1), torch.zeros(1), "square", margin=0.5)) == pytest.approx(
+        0.25
+    )
+    assert float(pairwise_auc_loss(d, torch.zeros(1), "logistic")) == pytest.approx(
+        math.log1p(math.exp(-0.3))
+    )
 
 
 @pytest.mark.parametrize(
