@@ -115,7 +115,9 @@ def _jobs(args) -> list[tuple]:
                 jobs.append((method, protocol, k, 1, seed, _config(method, protocol, k, 1, seed, args)))
                 continue
             for k, window in itertools.product(args.clients, args.windows):
-                jobs.append((method, protocol, k, window, seed, _config(method, protocol, k, window, seed, args)))
+                jobs.append(
+                    (method, protocol, k, window, seed, _config(method, protocol, k, window, seed, args))
+                )
     return jobs
 
 
@@ -131,16 +133,24 @@ def table(rows: list[dict[str, Any]], args) -> str:
     """Markdown tables, one per group × protocol: mean ± std over seeds."""
     out = []
     for group, protocol in itertools.product(GROUPS, args.protocols):
-        metrics = ("test_auroc",) if group == "AUROC" else ("test_pauc30_norm", "test_pauc30_mcclish", "test_auroc")
+        metrics = (
+            ("test_auroc",) if group == "AUROC" else ("test_pauc30_norm", "test_pauc30_mcclish", "test_auroc")
+        )
         out.append(f"\n**{group}, protocol `{protocol}`** ({args.dataset}, imratio {args.imratio}, "
                    f"{args.steps} local steps, {args.seeds} seeds)\n")  # fmt: skip
         head = ["method", "K", "I", *metrics, "model MB/client", "score MB/client"]
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for method in GROUPS[group]:
-            cells = sorted({(r["K"], r["I"]) for r in rows if r["method"] == method and r["protocol"] == protocol})
+            cells = sorted(
+                {(r["K"], r["I"]) for r in rows if r["method"] == method and r["protocol"] == protocol}
+            )
             for k, window in cells:
-                sel = [r for r in rows if (r["method"], r["protocol"], r["K"], r["I"]) == (method, protocol, k, window)]
+                sel = [
+                    r
+                    for r in rows
+                    if (r["method"], r["protocol"], r["K"], r["I"]) == (method, protocol, k, window)
+                ]
                 central = method in CENTRAL
                 mb = (
                     ["–", "–"]
@@ -148,7 +158,11 @@ def table(rows: list[dict[str, Any]], args) -> str:
                     else [f"{sel[0]['model_bytes'] / 1e6:.2f}", f"{sel[0]['score_bytes'] / 1e6:.3f}"]
                 )
                 kk, ii = ("1", "1") if central else (str(k), str(window))
-                out.append("| " + " | ".join([method, kk, ii, *(_fmt([r[m] for r in sel]) for m in metrics), *mb]) + " |")
+                out.append(
+                    "| "
+                    + " | ".join([method, kk, ii, *(_fmt([r[m] for r in sel]) for m in metrics), *mb])
+                    + " |"
+                )
     return "\n".join(out)
 
 
