@@ -186,9 +186,8 @@ def test_bytes_separate_models_and_scores():
     sim = run_all(_sim("fedxl2", "loop", clients=k, rounds=rounds, local_steps=window))
     by = sim.ledger.summary()["by_variable"]
     for key, b in (("pos_scores", B1), ("neg_scores", B2), ("pos_u", B1)):
-        sends = rounds + 1  # plus the seeding gather (one batch, not I)
-        up = 4 * b * (rounds * window + 1)
-        assert by[key] == {"up": up, "down": k * up}, (key, sends)
+        up = 4 * b * (rounds * window + 1)  # I batches a round, plus the one seeding batch
+        assert by[key] == {"up": up, "down": k * up}, key
     model = sum(t.numel() * 4 for _, t in leaves(sim.algorithm.problem.init_model()[0]))
     assert by["w"]["up"] == rounds * model and by["m"]["up"] == rounds * model
 
