@@ -15,7 +15,9 @@ K = 1, a batch K times larger (the samples all clients see per step) and I = 1
 Bytes are per client, up + down, split into model tensors (w, m, buffers,
 control variates, a, b, α, …) and scores (FeDXL's gathered scores and u).
 
-    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --jobs 2 --out benchmarks/results/fedxl.json
+    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --jobs 2 --out benchmarks/results/fedxl_digits.json
+    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --dataset synthetic --jobs 2 \
+        --out benchmarks/results/fedxl_synthetic.json
 """
 
 from __future__ import annotations
