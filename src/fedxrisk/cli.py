@@ -81,6 +81,7 @@ def main() -> None:
     help="global | local | batch",
 )
 @click.option("--allow-missing-class", is_flag=True, help="train even if a client lacks a class")
+@click.option("--feature-shift", is_flag=True, help="FeDXL heterogeneity: per-client Gaussian feature shift")
 @click.option(
     "--option", "-o", "options", multiple=True, help="algorithm hyperparameter KEY=VALUE (repeatable)"
 )

@@ -25,9 +25,11 @@ from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
 
 HISTORY_FIELDS = (
     "round", "step", "stage", "lr", "train_loss", "test_auroc", "test_ap",
+    "test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish",
     "client_auroc_mean", "client_auroc_std", "bytes_up_per_client",
     "bytes_down_per_client", "wall_seconds",
 )  # fmt: skip
+PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 DEFAULT_LOCAL_STEPS = 8
 
 
@@ -61,6 +63,7 @@ class RunConfig:
     buffer_policy: str = "average"
     pos_ratio_mode: str = "global"
     allow_missing_class: bool = False
+    feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -133,7 +136,7 @@ def build(cfg: RunConfig) -> Setup:
     try:
         data = make_federated(
             cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
-            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class,
+            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.feature_shift,
         )  # fmt: skip
         model = build_model(cfg.model, data.data.input_shape, cfg.seed)
         problem = Problem(model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode)
@@ -249,7 +252,7 @@ def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
 def _summary(setup: Setup, history, best, wall: float, failure: Exception | None) -> dict[str, Any]:
     cfg, sim = setup.config, setup.simulation
     final = history[-1] if history else {}
-    keys = ("test_auroc", "test_ap", "client_auroc_mean", "client_auroc_std", "round")
+    keys = ("test_auroc", "test_ap", *PAUC_KEYS, "client_auroc_mean", "client_auroc_std", "round")
     return _clean(
         {
             "status": "failed" if failure else "completed",
@@ -262,7 +265,9 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "local_steps": cfg.resolved_local_steps(),
             "seed": cfg.seed,
             "final": {k: final.get(k, math.nan) for k in keys},
-            "best": {"test_auroc": best["test_auroc"], "round": best["round"]} if best else None,
+            "best": {"test_auroc": best["test_auroc"], "round": best["round"], **_best_of(history, PAUC_KEYS)}
+            if best
+            else None,
             "communication": sim.ledger.summary(),
             "wall_seconds": round(wall, 3),
             "data": {
@@ -276,6 +281,11 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "torch_version": torch.__version__,
         }
     )
+
+
+def _best_of(history, keys) -> dict[str, float]:
+    """The best value of each metric over the evaluations (rounds may differ from best.round)."""
+    return {k: max((r[k] for r in history if not math.isnan(r[k])), default=math.nan) for k in keys}
 
 
 def _hparams(alg: Algorithm) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Evaluation metrics: AUROC and average precision via scikit-learn, per-client summaries."""
+"""Evaluation metrics: AUROC, average precision, partial AUROC (scikit-learn), per-client summaries."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-from sklearn.metrics import average_precision_score, roc_auc_score
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.problem import Problem
@@ -22,6 +22,38 @@ def auroc(y: np.ndarray, scores: np.ndarray) -> float:
 def average_precision(y: np.ndarray, scores: np.ndarray) -> float:
     """Average precision (area under the precision-recall curve); NaN without positives."""
     return float(average_precision_score(y, scores)) if y.sum() > 0 else math.nan
+
+
+PAUC_FPRS = {"pauc30": 0.3, "pauc50": 0.5}  # one-way partial AUROC, FPR ≤ max_fpr
+
+
+def partial_auroc(y: np.ndarray, scores: np.ndarray, max_fpr: float, mcclish: bool = False) -> float:
+    """One-way partial AUROC over FPR ∈ [0, max_fpr]; NaN when ``y`` holds a single class.
+
+    ``mcclish=False``: the normalized partial area (1/max_fpr)·∫₀^max_fpr TPR dFPR ∈ [0, 1]
+    (the ROC curve interpolated linearly at max_fpr). ``mcclish=True``: scikit-learn's
+    McClish-standardized value ``roc_auc_score(max_fpr=...)`` (0.5 = chance, 1 = perfect).
+    """
+    if not 0.0 < max_fpr <= 1.0:
+        raise ValueError(f"max_fpr must lie in (0, 1], got {max_fpr}")
+    if not 0 < y.sum() < len(y):
+        return math.nan
+    if mcclish:
+        return float(roc_auc_score(y, scores, max_fpr=max_fpr))
+    fpr, tpr, _ = roc_curve(y, scores)
+    stop = np.searchsorted(fpr, max_fpr, side="right")
+    x = np.append(fpr[:stop], max_fpr)
+    t = np.append(tpr[:stop], np.interp(max_fpr, fpr, tpr))
+    return float(np.sum(np.diff(x) * (t[1:] + t[:-1])) / 2 / max_fpr)
+
+
+def pauc_metrics(y: np.ndarray, scores: np.ndarray, prefix: str = "test_") -> dict[str, float]:
+    """``{prefix}pauc30_norm``, ``{prefix}pauc30_mcclish``, likewise at FPR ≤ 0.5."""
+    out = {}
+    for name, fpr in PAUC_FPRS.items():
+        out[f"{prefix}{name}_norm"] = partial_auroc(y, scores, fpr)
+        out[f"{prefix}{name}_mcclish"] = partial_auroc(y, scores, fpr, mcclish=True)
+    return out
 
 
 @contextmanager
@@ -59,6 +91,7 @@ def evaluate(problem: Problem, params: Tree, buffers: Tree, data: FederatedData)
     return {
         "test_auroc": auroc(y_test, s_test),
         "test_ap": average_precision(y_test, s_test),
+        **pauc_metrics(y_test, s_test),
         "client_auroc_mean": float(np.mean(valid)) if valid else math.nan,
         "client_auroc_std": float(np.std(valid)) if valid else math.nan,
     }

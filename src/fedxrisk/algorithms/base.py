@@ -35,6 +35,7 @@ class ClientInfo:
     index: int
     num_samples: int
     pos_ratio: float  # the client's own positive ratio
+    max_samples: int = 0  # the largest shard over all clients (size per-sample state with it for vmap)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,11 @@ class Algorithm:
         default_lr: the learning rate used when a run does not set one.
         uniforms_per_step: U(0, 1) numbers the engine adds to each batch as
             ``batch["uniform"]`` (local steps may not draw random numbers themselves).
+        positives_per_batch: when > 0, every batch holds this many positives first,
+            then ``batch_size`` minus that many negatives (a class-aware sampler; a
+            client lacking a class fills those slots from the other class).
+        begin_batch: when True, the engine calls :meth:`begin` once before the
+            first round with one regular batch per client (FeDXL seeds its pools).
     """
 
     name: ClassVar[str] = ""
@@ -104,6 +110,8 @@ class Algorithm:
     stage_batch_size: int = 0
     default_lr: ClassVar[float] = 0.1
     uniforms_per_step: ClassVar[int] = 0
+    positives_per_batch: int = 0
+    begin_batch: ClassVar[bool] = False
 
     problem: Problem
 
@@ -115,6 +123,10 @@ class Algorithm:
 
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
         raise NotImplementedError
+
+    def begin(self, state: State, comm: Collective, batch: Batch) -> State:
+        """Once before the first round (stacked state, like ``communicate``), if ``begin_batch``."""
+        return state
 
     def model(self, state: State) -> tuple[Tree, Tree]:
         """The (params, buffers) to evaluate."""

@@ -12,6 +12,7 @@ import torch
 from fedxrisk.data.datasets import BinaryData, binarize, load_dataset
 from fedxrisk.data.imbalance import make_imbalanced
 from fedxrisk.data.partition import partition
+from fedxrisk.data.shift import feature_shift as shift_features
 
 
 @dataclass
@@ -96,8 +97,12 @@ def make_federated(
     positive_classes: Sequence[int] | None = None,
     dirichlet_alpha: float = 0.5,
     allow_missing_class: bool = False,
+    feature_shift: bool = False,
 ) -> FederatedData:
-    """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``."""
+    """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
+
+    ``feature_shift``: add FeDXL's per-client Gaussian feature shift (``data.shift``).
+    """
     data = dataset if isinstance(dataset, BinaryData) else binarize(load_dataset(dataset), positive_classes)
     rng = np.random.default_rng([seed, 1])
     kept = make_imbalanced(data.y_train.numpy(), imratio, rng)
@@ -113,6 +118,8 @@ def make_federated(
     shards = partition(
         partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha
     )
+    if feature_shift:
+        data = shift_features(data, shards, np.random.default_rng([seed, 2]))
     fed = FederatedData(data, shards)
     check_client_classes(fed, allow_missing_class)
     return fed

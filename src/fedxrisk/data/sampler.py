@@ -53,3 +53,53 @@ class ClientSampler:
         for rng, s in zip(self.rngs, state["rngs"]):
             rng.bit_generator.state = s
         self.queues = [np.asarray(q, dtype=np.int64).copy() for q in state["queues"]]
+
+
+class ClassSampler(ClientSampler):
+    """Batches of ``positives`` positives followed by ``batch_size − positives`` negatives.
+
+    LibAUC's DualSampler layout, per client: each class is walked through in
+    successive random permutations (a rare class is cycled, i.e. oversampled).
+    A client holding no sample of a class fills that class's slots from the
+    other class; algorithms see it from ``y`` (a "positive" slot with y = 0).
+    """
+
+    def __init__(
+        self, shard_labels: list[np.ndarray], batch_size: int, positives: int, seed: int, stream: int = 0
+    ):
+        super().__init__([len(y) for y in shard_labels], batch_size, seed, stream)
+        if not 1 <= positives < batch_size:
+            raise ValueError(
+                f"positives_per_batch must lie in [1, batch_size - 1] = [1, {batch_size - 1}], got {positives}"
+            )
+        self.positives = positives
+        self.members = []
+        for y in shard_labels:
+            pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+            self.members.append((pos if len(pos) else neg, neg if len(neg) else pos))
+        self.class_queues = [[np.empty(0, dtype=np.int64)] * 2 for _ in shard_labels]
+
+    def _draw_class(self, k: int, c: int, count: int) -> np.ndarray:
+        queue, members = self.class_queues[k][c], self.members[k][c]
+        while len(queue) < count:
+            queue = np.concatenate([queue, members[self.rngs[k].permutation(len(members))]])
+        self.class_queues[k][c] = queue[count:]
+        return queue[:count]
+
+    def next(self) -> np.ndarray:
+        b1, b2 = self.positives, self.batch_size - self.positives
+        return np.stack(
+            [
+                np.concatenate([self._draw_class(k, 0, b1), self._draw_class(k, 1, b2)])
+                for k in range(len(self.sizes))
+            ]
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "class_queues": [[q.copy() for q in qs] for qs in self.class_queues]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.class_queues = [
+            [np.asarray(q, dtype=np.int64).copy() for q in qs] for qs in state["class_queues"]
+        ]

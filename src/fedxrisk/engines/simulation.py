@@ -19,7 +19,7 @@ from torch.func import vmap
 from fedxrisk.algorithms.base import Algorithm, ClientInfo, RoundContext, StepContext
 from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.data.federated import FederatedData
-from fedxrisk.data.sampler import ClientSampler
+from fedxrisk.data.sampler import ClassSampler, ClientSampler
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.tree import Tree, index, is_finite, leaves, stack, tmap
 
@@ -94,12 +94,23 @@ class Simulation:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.ledger = ByteLedger()
-        self.sampler = ClientSampler(data.shard_sizes, batch_size, seed, stream=0)
+        positives = getattr(algorithm, "positives_per_batch", 0)
+        if positives:  # class-aware batches: positives first, then negatives
+            labels = [data.data.y_train.numpy()[s] for s in data.shards]
+            self.sampler = ClassSampler(labels, batch_size, positives, seed, stream=0)
+        else:
+            self.sampler = ClientSampler(data.shard_sizes, batch_size, seed, stream=0)
         self.aux_sampler = ClientSampler(data.shard_sizes, 1, seed, stream=1)
         self.plans: list[RoundPlan] = list(schedule.plan())
-        clients = [ClientInfo(k, size, data.client_pos_ratio(k)) for k, size in enumerate(data.shard_sizes)]
+        width = max(data.shard_sizes)
+        clients = [
+            ClientInfo(k, size, data.client_pos_ratio(k), width) for k, size in enumerate(data.shard_sizes)
+        ]
         self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in clients]))
         self.round = 0  # rounds completed
+        if getattr(algorithm, "begin_batch", False):  # before round 0; its bytes count in round 0
+            comm = SimCollective(self.num_clients, self.engine, self.ledger)
+            self.states = algorithm.begin(self.states, comm, self._batch(self.sampler.next()))
 
     @property
     def num_clients(self) -> int:

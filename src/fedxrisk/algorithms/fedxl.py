@@ -1,0 +1,406 @@
+"""FeDXL: federated X-risk optimization with active and passive parts (ALGORITHMS.md §2.7).
+
+The objective (FeDXL paper, problem (1)), S1 = positives and S2 = negatives
+spread over K clients, h(w; z) = sigmoid(logit) ∈ [0, 1]:
+
+    min_w  E_{z ∈ S1} f( E_{z' ∈ S2} ℓ(h(w; z), h(w; z')) )
+
+- FeDXL1: f linear (pairwise AUROC, :func:`~fedxrisk.objectives.pairwise.pairwise_auc_loss`);
+- FeDXL2: f(u) = λ log u and ℓ ← exp(ℓ/λ) (one-way pAUC, KL-DRO, :func:`pauc_kl_loss`).
+
+No client holds the pairs it needs. The gradient is split into **active**
+parts (h and ∇h of the client's own current samples under its current model)
+and **passive** parts (scores of other clients' samples, and for FeDXL2 their
+inner estimates u, computed with historical models). Every round each client
+records the scores of the samples it used (and u); at the round's end they are
+gathered (``comm.gather``) and merged into FIFO **pools** H1 (positives, with u)
+and H2 (negatives) holding the last ``tau`` rounds of all clients; local steps
+sample pools uniformly with replacement from ``batch["uniform"]``.
+
+Design decisions (documented in docs/fedxl.md):
+
+- Batches: ``positives_per_batch`` = B1 makes the engine draw B1 positives then
+  B2 = batch_size − B1 negatives per client (class-aware sampler, LibAUC's
+  DualSampler layout; rare classes are cycled). A client lacking a class gets
+  those slots filled from the other class; every term is masked by ``y``, so
+  such a client contributes only the active part of the class it holds (and
+  still learns from the other clients' pooled scores), and records nothing for
+  the missing class. Local Pair gets no gradient at all on such a client.
+- Pools are flat tensors of valid scores; ``count_*`` holds how many entries
+  each of the last ``tau`` rounds contributed (oldest first), so the FIFO drops
+  exactly the oldest round. Pool size ≤ tau · K · I · B (B1 or B2). Pools are
+  identical on all clients (they are built from the gathered scores).
+- Pools are seeded before the first round (:meth:`FeDXL1.begin`) with one batch
+  of scores per client under the initial model; the seed is the first FIFO round.
+- Per-positive u (FeDXL2) is a per-client table of length ``max_samples``
+  (the largest shard, so all clients have equal shapes under vmap), indexed by
+  ``batch["local_index"]``, initialised to 1 (the authors' code), never averaged.
+- Scores are recorded with the model that computed the step's gradient
+  (before its update); u is recorded after the step's update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.func import grad
+
+from fedxrisk.algorithms.base import (
+    Algorithm,
+    Batch,
+    ClientInfo,
+    Collective,
+    RoundContext,
+    State,
+    StepContext,
+    model_payload,
+    register,
+    with_model,
+)
+from fedxrisk.objectives.pairwise import (
+    BOUNDED,
+    check_lambda,
+    check_scores,
+    check_surrogate,
+    pairwise_surrogate,
+)
+from fedxrisk.problem import Problem
+from fedxrisk.tree import tmap, zeros_like
+
+INVALID = -1.0  # marks a recorded slot whose sample is not of the slot's class (never pooled)
+SCORE_KEYS = ("pos_scores", "neg_scores", "pos_u")  # what the gather sends (ledger names)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def _draw(pool: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor | None:
+    """Positions of a uniform draw with replacement from a pool; None for an empty pool."""
+    size = pool.shape[-1]
+    if size == 0:
+        return None
+    return (uniform * size).long().clamp(max=size - 1)
+
+
+@dataclass
+class PairwiseBase(Algorithm):
+    """What FeDXL1/2 and Local Pair share: sigmoid scores, class masks, (momentum) SGD, averaging."""
+
+    problem: Problem
+    positives_per_batch: int = 16  # B1; the engine adds batch_size − B1 negatives
+    surrogate: str = "squared_hinge"
+    margin: float = 1.0
+    beta: float = 1.0  # m ← (1 − β) m + β G, w ← w − η m; β = 1 is plain SGD (no momentum state)
+
+    def __post_init__(self) -> None:
+        check_surrogate(self.surrogate)
+        if self.positives_per_batch < 1:
+            raise ValueError(f"positives_per_batch must be ≥ 1, got {self.positives_per_batch}")
+        if not 0.0 < self.beta <= 1.0:
+            raise ValueError(
+                f"beta (momentum weight of the new gradient) must lie in (0, 1], got {self.beta}"
+            )
+        if self.margin < 0:
+            raise ValueError(f"margin must be ≥ 0, got {self.margin}")
+
+    @property
+    def momentum(self) -> bool:
+        return self.beta < 1.0
+
+    def _init_model(self) -> State:
+        w, buffers = self.problem.init_model()
+        state = {"w": w, "buffers": buffers, "loss": torch.zeros(())}
+        if self.momentum:
+            state["m"] = zeros_like(w)
+        return state
+
+    def _scores(self, w, buffers, x: torch.Tensor):
+        logits, new_buffers = self.problem.logits(w, buffers, x)
+        return torch.sigmoid(logits), new_buffers
+
+    def _masks(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """1 where a positive slot holds a positive / a negative slot holds a negative."""
+        b1 = self.positives_per_batch
+        return batch["y"][:b1], 1.0 - batch["y"][b1:]
+
+    def _pairs(self, s_pos: torch.Tensor, s_neg: torch.Tensor) -> torch.Tensor:
+        return pairwise_surrogate(s_pos, s_neg, self.surrogate, self.margin)
+
+    def _descend(self, state: State, g, lr: float) -> dict[str, Any]:
+        if not self.momentum:
+            return {"w": tmap(lambda w, gi: w - lr * gi, state["w"], g)}
+        m = tmap(lambda mi, gi: (1 - self.beta) * mi + self.beta * gi, state["m"], g)
+        return {"w": tmap(lambda w, mi: w - lr * mi, state["w"], m), "m": m}
+
+    def _average(self, state: State, comm: Collective) -> State:
+        """Average the model (and momentum: every tensor of it, unlike the authors' code)."""
+        payload = model_payload(state, self.problem)
+        if self.momentum:
+            payload["m"] = state["m"]
+        avg = comm.mean(payload)
+        out = with_model(state, avg)
+        if self.momentum:
+            out["m"] = avg["m"]
+        return out
+
+
+@register
+@dataclass
+class FeDXL1(PairwiseBase):
+    """FeDXL1 (linear f): pairwise AUROC with active local scores and passive pooled scores.
+
+    Local step (§2.7; paper Alg. 1): B1 local positives z_i, B2 local negatives
+    z'_j, S passive negatives ζ from H2 and S passive positives ξ from H1:
+
+        G = mean_i mean_ζ ∂1ℓ(h(w;z_i), ζ) ∇h(w;z_i) + mean_j mean_ξ ∂2ℓ(ξ, h(w;z'_j)) ∇h(w;z'_j)
+        w ← w − η G    (β < 1 adds momentum, not in the paper's FeDXL1)
+
+    Every I steps: average w; gather the recorded scores into H1/H2.
+    """
+
+    name = "fedxl1"
+    communicates = ("w", "pool_pos", "pool_neg", "count_pos", "count_neg")
+    begin_batch = True
+    default_lr = 1.0  # sigmoid scores make the pairwise gradients small
+
+    tau: int = 2  # rounds kept in the pools
+    passive_samples: int = 16  # S: scores drawn from each pool per step
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tau < 1:
+            raise ValueError(f"tau (rounds kept in the score pools) must be ≥ 1, got {self.tau}")
+        if self.passive_samples < 1:
+            raise ValueError(f"passive_samples must be ≥ 1, got {self.passive_samples}")
+        self.uniforms_per_step = 2 * self.passive_samples  # first S for H1, next S for H2
+
+    # -- state ---------------------------------------------------------------
+    def init(self, client: ClientInfo) -> State:
+        state = self._init_model()
+        for cls in ("pos", "neg"):
+            state[f"rec_{cls}"] = torch.zeros(0)  # this round's recorded scores
+            state[f"pool_{cls}"] = torch.zeros(0)  # the merged pool (identical on all clients)
+            state[f"count_{cls}"] = torch.zeros(self.tau, dtype=torch.long)  # entries per pooled round
+        return state
+
+    def _passive(self, state: State, batch: Batch):
+        """Passive positives ξ (positions into H1) and negatives ζ (scores from H2)."""
+        s = self.passive_samples
+        i_pos = _draw(state["pool_pos"], batch["uniform"][:s])
+        i_neg = _draw(state["pool_neg"], batch["uniform"][s:])
+        zeta = None if i_neg is None else state["pool_neg"][i_neg]
+        return i_pos, zeta
+
+    def _record(self, state: State, s_pos, s_neg, vpos, vneg) -> dict[str, torch.Tensor]:
+        return {
+            "rec_pos": torch.cat([state["rec_pos"], torch.where(vpos > 0, s_pos, INVALID)]),
+            "rec_neg": torch.cat([state["rec_neg"], torch.where(vneg > 0, s_neg, INVALID)]),
+        }
+
+    # -- local step -----------------------------------------------------------
+    def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
+        b1 = self.positives_per_batch
+        vpos, vneg = self._masks(batch)
+        i_pos, zeta = self._passive(state, batch)
+        xi = None if i_pos is None else state["pool_pos"][i_pos]
+
+        def surrogate(w):
+            scores, buffers = self._scores(w, state["buffers"], batch["x"])
+            s_pos, s_neg = scores[:b1], scores[b1:]
+            zero = scores.new_zeros(len(s_pos))
+            act_pos = zero if zeta is None else self._pairs(s_pos, zeta).mean(1)  # active z vs passive ζ
+            act_neg = s_neg.new_zeros(len(s_neg)) if xi is None else self._pairs(xi, s_neg).mean(0)
+            value = ((act_pos * vpos).sum() + (act_neg * vneg).sum()) / (vpos.sum() + vneg.sum()).clamp_min(1)
+            g_obj = _masked_mean(act_pos, vpos) + _masked_mean(act_neg, vneg)
+            return g_obj, (value, s_pos, s_neg, buffers)
+
+        g, (value, s_pos, s_neg, buffers) = grad(surrogate, has_aux=True)(state["w"])
+        return dict(
+            state, **self._descend(state, g, ctx.lr), **self._record(state, s_pos, s_neg, vpos, vneg),
+            buffers=buffers, loss=value.detach(),
+        )  # fmt: skip
+
+    # -- communication --------------------------------------------------------
+    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
+        """Average w (and m); all-gather this round's scores and merge them into the pools."""
+        return self._merge(self._average(state, comm), comm)
+
+    def begin(self, state: State, comm: Collective, batch: Batch) -> State:
+        """Seed the pools with one batch of scores per client under the initial model."""
+        return self._merge({**state, **comm.per_client(self._seed_records, state, batch)}, comm)
+
+    def _seed_records(self, state: State, batch: Batch) -> dict[str, torch.Tensor]:
+        scores, _ = self._scores(state["w"], state["buffers"], batch["x"])
+        vpos, vneg = self._masks(batch)
+        b1 = self.positives_per_batch
+        return self._record(state, scores[:b1], scores[b1:], vpos, vneg)
+
+    def _records(self, state: State) -> dict[str, torch.Tensor]:
+        return {"pos_scores": state["rec_pos"], "neg_scores": state["rec_neg"]}
+
+    def _merge(self, state: State, comm: Collective) -> State:
+        """One gather of every client's records; FIFO-append the valid ones, dropping the oldest round."""
+        got = {k: v.flatten(1) for k, v in comm.gather(self._records(state)).items()}  # [Kc, K·n]
+        out = dict(state)
+        for cls in ("pos", "neg"):
+            scores = got[f"{cls}_scores"]
+            keep = scores[0] != INVALID  # same on every client: they received the same values
+            entries = scores[:, keep]
+            check_scores(entries, BOUNDED, f"gathered {cls} scores")
+            counts = state[f"count_{cls}"]
+            drop = int(counts[0, 0])
+            out[f"pool_{cls}"] = torch.cat([state[f"pool_{cls}"][:, drop:], entries], 1)
+            if cls == "pos" and "pos_u" in got:
+                out["pool_u"] = torch.cat([state["pool_u"][:, drop:], got["pos_u"][:, keep]], 1)
+            new_count = torch.full_like(counts[:, :1], entries.shape[1])
+            out[f"count_{cls}"] = torch.cat([counts[:, 1:], new_count], 1)
+            out[f"rec_{cls}"] = state[f"rec_{cls}"][:, :0]
+        if "rec_u" in state:
+            out["rec_u"] = state["rec_u"][:, :0]
+        return out
+
+
+@register
+@dataclass
+class FeDXL2(FeDXL1):
+    """FeDXL2 (nonlinear f = λ log): one-way pAUC in KL-DRO form with per-positive u and momentum.
+
+    Local step (§2.7; paper Alg. 2), ℓ_ij = ℓ(h(w;z_i), ζ_j) with ζ_j from H2:
+
+        u_i ← (1 − γ) u_i + γ mean_j exp(ℓ_ij / λ)                       (own positives)
+        G1 = mean_i mean_j exp(ℓ_ij/λ) / u_i · ∂1ℓ_ij ∇h(w;z_i)          (active)
+        G2 = mean_j mean_k exp(ℓ(ξ_k, h(w;z'_j))/λ) / ũ_k · ∂2ℓ ∇h(w;z'_j) (passive ξ_k, ũ_k from H1)
+        m ← (1 − β) m + β (G1 + G2);  w ← w − η m
+
+    Every I steps: average w and m; gather the positives' scores and u and the
+    negatives' scores into the pools. u is never averaged. With u equal to the
+    true inner mean, G1 + G2 is the gradient of the KL-DRO objective.
+    """
+
+    name = "fedxl2"
+    communicates = ("w", "m", "pool_pos", "pool_neg", "pool_u", "count_pos", "count_neg")
+    default_lr = 0.5
+
+    beta: float = 0.1
+    lam: float = 1.0  # λ (code: 1)
+    gamma: float = 0.1  # moving-average rate of u (code: 0.1)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_lambda(self.lam)
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {self.gamma}")
+
+    def init(self, client: ClientInfo) -> State:
+        state = super().init(client)
+        size = max(client.max_samples, client.num_samples)
+        state.update(u=torch.ones(size), rec_u=torch.zeros(0), pool_u=torch.zeros(0))
+        return state
+
+    def _records(self, state: State) -> dict[str, torch.Tensor]:
+        return {**super()._records(state), "pos_u": state["rec_u"]}
+
+    def _seed_records(self, state: State, batch: Batch) -> dict[str, torch.Tensor]:
+        rec = super()._seed_records(state, batch)
+        rec["rec_u"] = torch.cat(
+            [state["rec_u"], state["u"][batch["local_index"][: self.positives_per_batch]]]
+        )
+        return rec
+
+    def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
+        b1, lam = self.positives_per_batch, self.lam
+        vpos, vneg = self._masks(batch)
+        i_pos, zeta = self._passive(state, batch)
+        idx = batch["local_index"][:b1]
+        u_old = state["u"][idx]
+
+        def surrogate(w):
+            scores, buffers = self._scores(w, state["buffers"], batch["x"])
+            s_pos, s_neg = scores[:b1], scores[b1:]
+            if zeta is None:
+                u_new, g1 = u_old, scores.new_zeros(())
+            else:
+                inner = torch.exp(self._pairs(s_pos, zeta) / lam).mean(1)  # [B1]
+                u_new = torch.where(vpos > 0, (1 - self.gamma) * u_old + self.gamma * inner.detach(), u_old)
+                g1 = _masked_mean(lam * inner / u_new.detach(), vpos)
+            if i_pos is None:
+                g2 = scores.new_zeros(())
+            else:
+                xi, xi_u = state["pool_pos"][i_pos], state["pool_u"][i_pos]
+                weights = torch.exp(self._pairs(xi, s_neg) / lam) / xi_u[:, None]  # [S, B2]
+                g2 = _masked_mean(lam * weights.mean(0), vneg)
+            value = _masked_mean(lam * torch.log(u_new), vpos)  # estimate of F from the u's
+            return g1 + g2, (value, s_pos, s_neg, u_new, buffers)
+
+        g, (value, s_pos, s_neg, u_new, buffers) = grad(surrogate, has_aux=True)(state["w"])
+        rec = self._record(state, s_pos, s_neg, vpos, vneg)
+        return dict(
+            state, **self._descend(state, g, ctx.lr), **rec, buffers=buffers, loss=value.detach(),
+            u=state["u"].scatter(0, idx, u_new), rec_u=torch.cat([state["rec_u"], u_new]),
+        )  # fmt: skip
+
+
+@register
+@dataclass
+class LocalPair(PairwiseBase):
+    """Local Pair baseline: the same loss on local pairs only (no passive parts, no pools).
+
+    ``objective="auroc"``: ∇ mean_{i,j local} ℓ(s_i, s_j) (FeDXL1's loss);
+    ``objective="pauc"``: KL-DRO with u_i tracked against the local negatives
+    only (FeDXL2's loss). Every I steps w (and m) are averaged. A client whose
+    shard lacks a class has no local pair and takes zero gradient steps.
+    """
+
+    name = "localpair"
+    communicates = ("w",)
+    default_lr = 1.0
+
+    objective: str = "auroc"
+    lam: float = 1.0
+    gamma: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.objective not in ("auroc", "pauc"):
+            raise ValueError(f"objective must be 'auroc' or 'pauc', got {self.objective!r}")
+        check_lambda(self.lam)
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {self.gamma}")
+
+    def init(self, client: ClientInfo) -> State:
+        state = self._init_model()
+        if self.objective == "pauc":
+            state["u"] = torch.ones(max(client.max_samples, client.num_samples))
+        return state
+
+    def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
+        b1, lam = self.positives_per_batch, self.lam
+        vpos, vneg = self._masks(batch)
+        pauc = self.objective == "pauc"
+        idx = batch["local_index"][:b1]
+        u_old = state["u"][idx] if pauc else None
+
+        def surrogate(w):
+            scores, buffers = self._scores(w, state["buffers"], batch["x"])
+            pairs = self._pairs(scores[:b1], scores[b1:])  # [B1, B2], both ends active
+            if not pauc:
+                mask = vpos[:, None] * vneg[None, :]
+                value = (pairs * mask).sum() / mask.sum().clamp_min(1)
+                return value, (value, value, buffers)  # no u: the second slot is unused
+            inner = (torch.exp(pairs / lam) * vneg).sum(1) / vneg.sum().clamp_min(1)
+            ok = vpos * (vneg.sum() > 0)
+            u_new = torch.where(ok > 0, (1 - self.gamma) * u_old + self.gamma * inner.detach(), u_old)
+            value = _masked_mean(lam * torch.log(u_new), ok)
+            return _masked_mean(lam * inner / u_new.detach(), ok), (value, u_new, buffers)
+
+        g, (value, u_new, buffers) = grad(surrogate, has_aux=True)(state["w"])
+        out = dict(state, **self._descend(state, g, ctx.lr), buffers=buffers, loss=value.detach())
+        if pauc:
+            out["u"] = state["u"].scatter(0, idx, u_new)
+        return out
+
+    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
+        return self._average(state, comm)
