@@ -10,8 +10,8 @@ samples per client and the same number of communications as the others at I).
 Tuning budget, equal for every method: the learning rate is chosen from
 LR_GRID at I = 8 on seed 0 by final test AUROC, then fixed for all I and seeds.
 
-    python benchmarks/coda_windows.py            # full: T = 2048, 3 seeds
-    python benchmarks/coda_windows.py --quick    # smoke: T = 256, 1 seed
+    python benchmarks/coda_windows.py                        # T = 1024 steps, seeds 0 1 2
+    python benchmarks/coda_windows.py --steps 128 --seeds 0  # smoke test
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ METHODS = {
     "npa": ("npa", {}),
 }
 WINDOWS = (1, 8, 32, 128)
-LR_GRID = (0.1, 0.3, 1.0, 3.0)
+LR_GRID = (0.1, 0.3, 1.0, 3.0, 10.0)
 OUT = Path(__file__).parent / "results"
 
 
@@ -56,10 +56,11 @@ def run(cfg: RunConfig, scratch: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--steps", type=int, default=1024, help="local steps T per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--scratch", default="/tmp/fedxrisk-bench")
     args = parser.parse_args()
-    steps, seeds = (256, [0]) if args.quick else (2048, [0, 1, 2])
+    steps, seeds = args.steps, args.seeds
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -90,7 +91,7 @@ def main() -> None:
             print(row, flush=True)
 
     OUT.mkdir(exist_ok=True)
-    suffix = "-quick" if args.quick else ""
+    suffix = f"-T{steps}"
     with open(OUT / f"coda_windows{suffix}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
