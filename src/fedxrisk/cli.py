@@ -47,6 +47,7 @@ def main() -> None:
 @main.command()
 @click.option("--algorithm", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
+@click.option("--data-dir", default=None, help="folder of a file dataset (see docs/data.md)")
 @click.option("--clients", "-K", type=int, default=DEFAULTS.clients, show_default=True)
 @click.option(
     "--imratio",

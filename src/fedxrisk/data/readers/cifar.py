@@ -34,6 +34,7 @@ _ALLOWED = {
     ("numpy", "dtype"),
     ("numpy.core.multiarray", "_reconstruct"),
     ("numpy._core.multiarray", "_reconstruct"),
+    ("_codecs", "encode"),  # bytes pickled by Python 3 with protocol 2
 }
 
 
