@@ -111,8 +111,8 @@ class CODAPlus(Algorithm):
             "p": torch.tensor(self.problem.client_pos_ratio(client.pos_ratio)),
             "ref": tmap(torch.clone, v),  # v0 of the current stage
             "iterate_sum": {**zeros_like(v), "alpha": zero.clone()},  # for the stage average
-            "iterate_count": zero.clone(),
-            "loss": zero.clone(),
+            "iterate_count": torch.zeros(()),
+            "loss": torch.zeros(()),
         }
 
     # -- the stochastic gradients of F_k -------------------------------------

@@ -91,15 +91,18 @@ def source_partition(sources: np.ndarray, num_clients: int) -> list[np.ndarray]:
 
 
 def clients_per_source(sizes: np.ndarray, num_clients: int) -> np.ndarray:
-    """At least one client per source, the rest by largest remainder of size-proportional shares."""
+    """Clients per source proportional to its size (largest remainder), at least one each."""
     if num_clients < len(sizes):
         raise ValueError(
             f"partition 'patient' needs at least one client per source: {len(sizes)} sources, {num_clients} clients"
         )
-    share = sizes / sizes.sum() * (num_clients - len(sizes))
-    counts = 1 + np.floor(share).astype(np.int64)
-    order = np.argsort(-(share - np.floor(share)), kind="stable")
-    counts[order[: num_clients - counts.sum()]] += 1
+    quota = num_clients * sizes / sizes.sum()
+    counts = np.maximum(1, np.floor(quota)).astype(np.int64)
+    while counts.sum() < num_clients:  # first source with the largest unmet quota
+        counts[np.argmax(quota - counts)] += 1
+    while counts.sum() > num_clients:  # only when the minimum of one pushed the total over
+        spare = np.where(counts > 1, quota - counts, np.inf)
+        counts[np.argmin(spare)] -= 1
     return counts
 
 
