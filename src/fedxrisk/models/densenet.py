@@ -103,7 +103,7 @@ def load_pretrained(model: DenseNet, path: str | Path) -> DenseNet:
     state = torch.load(path, map_location="cpu", weights_only=True)
     # torchvision's original checkpoints name layers "norm.1" instead of "norm1"
     old = re.compile(
-        r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$"
+        r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var|num_batches_tracked))$"
     )
     state = {old.sub(lambda m: m.group(1) + m.group(2), k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if not k.startswith("classifier")}
