@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +20,7 @@ class FederatedData:
 
     data: BinaryData
     shards: list[np.ndarray]
+    augment: Callable[[torch.Tensor], torch.Tensor] | None = None  # e.g. data.augment.RandomCropFlip
 
     def __post_init__(self) -> None:
         width = max(len(s) for s in self.shards)
@@ -59,8 +60,9 @@ class FederatedData:
         """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index."""
         local = torch.from_numpy(positions)
         index = self._table[self._rows, local]
+        x = self.data.x_train[index]
         return {
-            "x": self.data.x_train[index].to(device),
+            "x": (self.augment(x) if self.augment is not None else x).to(device),
             "y": self.data.y_train[index].to(device),
             "index": index.to(device),
             "local_index": local.to(device),
