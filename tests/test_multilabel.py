@@ -102,3 +102,19 @@ def test_multilabel_run_writes_per_label_auroc(tmp_path):
     ]
     with pytest.raises(ValueError, match="multi-label: imratio"):
         make_federated(binarize(data), 3, "iid", 0.1, 0)
+
+
+def test_cli_reads_a_data_dir_and_imratio_none(tmp_path):
+    from click.testing import CliRunner
+
+    from fedxrisk.cli import main
+
+    data = _multilabel()
+    np.savez(tmp_path / "data.npz", x_train=data.x_train, y_train=data.y_train, x_test=data.x_test,
+             y_test=data.y_test, source_train=data.groups_train["source"])  # fmt: skip
+    args = ["run", "--dataset", "npz", "--data-dir", str(tmp_path), "--imratio", "none", "--partition", "source",
+            "-K", "3", "--rounds", "1", "--stages", "1", "-I", "1", "--out", str(tmp_path / "run"), "-q"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["config"]["imratio"] is None and len(summary["final"]["test_auroc_per_label"]) == L

@@ -51,12 +51,12 @@ def main() -> None:
 @click.option("--clients", "-K", type=int, default=DEFAULTS.clients, show_default=True)
 @click.option(
     "--imratio",
-    type=float,
-    default=DEFAULTS.imratio,
+    default=str(DEFAULTS.imratio),
     show_default=True,
-    help="positive ratio kept in training data",
+    callback=lambda ctx, param, v: None if v.lower() == "none" else float(v),
+    help="positive ratio kept in training data; 'none' keeps the data's own (multi-label, natural sets)",
 )
-@click.option("--partition", default=DEFAULTS.partition, show_default=True, help="iid | class | dirichlet")
+@click.option("--partition", default=DEFAULTS.partition, show_default=True, help="see `fedxrisk list`")
 @click.option("--dirichlet-alpha", type=float, default=DEFAULTS.dirichlet_alpha, show_default=True)
 @click.option("--model", default=DEFAULTS.model, show_default=True)
 @click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)
