@@ -20,6 +20,16 @@ console = Console(stderr=True)
 DEFAULTS = RunConfig()
 
 
+def _imratio(text: str) -> float | None:
+    """``--imratio``: a float, or ``none`` to keep the data's own positive ratio."""
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a number nor 'none'", param_hint="--imratio") from None
+
+
 def _parse_option(text: str) -> tuple[str, Any]:
     """``key=value`` with value parsed as int, float, bool, None or kept as a string."""
     if "=" not in text:
@@ -53,7 +63,7 @@ def main() -> None:
     "--imratio",
     default=str(DEFAULTS.imratio),
     show_default=True,
-    callback=lambda ctx, param, v: None if v.lower() == "none" else float(v),
+    callback=lambda ctx, param, v: _imratio(v),
     help="positive ratio kept in training data; 'none' keeps the data's own (multi-label, natural sets)",
 )
 @click.option("--partition", default=DEFAULTS.partition, show_default=True, help="see `fedxrisk list`")
