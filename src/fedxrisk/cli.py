@@ -20,6 +20,16 @@ console = Console(stderr=True)
 DEFAULTS = RunConfig()
 
 
+def _imratio(text: str) -> float | None:
+    """``--imratio``: a float, or ``none`` to keep the data's own positive ratio."""
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a number nor 'none'", param_hint="--imratio") from None
+
+
 def _parse_option(text: str) -> tuple[str, Any]:
     """``key=value`` with value parsed as int, float, bool, None or kept as a string."""
     if "=" not in text:
@@ -47,15 +57,16 @@ def main() -> None:
 @main.command()
 @click.option("--algorithm", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
+@click.option("--data-dir", default=None, help="folder of a file dataset (see docs/data.md)")
 @click.option("--clients", "-K", type=int, default=DEFAULTS.clients, show_default=True)
 @click.option(
     "--imratio",
-    type=float,
-    default=DEFAULTS.imratio,
+    default=str(DEFAULTS.imratio),
     show_default=True,
-    help="positive ratio kept in training data",
+    callback=lambda ctx, param, v: _imratio(v),
+    help="positive ratio kept in training data; 'none' keeps the data's own (multi-label, natural sets)",
 )
-@click.option("--partition", default=DEFAULTS.partition, show_default=True, help="iid | class | dirichlet")
+@click.option("--partition", default=DEFAULTS.partition, show_default=True, help="see `fedxrisk list`")
 @click.option("--dirichlet-alpha", type=float, default=DEFAULTS.dirichlet_alpha, show_default=True)
 @click.option("--model", default=DEFAULTS.model, show_default=True)
 @click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)

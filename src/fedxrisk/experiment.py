@@ -64,6 +64,7 @@ class RunConfig:
     pos_ratio_mode: str = "global"
     allow_missing_class: bool = False
     feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
+    data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -136,10 +137,14 @@ def build(cfg: RunConfig) -> Setup:
     try:
         data = make_federated(
             cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
-            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.feature_shift,
+            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
+            cfg.feature_shift,
         )  # fmt: skip
-        model = build_model(cfg.model, data.data.input_shape, cfg.seed)
-        problem = Problem(model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode)
+        labels = data.data.num_labels
+        model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
+        problem = Problem(
+            model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
+        )
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
         schedule = Schedule.build(
             cfg.rounds,
@@ -173,6 +178,8 @@ def _clean(value: Any) -> Any:
         return None
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
     return value
 
 
@@ -204,7 +211,7 @@ def run_experiment(
     total = len(sim.plans)
     failure: NonFiniteLoss | None = None
     with open(out / "history.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")  # per-label lists
         writer.writeheader()
         try:
             while not sim.done:
@@ -264,7 +271,9 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "rounds": sim.round,
             "local_steps": cfg.resolved_local_steps(),
             "seed": cfg.seed,
-            "final": {k: final.get(k, math.nan) for k in keys},
+            "final": {k: final.get(k, math.nan) for k in keys}
+            | {k: final[k] for k in ("test_auroc_per_label", "test_ap_per_label") if k in final},
+            "label_names": list(setup.data.data.label_names) or None,
             "best": {"test_auroc": best["test_auroc"], "round": best["round"], **_best_of(history, PAUC_KEYS)}
             if best
             else None,

@@ -77,11 +77,45 @@ def predict(problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, chun
     return torch.cat(out).float().cpu().numpy()
 
 
+def per_label(metric, y: np.ndarray, scores: np.ndarray) -> list[float]:
+    """``metric`` on each column of multi-label ``y`` / ``scores`` ``[N, L]``."""
+    return [metric(y[:, j], scores[:, j]) for j in range(y.shape[1])]
+
+
+def _nanmean(values: list[float]) -> float:
+    valid = [v for v in values if not math.isnan(v)]
+    return float(np.mean(valid)) if valid else math.nan
+
+
+def evaluate_multilabel(
+    problem: Problem, params: Tree, buffers: Tree, data: FederatedData
+) -> dict[str, float | list[float]]:
+    """Multi-label: per-label test AUROC/AP and their means over labels (labels with
+    a single class in the test set are left out of the mean); per client, the mean
+    over labels of its AUROC on its own shard."""
+    y_test, s_test = data.data.y_test.numpy(), predict(problem, params, buffers, data.data.x_test)
+    y_train, s_train = data.data.y_train.numpy(), predict(problem, params, buffers, data.data.x_train)
+    aurocs, aps = per_label(auroc, y_test, s_test), per_label(average_precision, y_test, s_test)
+    per_client = [_nanmean(per_label(auroc, y_train[sh], s_train[sh])) for sh in data.shards]
+    valid = [a for a in per_client if not math.isnan(a)]
+    return {
+        "test_auroc": _nanmean(aurocs),
+        "test_ap": _nanmean(aps),
+        "client_auroc_mean": float(np.mean(valid)) if valid else math.nan,
+        "client_auroc_std": float(np.std(valid)) if valid else math.nan,
+        "test_auroc_per_label": aurocs,
+        "test_ap_per_label": aps,
+    }
+
+
 def evaluate(problem: Problem, params: Tree, buffers: Tree, data: FederatedData) -> dict[str, float]:
     """Test AUROC/AP of the global model, and its AUROC on each client's own shard.
 
     ``client_auroc_mean``/``std`` are over clients holding both classes.
+    Multi-label data: see :func:`evaluate_multilabel`.
     """
+    if data.data.y_test.dim() == 2:
+        return evaluate_multilabel(problem, params, buffers, data)  # type: ignore[return-value]
     y_test = data.data.y_test.numpy()
     s_test = predict(problem, params, buffers, data.data.x_test)
     s_train = predict(problem, params, buffers, data.data.x_train)

@@ -24,24 +24,36 @@ class Problem:
     """A model template plus the facts every client agrees on.
 
     Args:
-        model: any ``nn.Module`` mapping a batch of inputs to one logit per row.
-        pos_ratio: the global positive ratio p of the training data (all clients).
+        model: any ``nn.Module`` mapping a batch of inputs to one logit per row
+            (``num_labels`` logits per row for multi-label data).
+        pos_ratio: the global positive ratio p of the training data (all clients);
+            one per label for multi-label data.
         buffer_policy: ``"average"`` (BatchNorm running stats are averaged with
             the model) or ``"local"`` (each client keeps its own).
         pos_ratio_mode: which p the AUC losses use: ``global`` (default),
             ``local`` (the client's own ratio) or ``batch`` (the mini-batch's).
+        num_labels: L; 1 (default) is a binary task with scalar logits ``[batch]``;
+            L > 1 gives logits ``[batch, L]`` and per-label AUC variables a, b, α.
     """
 
     model: nn.Module
-    pos_ratio: float
+    pos_ratio: float | list[float]
     buffer_policy: str = "average"
     pos_ratio_mode: str = "global"
+    num_labels: int = 1
 
     def __post_init__(self) -> None:
         if self.buffer_policy not in BUFFER_POLICIES:
             raise ValueError(f"buffer_policy must be one of {BUFFER_POLICIES}, got {self.buffer_policy!r}")
         if self.pos_ratio_mode not in POS_RATIO_MODES:
             raise ValueError(f"pos_ratio_mode must be one of {POS_RATIO_MODES}, got {self.pos_ratio_mode!r}")
+        if self.num_labels < 1:
+            raise ValueError(f"num_labels must be ≥ 1, got {self.num_labels}")
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """Shape of a per-label variable (a, b, α): ``()`` for one label, ``(L,)`` otherwise."""
+        return () if self.num_labels == 1 else (self.num_labels,)
 
     def init_model(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Detached copies of the template's parameters and buffers."""
@@ -52,15 +64,15 @@ class Problem:
     def logits(
         self, params: Tree, buffers: Tree, x: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Logits of shape ``[batch]`` and the buffers after this forward pass."""
+        """Logits of shape ``[batch]`` (``[batch, L]``) and the buffers after this forward pass."""
         buffers = {k: v.clone() for k, v in buffers.items()}
         out = functional_call(self.model, (params, buffers), (x,))
-        return out.reshape(out.shape[0]), buffers
+        return out.reshape(out.shape[0], *self.label_shape), buffers
 
-    def client_pos_ratio(self, local_ratio: float) -> float:
+    def client_pos_ratio(self, local_ratio: float | list[float]) -> float | list[float]:
         """The p a client's AUC loss starts with (``batch`` mode overrides per step)."""
         return local_ratio if self.pos_ratio_mode == "local" else self.pos_ratio
 
     def batch_p(self, p_state: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """p for this mini-batch: the stored p, or the batch's ratio in ``batch`` mode."""
-        return y.mean() if self.pos_ratio_mode == "batch" else p_state
+        """p for this mini-batch: the stored p, or the batch's ratio (per label) in ``batch`` mode."""
+        return y.mean(0) if self.pos_ratio_mode == "batch" else p_state

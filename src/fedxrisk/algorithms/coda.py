@@ -102,7 +102,7 @@ class CODAPlus(Algorithm):
     # -- state ---------------------------------------------------------------
     def init(self, client: ClientInfo) -> State:
         w, buffers = self.problem.init_model()
-        zero = torch.zeros(())
+        zero = torch.zeros(self.problem.label_shape)  # one a, b, α per label
         v = {"w": w, "a": zero.clone(), "b": zero.clone()}
         return {
             **v,
@@ -111,8 +111,8 @@ class CODAPlus(Algorithm):
             "p": torch.tensor(self.problem.client_pos_ratio(client.pos_ratio)),
             "ref": tmap(torch.clone, v),  # v0 of the current stage
             "iterate_sum": {**zeros_like(v), "alpha": zero.clone()},  # for the stage average
-            "iterate_count": zero.clone(),
-            "loss": zero.clone(),
+            "iterate_count": torch.zeros(()),
+            "loss": torch.zeros(()),
         }
 
     # -- the stochastic gradients of F_k -------------------------------------
@@ -218,11 +218,12 @@ class CODASCA(CODAPlus):
 
     def init(self, client: ClientInfo) -> State:
         state = super().init(client)
+        shape = self.problem.label_shape
         control = {
             "w": zeros_like(state["w"]),
-            "a": torch.zeros(()),
-            "b": torch.zeros(()),
-            "alpha": torch.zeros(()),
+            "a": torch.zeros(shape),
+            "b": torch.zeros(shape),
+            "alpha": torch.zeros(shape),
         }
         state.update(c_local=control, c=zeros_like(control), start=self._point(state))
         if self.control_variate == "gradients":
@@ -307,7 +308,12 @@ class CoDA(CODAPlus):
     def _class_score_sums(self, w, buffers, batch: Batch) -> dict[str, torch.Tensor]:
         s = torch.sigmoid(self.problem.logits(w, buffers, batch["x"])[0])
         y = batch["y"]
-        return {"pos": (s * y).sum(), "n_pos": y.sum(), "neg": (s * (1 - y)).sum(), "n_neg": (1 - y).sum()}
+        return {  # sums per label (over the batch axis)
+            "pos": (s * y).sum(0),
+            "n_pos": y.sum(0),
+            "neg": (s * (1 - y)).sum(0),
+            "n_neg": (1 - y).sum(0),
+        }
 
     def end_stage(self, state: State, avg: dict[str, Any], comm: Collective, ctx: RoundContext) -> State:
         state = super().end_stage(state, avg, comm, ctx)

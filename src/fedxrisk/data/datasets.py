@@ -9,7 +9,7 @@ registering another loader in :data:`DATASETS`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -20,7 +20,12 @@ TEST_FRACTION = 0.3
 
 @dataclass
 class LabeledData:
-    """Multi-class data with a fixed split; ``y`` holds integer class ids 0..C-1."""
+    """Multi-class data with a fixed split; ``y`` holds integer class ids 0..C-1.
+
+    Multi-label data (e.g. five chest X-ray findings) has ``y`` of shape ``[N, L]``
+    in {0, 1} and ``num_classes = L``. ``groups_train`` holds per-sample ids used
+    by natural partitions (``source``: site/folder index, ``patient``: patient id).
+    """
 
     name: str
     x_train: np.ndarray
@@ -28,6 +33,12 @@ class LabeledData:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    groups_train: dict[str, np.ndarray] = field(default_factory=dict)
+    label_names: tuple[str, ...] = ()
+
+    @property
+    def multilabel(self) -> bool:
+        return self.y_train.ndim == 2
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -45,6 +56,8 @@ class BinaryData:
     y_test: torch.Tensor
     classes_train: np.ndarray
     positive_classes: tuple[int, ...]
+    groups_train: dict[str, np.ndarray] = field(default_factory=dict)
+    label_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
@@ -63,7 +76,15 @@ class BinaryData:
         return tuple(self.x_train.shape[1:])
 
     @property
-    def pos_ratio(self) -> float:
+    def num_labels(self) -> int:
+        """1 for a binary task, L for multi-label data (``y`` of shape ``[N, L]``)."""
+        return self.y_train.shape[1] if self.y_train.dim() == 2 else 1
+
+    @property
+    def pos_ratio(self) -> float | list[float]:
+        """Positive ratio of the training labels (one per label for multi-label data)."""
+        if self.y_train.dim() == 2:
+            return self.y_train.mean(0).tolist()
         return float(self.y_train.mean())
 
 
@@ -116,9 +137,17 @@ DATASETS: dict[str, Callable[[], LabeledData]] = {
 }
 
 
-def load_dataset(name: str) -> LabeledData:
+FILE_DATASETS: set[str] = set()  # loaders that read files from a data_dir (fedxrisk.data.readers)
+
+
+def load_dataset(name: str, data_dir: str | None = None) -> LabeledData:
+    """A bundled dataset by name, or a file dataset read from ``data_dir``."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+    if name in FILE_DATASETS:
+        return DATASETS[name](data_dir)  # type: ignore[call-arg]
+    if data_dir is not None:
+        raise ValueError(f"dataset {name!r} is bundled and reads no files; drop data_dir={data_dir!r}")
     return DATASETS[name]()
 
 
@@ -128,7 +157,12 @@ def default_positive_classes(num_classes: int) -> tuple[int, ...]:
 
 
 def binarize(data: LabeledData, positive_classes: Sequence[int] | None = None) -> BinaryData:
-    """Label ``positive_classes`` 1 and every other class 0 (train and test alike)."""
+    """Label ``positive_classes`` 1 and every other class 0 (train and test alike).
+
+    Multi-label data is already binary per label and passes through unchanged.
+    """
+    if data.multilabel:
+        return _multilabel_binary(data, positive_classes)
     pos = tuple(positive_classes) if positive_classes else default_positive_classes(data.num_classes)
     bad = [c for c in pos if not 0 <= c < data.num_classes]
     if bad:
@@ -147,4 +181,29 @@ def binarize(data: LabeledData, positive_classes: Sequence[int] | None = None) -
         y_test=to01(data.y_test),
         classes_train=data.y_train.copy(),
         positive_classes=pos,
+        groups_train=dict(data.groups_train),
+        label_names=data.label_names,
+    )
+
+
+def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int] | None) -> BinaryData:
+    if positive_classes:
+        raise ValueError(
+            f"{data.name} is multi-label ({data.num_classes} labels, each binary); "
+            "positive_classes applies to multi-class data only"
+        )
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+    return BinaryData(
+        name=data.name,
+        x_train=tensor(data.x_train),
+        y_train=tensor(data.y_train),
+        x_test=tensor(data.x_test),
+        y_test=tensor(data.y_test),
+        classes_train=np.zeros(len(data.y_train), dtype=np.int64),
+        positive_classes=(),
+        groups_train=dict(data.groups_train),
+        label_names=data.label_names,
     )

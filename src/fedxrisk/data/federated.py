@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +21,7 @@ class FederatedData:
 
     data: BinaryData
     shards: list[np.ndarray]
+    augment: Callable[[torch.Tensor], torch.Tensor] | None = None  # e.g. data.augment.RandomCropFlip
 
     def __post_init__(self) -> None:
         width = max(len(s) for s in self.shards)
@@ -38,15 +39,21 @@ class FederatedData:
     def shard_sizes(self) -> list[int]:
         return [len(s) for s in self.shards]
 
-    def client_pos_ratio(self, k: int) -> float:
-        return float(self.data.y_train[torch.from_numpy(self.shards[k])].mean())
+    def client_pos_ratio(self, k: int) -> float | list[float]:
+        y = self.data.y_train[torch.from_numpy(self.shards[k])]
+        return y.mean(0).tolist() if y.dim() == 2 else float(y.mean())
 
-    def client_counts(self) -> list[tuple[int, int]]:
-        """(positives, negatives) held by each client."""
+    def client_counts(self) -> list[tuple[int, int]] | list[tuple[list[int], list[int]]]:
+        """(positives, negatives) held by each client (per label for multi-label data)."""
         y = self.data.y_train
         out = []
         for s in self.shards:
-            pos = int(y[torch.from_numpy(s)].sum())
+            ys = y[torch.from_numpy(s)]
+            if ys.dim() == 2:
+                pos_l = ys.sum(0).long().tolist()
+                out.append((pos_l, [len(s) - p for p in pos_l]))
+                continue
+            pos = int(ys.sum())
             out.append((pos, len(s) - pos))
         return out
 
@@ -54,8 +61,9 @@ class FederatedData:
         """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index."""
         local = torch.from_numpy(positions)
         index = self._table[self._rows, local]
+        x = self.data.x_train[index]
         return {
-            "x": self.data.x_train[index].to(device),
+            "x": (self.augment(x) if self.augment is not None else x).to(device),
             "y": self.data.y_train[index].to(device),
             "index": index.to(device),
             "local_index": local.to(device),
@@ -73,7 +81,11 @@ def check_client_classes(fed: FederatedData, allow_missing_class: bool) -> list[
     p and contribute only the terms of the class they hold; their per-client
     AUROC is undefined and left out of the per-client mean.
     """
-    lacking = [k for k, (pos, neg) in enumerate(fed.client_counts()) if pos == 0 or neg == 0]
+    lacking = [
+        k
+        for k, (pos, neg) in enumerate(fed.client_counts())
+        if min(np.atleast_1d(pos)) == 0 or min(np.atleast_1d(neg)) == 0
+    ]
     if lacking and not allow_missing_class:
         counts = fed.client_counts()
         detail = ", ".join(f"client {k}: {counts[k][0]} pos / {counts[k][1]} neg" for k in lacking[:5])
@@ -97,13 +109,22 @@ def make_federated(
     positive_classes: Sequence[int] | None = None,
     dirichlet_alpha: float = 0.5,
     allow_missing_class: bool = False,
+    data_dir: str | None = None,
     feature_shift: bool = False,
 ) -> FederatedData:
     """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
 
-    ``feature_shift``: add FeDXL's per-client Gaussian feature shift (``data.shift``).
+    ``data_dir`` is where file datasets are read from (see :mod:`fedxrisk.data.readers`);
+    ``feature_shift`` adds FeDXL's per-client Gaussian feature shift (``data.shift``).
     """
-    data = dataset if isinstance(dataset, BinaryData) else binarize(load_dataset(dataset), positive_classes)
+    if isinstance(dataset, BinaryData):
+        data = dataset
+    else:
+        data = binarize(load_dataset(dataset, data_dir), positive_classes)
+    if data.y_train.dim() == 2 and imratio is not None:
+        raise ValueError(
+            f"{data.name} is multi-label: imratio applies to one binary label; set imratio = None (--imratio none)"
+        )
     rng = np.random.default_rng([seed, 1])
     kept = make_imbalanced(data.y_train.numpy(), imratio, rng)
     data = BinaryData(
@@ -114,10 +135,13 @@ def make_federated(
         y_test=data.y_test,
         classes_train=data.classes_train[kept],
         positive_classes=data.positive_classes,
+        groups_train={k: v[kept] for k, v in data.groups_train.items()},
+        label_names=data.label_names,
     )
     shards = partition(
-        partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha
-    )
+        partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha,
+        data.groups_train,
+    )  # fmt: skip
     if feature_shift:
         data = shift_features(data, shards, np.random.default_rng([seed, 2]))
     fed = FederatedData(data, shards)

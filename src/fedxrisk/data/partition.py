@@ -9,13 +9,18 @@ Each function returns one array of sample indices per client.
   classes on one side, each class is split over a group of clients instead.
 - ``dirichlet``: label skew; each class's samples are split over clients with
   proportions drawn from Dirichlet(α·1).
+- ``source``: natural silos, one client per source (site folder, CSV column
+  value); the number of clients must equal the number of sources.
+- ``patient``: the CODASCA paper's ChestXray-IH split: sources are divided into
+  K ≥ #sources clients by patient id; a client holds one source only and no
+  patient appears in two clients.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-PARTITIONS = ("iid", "class", "dirichlet")
+PARTITIONS = ("iid", "class", "dirichlet", "source", "patient")
 
 
 def iid_partition(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -65,6 +70,59 @@ def dirichlet_partition(
     return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
 
 
+def _groups(groups: dict[str, np.ndarray] | None, key: str, kind: str) -> np.ndarray:
+    if not groups or key not in groups:
+        raise ValueError(
+            f"partition {kind!r} needs a per-sample {key!r} id: use a dataset that records it "
+            "(sites, manifest with a source/patient column, chestxray_ih, npz with source_train/patient_train)"
+        )
+    return groups[key]
+
+
+def source_partition(sources: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """One client per source (in sorted source-id order)."""
+    ids = np.unique(sources)
+    if len(ids) != num_clients:
+        raise ValueError(
+            f"partition 'source' gives one client per source: the data has {len(ids)} sources, "
+            f"so set clients={len(ids)} (got {num_clients}); use 'patient' for more clients than sources"
+        )
+    return [np.flatnonzero(sources == s).astype(np.int64) for s in ids]
+
+
+def clients_per_source(sizes: np.ndarray, num_clients: int) -> np.ndarray:
+    """Clients per source proportional to its size (largest remainder), at least one each."""
+    if num_clients < len(sizes):
+        raise ValueError(
+            f"partition 'patient' needs at least one client per source: {len(sizes)} sources, {num_clients} clients"
+        )
+    quota = num_clients * sizes / sizes.sum()
+    counts = np.maximum(1, np.floor(quota)).astype(np.int64)
+    while counts.sum() < num_clients:  # first source with the largest unmet quota
+        counts[np.argmax(quota - counts)] += 1
+    while counts.sum() > num_clients:  # only when the minimum of one pushed the total over
+        spare = np.where(counts > 1, quota - counts, np.inf)
+        counts[np.argmin(spare)] -= 1
+    return counts
+
+
+def patient_partition(
+    sources: np.ndarray, patients: np.ndarray, num_clients: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """ChestXray-IH: each source's patients shuffled and split over that source's clients."""
+    ids = np.unique(sources)
+    counts = clients_per_source(np.array([np.sum(sources == s) for s in ids]), num_clients)
+    parts = []
+    for s, n in zip(ids, counts):
+        members = np.flatnonzero(sources == s)
+        people = rng.permutation(np.unique(patients[members]))
+        if n > len(people):
+            raise ValueError(f"source {s} has {len(people)} patients, too few for its {n} clients")
+        for group in np.array_split(people, n):
+            parts.append(members[np.isin(patients[members], group)].astype(np.int64))
+    return parts
+
+
 def partition(
     kind: str,
     y: np.ndarray,
@@ -72,14 +130,22 @@ def partition(
     num_clients: int,
     rng: np.random.Generator,
     dirichlet_alpha: float = 0.5,
+    groups: dict[str, np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Dispatch on ``kind`` and check that every client received data."""
     if num_clients < 1:
         raise ValueError(f"the number of clients must be ≥ 1, got {num_clients}")
     if num_clients > len(y):
         raise ValueError(f"{num_clients} clients but only {len(y)} training samples")
+    if kind in ("class", "dirichlet") and y.ndim != 1:
+        raise ValueError(f"partition {kind!r} splits by class; multi-label data needs iid, source or patient")
     if kind == "iid":
         parts = iid_partition(len(y), num_clients, rng)
+    elif kind == "source":
+        parts = source_partition(_groups(groups, "source", kind), num_clients)
+    elif kind == "patient":
+        sources = groups["source"] if groups and "source" in groups else np.zeros(len(y), dtype=np.int64)
+        parts = patient_partition(sources, _groups(groups, "patient", kind), num_clients, rng)
     elif kind == "class":
         parts = class_partition(y, classes, num_clients, rng)
     elif kind == "dirichlet":

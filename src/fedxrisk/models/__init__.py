@@ -1,4 +1,9 @@
-"""Model zoo: ``build_model(name, input_shape, seed)``; any ``nn.Module`` with one logit works."""
+"""Model zoo: ``build_model(name, input_shape, seed, num_outputs)``.
+
+A model is any ``nn.Module`` mapping ``[B, *input_shape]`` to ``[B, num_outputs]``
+logits (one per label); register a constructor ``(input_shape, num_outputs=1)``
+in :data:`MODELS` to use it by name, or pass the module to :class:`~fedxrisk.problem.Problem`.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +12,43 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fedxrisk.models.cnn28 import CNN28
+from fedxrisk.models.densenet import DenseNet, densenet121, densenet121_imagenet
+from fedxrisk.models.resnet import ResNet, resnet20
 from fedxrisk.models.small import MLP, Linear, SmallCNN
 
-MODELS: dict[str, Callable[[tuple[int, ...]], nn.Module]] = {
+MODELS: dict[str, Callable[..., nn.Module]] = {
     "linear": Linear,
     "mlp": MLP,
     "cnn": SmallCNN,
+    "cnn28": CNN28,
+    "resnet20": resnet20,
+    "densenet121": densenet121,
+    "densenet121_imagenet": densenet121_imagenet,
 }
 
 
-def build_model(name: str, input_shape: tuple[int, ...], seed: int = 0) -> nn.Module:
-    """Instantiate a registered model with weights drawn from ``seed``."""
+def build_model(name: str, input_shape: tuple[int, ...], seed: int = 0, num_outputs: int = 1) -> nn.Module:
+    """Instantiate a registered model with weights drawn from ``seed``; ``num_outputs`` = labels."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](input_shape)
+        if num_outputs == 1:
+            return MODELS[name](input_shape)
+        return MODELS[name](input_shape, num_outputs=num_outputs)
 
 
-__all__ = ["MLP", "MODELS", "Linear", "SmallCNN", "build_model"]
+__all__ = [
+    "CNN28",
+    "MLP",
+    "MODELS",
+    "DenseNet",
+    "Linear",
+    "ResNet",
+    "SmallCNN",
+    "build_model",
+    "densenet121",
+    "densenet121_imagenet",
+    "resnet20",
+]

@@ -11,9 +11,9 @@ from torch import nn
 class Linear(nn.Module):
     """Logistic-regression scorer on flattened inputs."""
 
-    def __init__(self, input_shape: tuple[int, ...]):
+    def __init__(self, input_shape: tuple[int, ...], num_outputs: int = 1):
         super().__init__()
-        self.fc = nn.Linear(math.prod(input_shape), 1)
+        self.fc = nn.Linear(math.prod(input_shape), num_outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x.flatten(1))
@@ -22,14 +22,16 @@ class Linear(nn.Module):
 class MLP(nn.Module):
     """Fully connected ReLU network on flattened inputs."""
 
-    def __init__(self, input_shape: tuple[int, ...], hidden: tuple[int, ...] = (64, 64)):
+    def __init__(
+        self, input_shape: tuple[int, ...], num_outputs: int = 1, hidden: tuple[int, ...] = (64, 64)
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         width = math.prod(input_shape)
         for h in hidden:
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
-        layers.append(nn.Linear(width, 1))
+        layers.append(nn.Linear(width, num_outputs))
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,7 +41,7 @@ class MLP(nn.Module):
 class SmallCNN(nn.Module):
     """Two conv–BatchNorm–ReLU blocks and a linear head, for C×H×W inputs (e.g. 1×8×8 digits)."""
 
-    def __init__(self, input_shape: tuple[int, ...], channels: int = 16):
+    def __init__(self, input_shape: tuple[int, ...], num_outputs: int = 1, channels: int = 16):
         super().__init__()
         if len(input_shape) != 3:
             raise ValueError(f"cnn needs C×H×W inputs, got shape {input_shape}")
@@ -53,7 +55,7 @@ class SmallCNN(nn.Module):
             nn.ReLU(),
             nn.AdaptiveAvgPool2d(2),
         )
-        self.head = nn.Linear(8 * channels, 1)
+        self.head = nn.Linear(8 * channels, num_outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).flatten(1))

@@ -3,6 +3,10 @@
 Scores ``s`` are in [0, 1] (a sigmoid of the model's logit), labels ``y`` in
 {0, 1}. Every term is a mean over the *whole* mini-batch, not per class, as
 in Ying et al. (2016) and the FDAM paper (eq. 2).
+
+Multi-label: ``s`` and ``y`` of shape ``[B, L]`` with a, b, α, p of shape
+``[L]`` give one loss per label (broadcast); the result is their mean over
+labels. One label (``s`` of shape ``[B]``) is the scalar case unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ def auc_square_loss(
         + p * (s - b) ** 2 * neg
         + 2 * (1 + alpha) * (p * s * neg - (1 - p) * s * pos)
     )
-    return f.mean() - p * (1 - p) * alpha**2
+    return (f.mean(0) - p * (1 - p) * alpha**2).mean()
 
 
 def aucm_loss(
@@ -48,7 +52,7 @@ def aucm_loss(
     """
     pos, neg = y, 1.0 - y
     f = (1 - p) * (s - a) ** 2 * pos + p * (s - b) ** 2 * neg + 2 * alpha * (p * s * neg - (1 - p) * s * pos)
-    return f.mean() + 2 * alpha * p * (1 - p) * margin - p * (1 - p) * alpha**2
+    return (f.mean(0) + 2 * alpha * p * (1 - p) * margin - p * (1 - p) * alpha**2).mean()
 
 
 def aucm_alpha_direction(

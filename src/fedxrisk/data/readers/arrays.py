@@ -1,0 +1,118 @@
+"""Arrays already in memory form: NumPy ``.npz`` archives and tabular CSV files."""
+
+from __future__ import annotations
+
+import csv
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from fedxrisk.data.datasets import LabeledData
+from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
+
+NPZ_LAYOUT = (
+    "  <data_dir>/data.npz (or data_dir = the .npz file) with arrays x_train, y_train, x_test, y_test;\n"
+    "  y: integer classes [N] or multi-label {0,1} [N, L]; optional source_train, patient_train [N]"
+)
+TABULAR_LAYOUT = (
+    "  <data_dir>/train.csv and <data_dir>/test.csv (or one <data_dir>/data.csv, split 70/30),\n"
+    "  header with numeric feature columns, an integer 'label' column, optionally a 'source' column"
+)
+
+
+def read_npz(data_dir: str | Path | None) -> LabeledData:
+    """A ``.npz`` archive of train/test arrays (see :data:`NPZ_LAYOUT`)."""
+    root = require_dir(data_dir, "npz", NPZ_LAYOUT)
+    path = root if root.is_file() else root / "data.npz"
+    if not path.is_file():
+        raise MissingDataError(f"npz: {path} not found; expected:\n{NPZ_LAYOUT}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise DataFileError(f"{path}: not a readable .npz archive ({e}); expected:\n{NPZ_LAYOUT}") from e
+    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
+    if missing:
+        raise DataFileError(
+            f"{path}: missing array(s) {missing} (has {sorted(arrays)}); expected:\n{NPZ_LAYOUT}"
+        )
+    y_train, y_test = arrays["y_train"], arrays["y_test"]
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if len(x) != len(y) or y.ndim not in (1, 2):
+            raise DataFileError(f"{path}: x_{split} {x.shape} and y_{split} {y.shape} do not match")
+    if y_train.ndim == 2:
+        if y_test.ndim != 2 or y_test.shape[1] != y_train.shape[1] or not np.isin(y_train, (0, 1)).all():
+            raise DataFileError(f"{path}: multi-label y must be {{0, 1}} [N, L] in both splits")
+        y_train, y_test, num_classes = y_train.astype(np.float32), y_test.astype(np.float32), y_train.shape[1]
+    else:
+        if not np.issubdtype(y_train.dtype, np.integer) and not np.all(np.mod(y_train, 1) == 0):
+            raise DataFileError(f"{path}: y_train must hold integer class ids")
+        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
+        if min(y_train.min(), y_test.min()) < 0:
+            raise DataFileError(f"{path}: class ids must be ≥ 0")
+        num_classes = int(max(y_train.max(), y_test.max())) + 1
+    groups = {
+        k: arrays[f"{k}_train"].astype(np.int64) for k in ("source", "patient") if f"{k}_train" in arrays
+    }
+    bad = [k for k, v in groups.items() if len(v) != len(y_train)]
+    if bad:
+        raise DataFileError(f"{path}: {bad[0]}_train must have one entry per training sample")
+    return LabeledData(
+        path.stem, arrays["x_train"].astype(np.float32), y_train, arrays["x_test"].astype(np.float32), y_test,
+        num_classes, groups_train=groups,
+    )  # fmt: skip
+
+
+def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str]]:
+    """(features, labels, sources or None, feature names) of one tabular CSV."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 2:
+        raise DataFileError(f"{path}: needs a header and at least one row; expected:\n{TABULAR_LAYOUT}")
+    header, body = rows[0], rows[1:]
+    if "label" not in header:
+        raise DataFileError(f"{path}: no 'label' column in header {header}; expected:\n{TABULAR_LAYOUT}")
+    li = header.index("label")
+    si = header.index("source") if "source" in header else None
+    feats = [i for i in range(len(header)) if i not in (li, si)]
+    x = np.empty((len(body), len(feats)), dtype=np.float32)
+    y = np.empty(len(body), dtype=np.int64)
+    for r, row in enumerate(body):
+        if len(row) != len(header):
+            raise DataFileError(f"{path} row {r + 2}: {len(row)} fields, header has {len(header)}")
+        try:
+            x[r] = [float(row[i]) for i in feats]
+            y[r] = int(row[li])
+        except ValueError as e:
+            raise DataFileError(f"{path} row {r + 2}: {e}") from None
+    sources = [row[si] for row in body] if si is not None else None
+    return x, y, sources, [header[i] for i in feats]
+
+
+def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
+    """Numeric feature columns + integer ``label``; standardized with the training mean and std."""
+    root = require_dir(data_dir, "tabular", TABULAR_LAYOUT)
+    if (root / "train.csv").is_file() and (root / "test.csv").is_file():
+        x_tr, y_tr, s_tr, names = _read_table(root / "train.csv")
+        x_te, y_te, _, names_te = _read_table(root / "test.csv")
+        if names != names_te:
+            raise DataFileError(f"{root}: train.csv and test.csv have different feature columns")
+        groups = {"source": codes(s_tr)[0]} if s_tr is not None else {}
+        num_classes = int(max(y_tr.max(), y_te.max())) + 1
+        data = LabeledData("tabular", x_tr, y_tr, x_te, y_te, num_classes, groups_train=groups)
+    elif (root / "data.csv").is_file():
+        x, y, s, _ = _read_table(root / "data.csv")
+        groups = {"source": codes(s)[0]} if s is not None else {}
+        data = split_labeled("tabular", x, y, int(y.max()) + 1, groups)
+    else:
+        raise MissingDataError(
+            f"tabular: no train.csv + test.csv or data.csv in {root}; expected:\n{TABULAR_LAYOUT}"
+        )
+    if data.y_train.min() < 0:
+        raise DataFileError(f"tabular: labels must be ≥ 0 in {root}")
+    mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
+    data.x_train = ((data.x_train - mean) / std).astype(np.float32)
+    data.x_test = ((data.x_test - mean) / std).astype(np.float32)
+    return data

@@ -1,0 +1,110 @@
+"""Shared pieces of the file readers: errors that name the expected layout, file lookup, splits."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fedxrisk.data.datasets import SPLIT_SEED, TEST_FRACTION, LabeledData
+
+
+class DataFileError(ValueError):
+    """A data file is malformed; the message names the file and the expected layout."""
+
+
+class MissingDataError(DataFileError, FileNotFoundError):
+    """A data file or folder is missing; the message names the expected layout."""
+
+
+def require_dir(data_dir: str | Path | None, dataset: str, layout: str) -> Path:
+    """``data_dir`` as a folder that exists, or an error describing ``layout``."""
+    if data_dir is None:
+        raise MissingDataError(
+            f"dataset {dataset!r} reads files: set data_dir (--data-dir / --set data_dir=...) "
+            f"to a folder laid out as:\n{layout}"
+        )
+    root = Path(data_dir).expanduser()
+    if not root.exists():
+        raise MissingDataError(f"{dataset}: data_dir {str(root)!r} does not exist; expected:\n{layout}")
+    return root
+
+
+def find_file(roots: Sequence[Path], names: Sequence[str], dataset: str, layout: str) -> Path:
+    """The first ``root/name`` that exists, trying every root then every name."""
+    for root in roots:
+        for name in names:
+            if (root / name).is_file():
+                return root / name
+    tried = ", ".join(str(r / names[0]) for r in roots)
+    raise MissingDataError(f"{dataset}: file {names[0]!r} not found (looked in {tried}); expected:\n{layout}")
+
+
+def read_bytes(path: Path) -> bytes:
+    """File contents, transparently gunzipped when the name ends in ``.gz``."""
+    try:
+        return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as e:
+        raise DataFileError(f"{path}: cannot read ({e})") from e
+
+
+def images_to_float(x: np.ndarray) -> np.ndarray:
+    """uint8 images → float32 in [0, 1]."""
+    return (x.astype(np.float32) / 255.0).astype(np.float32)
+
+
+def split_labeled(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    num_classes: int,
+    groups: dict[str, np.ndarray] | None = None,
+    test_fraction: float = TEST_FRACTION,
+    label_names: tuple[str, ...] = (),
+) -> LabeledData:
+    """A fixed train/test split (seed :data:`SPLIT_SEED`), stratified for single-label data.
+
+    When ``groups`` has a ``patient`` entry the split is by patient within each
+    source: no patient appears in both train and test (the ChestXray-IH protocol
+    holds out a fraction of every organization's data).
+    """
+    groups = groups or {}
+    rng = np.random.default_rng(SPLIT_SEED)
+    if "patient" in groups:
+        test = np.zeros(len(y), dtype=bool)
+        sources = groups.get("source", np.zeros(len(y), dtype=np.int64))
+        for s in np.unique(sources):
+            patients = np.unique(groups["patient"][sources == s])
+            count = max(1, round(test_fraction * len(patients))) if len(patients) > 1 else 0
+            held = rng.choice(patients, count, replace=False)
+            test |= (sources == s) & np.isin(groups["patient"], held)
+        train_idx, test_idx = np.flatnonzero(~test), np.flatnonzero(test)
+    else:
+        from sklearn.model_selection import train_test_split
+
+        stratify = y if y.ndim == 1 and np.bincount(y).min() >= 2 else None
+        train_idx, test_idx = train_test_split(
+            np.arange(len(y)), test_size=test_fraction, random_state=SPLIT_SEED, stratify=stratify
+        )
+        train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
+    if len(train_idx) == 0 or len(test_idx) == 0:
+        raise DataFileError(f"{name}: too few samples ({len(y)}) to split into train and test")
+    return LabeledData(
+        name,
+        x[train_idx],
+        y[train_idx],
+        x[test_idx],
+        y[test_idx],
+        num_classes,
+        groups_train={k: v[train_idx] for k, v in groups.items()},
+        label_names=label_names,
+    )
+
+
+def codes(values: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """Integer codes of string values (sorted unique order) and the unique values."""
+    names = sorted(set(values))
+    lookup = {v: i for i, v in enumerate(names)}
+    return np.array([lookup[v] for v in values], dtype=np.int64), names
