@@ -294,7 +294,8 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
 
 def _best_of(history, keys) -> dict[str, float]:
     """The best value of each metric over the evaluations (rounds may differ from best.round)."""
-    return {k: max((r[k] for r in history if not math.isnan(r[k])), default=math.nan) for k in keys}
+    values = {k: [r[k] for r in history if not math.isnan(r.get(k, math.nan))] for k in keys}
+    return {k: max(v, default=math.nan) for k, v in values.items()}
 
 
 def _hparams(alg: Algorithm) -> dict[str, Any]:
