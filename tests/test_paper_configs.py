@@ -143,6 +143,8 @@ def test_config_runs_a_few_steps_on_tiny_files(path, tmp_path):
                  allow_missing_class=True, data_dir=str(tmp_path / "data"))  # fmt: skip
     if fields["model"].startswith("densenet"):  # DenseNet-121 itself is checked in test_models_zoo.py
         smoke["model"] = "linear"
+    if "positives_per_batch" in options:  # FeDXL's B1 positives + B2 negatives, shrunk alike
+        smoke["batch_size"], options["positives_per_batch"] = 4, 2
     result = run_experiment(RunConfig(**{**fields, **smoke}, options=options), tmp_path / "run")
     final = result.summary["final"]
     assert result.summary["status"] == "completed" and result.summary["num_clients"] == fields["clients"]
