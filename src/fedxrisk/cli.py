@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -119,7 +120,7 @@ def run(options: tuple[str, ...], out: str | None, quiet: bool, **kwargs: Any) -
         console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
         sys.exit(1)
     except DistributedError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         sys.exit(1)
     if secondary:
         return
