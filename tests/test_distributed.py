@@ -119,8 +119,8 @@ def _launch_manual(tmp_path, world, timeout, port):
             subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         )
     history = tmp_path / "run" / "history.csv"
-    for _ in range(600):  # wait until training is under way (two evaluated rounds)
-        if history.exists() and len(history.read_text().splitlines()) >= 3:
+    for _ in range(600):  # wait until training is under way (one evaluated round)
+        if history.exists() and len(history.read_text().splitlines()) >= 2:
             break
         assert all(p.poll() is None for p in procs), procs[0].stderr.read()[-2000:]
         time.sleep(0.2)
