@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -52,6 +53,8 @@ def _torchrun(nproc: int, args: list[str]) -> subprocess.CompletedProcess:
 # -- 1. overhead (runs inside each rank) ----------------------------------------------------
 def _payloads():
     """Round payloads of real algorithms and models: (name, tree with a leading client axis)."""
+    import torch
+
     from fedxrisk.algorithms import ALGORITHMS, Schedule
     from fedxrisk.algorithms.base import ClientInfo, RoundContext, model_payload
     from fedxrisk.data import make_federated
@@ -72,10 +75,15 @@ def _payloads():
             tree = algorithm.round_payload(state, RoundContext(plan, None))
             tree["c"] = state["c"]
         out.append((f"{alg} / {model}", tree))
+    # larger models, as trees of float32 leaves: ResNet20-like (65 tensors, 0.27M floats), 1M floats in 20
+    resnet = {f"l{i}": torch.zeros(1, 272_474 // 65 + (i < 272_474 % 65)) for i in range(65)}
+    out.append(("65 tensors, 0.27M floats (ResNet20-sized)", resnet))
+    out.append(("20 tensors, 1M floats", {f"l{i}": torch.zeros(1, 50_000) for i in range(20)}))
     return out
 
 
-def _median_ms(fn, reps: int, warmup: int = 5) -> float:
+def _times_ms(fn, reps: int, warmup: int = 5) -> tuple[float, float]:
+    """(median, minimum) in ms; the minimum is the least disturbed by other load on the machine."""
     import torch.distributed as dist
 
     samples = []
@@ -85,7 +93,7 @@ def _median_ms(fn, reps: int, warmup: int = 5) -> float:
         fn()
         if i >= warmup:
             samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3
+    return statistics.median(samples) * 1e3, min(samples) * 1e3
 
 
 def overhead_worker(reps: int) -> None:
@@ -114,7 +122,7 @@ def overhead_worker(reps: int) -> None:
             "raw": partial(dist.all_reduce, flat),
             "per_tensor": per_tensor,
         }
-        times = {label: _median_ms(fn, reps) for label, fn in fns.items()}
+        times = {label: _times_ms(fn, reps) for label, fn in fns.items()}
         rows.append({"payload": name, "tensors": len(tensors), "bytes": numel_bytes(tree), **times})
     if group.rank == 0:
         print("RESULT " + json.dumps(rows))
@@ -128,27 +136,39 @@ def run_args(rounds: int, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def wall_times(rounds: int) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for engine in ("loop", "vmap"):
             out = Path(tmp) / engine
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _child_cpu()
             cmd = [sys.executable, "-m", "fedxrisk", *run_args(rounds, out), "--engine", engine]
             subprocess.run(cmd, env=_env(), check=True, capture_output=True)
-            total = time.perf_counter() - t0
+            total, cpu = time.perf_counter() - t0, _child_cpu() - c0
             summary = json.loads((out / "summary.json").read_text())
-            rows.append({"run": f"{engine}, 1 process", "train_s": summary["wall_seconds"], "total_s": total})
+            rows.append(
+                {
+                    "run": f"{engine}, 1 process",
+                    "train_s": summary["wall_seconds"],
+                    "total_s": total,
+                    "cpu_s": cpu,
+                }
+            )
         for nproc in (1, 2, 4):
             out = Path(tmp) / f"dist{nproc}"
             args = ["-m", "fedxrisk", *run_args(rounds, out), "--engine", "distributed"]
             args += ["--clients-per-rank", "auto"]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _child_cpu()
             _torchrun(nproc, args)
-            total = time.perf_counter() - t0
+            total, cpu = time.perf_counter() - t0, _child_cpu() - c0
             summary = json.loads((out / "summary.json").read_text())
-            label = f"distributed, {nproc} process{'es' if nproc > 1 else ''} ({4 // nproc} clients each)"
-            rows.append({"run": label, "train_s": summary["wall_seconds"], "total_s": total})
+            label = f"distributed, {nproc} process{'es' if nproc > 1 else ''} ({4 // nproc} client{'s' if nproc < 4 else ''} each)"
+            rows.append({"run": label, "train_s": summary["wall_seconds"], "total_s": total, "cpu_s": cpu})
     return rows
 
 
@@ -163,20 +183,20 @@ def main() -> None:
         return
     proc = _torchrun(2, [str(Path(__file__).resolve()), "--worker", "--reps", str(args.reps)])
     rows = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    print("## packed mean vs raw all_reduce (2 gloo ranks, medians in ms)\n")
-    print("| payload | tensors | bytes | packed mean | raw all_reduce | ratio | one all_reduce per tensor |")
+    print("## packed mean vs raw all_reduce (2 gloo ranks; ms, median / minimum over reps)\n")
+    print("| payload | tensors | bytes | packed mean | raw all_reduce | ratio (median, min) | per tensor |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        ratio = r["packed"] / r["raw"]
+        (pm, pn), (rm, rn), (tm, tn) = r["packed"], r["raw"], r["per_tensor"]
         print(
-            f"| {r['payload']} | {r['tensors']} | {r['bytes']:,} | {r['packed']:.3f} | {r['raw']:.3f} "
-            f"| {ratio:.2f}× | {r['per_tensor']:.3f} |"
+            f"| {r['payload']} | {r['tensors']} | {r['bytes']:,} | {pm:.3f} / {pn:.3f} | {rm:.3f} / {rn:.3f} "
+            f"| {pm / rm:.2f}×, {pn / rn:.2f}× | {tm:.3f} / {tn:.3f} |"
         )
     print(f"\n## wall time, codasca, K = 4, {args.rounds} rounds of I = 8 (seconds)\n")
-    print("| run | training + eval (summary.json) | whole command |")
-    print("|---|---:|---:|")
+    print("| run | training + eval (summary.json) | whole command | CPU, all processes |")
+    print("|---|---:|---:|---:|")
     for r in wall_times(args.rounds):
-        print(f"| {r['run']} | {r['train_s']:.2f} | {r['total_s']:.2f} |")
+        print(f"| {r['run']} | {r['train_s']:.2f} | {r['total_s']:.2f} | {r['cpu_s']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -351,9 +351,14 @@ class DistCollective:
         self.global_stats: torch.Tensor | None = None
 
     def mean(self, tree: Tree) -> Tree:
-        """Mean over all K clients: local sums, one packed ``all_reduce(SUM)`` per dtype, ÷ K."""
+        """Mean over all K clients: local sums, one packed ``all_reduce(SUM)`` per dtype, ÷ K.
+
+        The leaves are packed as ``[k, n]`` (k = this rank's clients) with one copy,
+        summed over k, reduced, and handed back as views of one ``[k, n]`` block.
+        """
         self.ledger.record("mean", tree, self.num_clients)
         items = [t for _, t in leaves(tree)]
+        k = self.local_clients
         results: list[torch.Tensor | None] = [None] * len(items)
         by_dtype: dict[torch.dtype, list[int]] = {}
         for i, t in enumerate(items):
@@ -361,22 +366,22 @@ class DistCollective:
                 raise TypeError(f"mean needs floating-point tensors, got {t.dtype}")
             by_dtype.setdefault(t.dtype, []).append(i)
         for dtype, idx in by_dtype.items():
-            parts = [items[i].sum(0).reshape(-1) for i in idx]
-            extra = self._stats is not None
-            if extra:
-                parts.append(self._stats.to(device=items[idx[0]].device, dtype=dtype))
-            buf = torch.cat(parts)
+            sizes = [items[i].numel() // k for i in idx]
+            parts = [items[i].reshape(k, n) for i, n in zip(idx, sizes)]
+            stats = self._stats
+            if stats is not None:  # the engine's numbers ride along in row 0
+                rows = stats.to(device=parts[0].device, dtype=dtype).reshape(1, -1)
+                parts.append(torch.cat([rows, rows.new_zeros(k - 1, rows.shape[1])]) if k > 1 else rows)
+            flat = torch.cat(parts, dim=1)
+            buf = flat.sum(0) if k > 1 else flat.view(-1)
             self.group.all_reduce(buf, "mean (all_reduce)")
-            if extra:
-                self.global_stats = buf[buf.numel() - self._stats.numel() :].clone()
-                self._stats = None
-            buf /= self.num_clients
-            offset = 0
-            for i in idx:
-                shape, n = items[i].shape[1:], items[i][0].numel()
-                m = buf[offset : offset + n].view(shape)
-                results[i] = m.unsqueeze(0).expand(self.local_clients, *shape).clone()
-                offset += n
+            total = sum(sizes)
+            if stats is not None:
+                self.global_stats, self._stats = buf[total:].clone(), None
+            avg = buf[:total].div_(self.num_clients)
+            block = avg.view(1, total) if k == 1 else avg.unsqueeze(0).expand(k, total).clone()
+            for i, part in zip(idx, torch.split(block, sizes, dim=1)):
+                results[i] = part.view(items[i].shape)
         return _refill(tree, results)  # type: ignore[arg-type]
 
     def gather(self, tree: Tree) -> Tree:
