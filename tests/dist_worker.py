@@ -18,6 +18,7 @@ from fedxrisk.algorithms import ALGORITHMS, Schedule
 from fedxrisk.data import make_federated
 from fedxrisk.engines import DistCollective, DistributedSimulation, SimCollective
 from fedxrisk.engines.distributed import DistGroup, client_layout
+from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
@@ -119,8 +120,6 @@ def main(out: Path) -> None:
     }
     rows = torch.tensor(layout[group.rank])
     mine = {"s": full_tree["s"][rows], "n": {"i": full_tree["n"]["i"][rows], "d": full_tree["n"]["d"][rows]}}
-    from fedxrisk.engines.ledger import ByteLedger
-
     dist_ledger, sim_ledger = ByteLedger(), ByteLedger()
     gathered = DistCollective(group, layout, LoopEngine(), dist_ledger).gather(mine)
     expected = SimCollective(3, LoopEngine(), sim_ledger).gather(full_tree)
