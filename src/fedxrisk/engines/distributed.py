@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from fedxrisk.algorithms.base import Algorithm
 from fedxrisk.algorithms.schedule import Schedule
@@ -353,8 +354,11 @@ class DistCollective:
     def mean(self, tree: Tree) -> Tree:
         """Mean over all K clients: local sums, one packed ``all_reduce(SUM)`` per dtype, ÷ K.
 
-        The leaves are packed as ``[k, n]`` (k = this rank's clients) with one copy,
-        summed over k, reduced, and handed back as views of one ``[k, n]`` block.
+        The leaves (summed over this rank's k clients when k > 1) are packed with
+        one copy, reduced in place, and handed back as views of the reduced buffer
+        (k = 1) or of one ``[k, ...]`` block. Packing and unpacking use torch's
+        ``_flatten_dense_tensors`` / ``_unflatten_dense_tensors`` (one C++ call
+        each, as DistributedDataParallel does), so the cost per leaf stays small.
         """
         self.ledger.record("mean", tree, self.num_clients)
         items = [t for _, t in leaves(tree)]
@@ -366,22 +370,19 @@ class DistCollective:
                 raise TypeError(f"mean needs floating-point tensors, got {t.dtype}")
             by_dtype.setdefault(t.dtype, []).append(i)
         for dtype, idx in by_dtype.items():
-            sizes = [items[i].numel() // k for i in idx]
-            parts = [items[i].reshape(k, n) for i, n in zip(idx, sizes)]
+            local = [items[i] if k == 1 else items[i].sum(0) for i in idx]  # [1, *s] or [*s]
             stats = self._stats
-            if stats is not None:  # the engine's numbers ride along in row 0
-                rows = stats.to(device=parts[0].device, dtype=dtype).reshape(1, -1)
-                parts.append(torch.cat([rows, rows.new_zeros(k - 1, rows.shape[1])]) if k > 1 else rows)
-            flat = torch.cat(parts, dim=1)
-            buf = flat.sum(0) if k > 1 else flat.view(-1)
+            if stats is not None:  # the engine's numbers ride along at the end
+                local.append(stats.to(device=local[0].device, dtype=dtype))
+            buf = _flatten_dense_tensors(local)
             self.group.all_reduce(buf, "mean (all_reduce)")
-            total = sum(sizes)
             if stats is not None:
-                self.global_stats, self._stats = buf[total:].clone(), None
-            avg = buf[:total].div_(self.num_clients)
-            block = avg.view(1, total) if k == 1 else avg.unsqueeze(0).expand(k, total).clone()
-            for i, part in zip(idx, torch.split(block, sizes, dim=1)):
-                results[i] = part.view(items[i].shape)
+                self.global_stats, self._stats = buf[buf.numel() - stats.numel() :].clone(), None
+                local.pop()
+            buf.div_(self.num_clients)
+            means = _unflatten_dense_tensors(buf, local)
+            for i, m in zip(idx, means):
+                results[i] = m if k == 1 else m.unsqueeze(0).expand(k, *m.shape).clone()
         return _refill(tree, results)  # type: ignore[arg-type]
 
     def gather(self, tree: Tree) -> Tree:
