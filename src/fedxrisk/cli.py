@@ -76,7 +76,13 @@ def main() -> None:
     show_default=True,
     help="distributed: clients per rank (WORLD_SIZE × this = --clients), or 'auto'",
 )
-@click.option("--dist-timeout", type=float, default=DEFAULTS.dist_timeout, show_default=True, help="seconds")
+@click.option(
+    "--dist-timeout",
+    type=float,
+    default=DEFAULTS.dist_timeout,
+    show_default=True,
+    help="distributed: seconds before a collective fails",
+)
 @click.option("--device", default=DEFAULTS.device, show_default=True)
 @click.option("--eval-every", type=int, default=DEFAULTS.eval_every, show_default=True)
 @click.option("--buffer-policy", default=DEFAULTS.buffer_policy, show_default=True, help="average | local")

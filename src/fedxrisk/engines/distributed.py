@@ -116,12 +116,12 @@ def client_layout(
             )
         return [b.tolist() for b in np.array_split(np.arange(num_clients), world_size)]
     if world_size * per_rank != num_clients:
-        hint = f"start {num_clients // per_rank} processes" if num_clients % per_rank == 0 else ""
+        hints = [f"start {num_clients // per_rank} processes"] if num_clients % per_rank == 0 else []
+        if world_size <= num_clients:
+            hints.append("use --clients-per-rank auto to spread the clients over the ranks")
         raise ValueError(
             f"--engine distributed with {per_rank} client(s) per rank needs WORLD_SIZE × {per_rank} = "
-            f"--clients, got WORLD_SIZE={world_size} for {num_clients} clients; "
-            + (hint + ", " if hint else "")
-            + "or use --clients-per-rank auto to spread the clients over the ranks"
+            f"--clients, got WORLD_SIZE={world_size} for {num_clients} clients; " + ", or ".join(hints)
         )
     return [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(world_size)]
 
