@@ -156,6 +156,8 @@ def test_bad_launches_fail_before_training(monkeypatch):
     with pytest.raises(ConfigError, match="WORLD_SIZE=3 for 4 clients"):
         validate(RunConfig(engine="distributed", clients=4))
     validate(RunConfig(engine="distributed", clients=4, clients_per_rank="auto"))  # 2 + 1 + 1
+    with pytest.raises(ConfigError, match="dist_timeout must be > 0"):
+        validate(RunConfig(engine="distributed", clients=3, dist_timeout=0))
     monkeypatch.setenv("MASTER_PORT", "http")
     with pytest.raises(ConfigError, match="MASTER_PORT must be an integer"):
         validate(RunConfig(engine="distributed", clients=3))

@@ -116,7 +116,7 @@ def validate(cfg: RunConfig) -> None:
     try:
         Schedule.build(cfg.rounds, steps, cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth)
         if cfg.engine == "distributed":
-            check_launch(cfg.clients, cfg.clients_per_rank)
+            check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from e
 

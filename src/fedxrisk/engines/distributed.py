@@ -126,8 +126,12 @@ def client_layout(
     return [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(world_size)]
 
 
-def check_launch(num_clients: int, clients_per_rank: int | str | None = 1) -> tuple[int, list[list[int]]]:
+def check_launch(
+    num_clients: int, clients_per_rank: int | str | None = 1, timeout: float = DEFAULT_TIMEOUT
+) -> tuple[int, list[list[int]]]:
     """(rank, layout) for this process, checked before any data is loaded or training starts."""
+    if not timeout > 0:
+        raise ValueError(f"dist_timeout must be > 0 seconds, got {timeout}")
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
