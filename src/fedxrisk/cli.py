@@ -7,12 +7,14 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, PARTITIONS
-from fedxrisk.engines import ENGINES, NonFiniteLoss
+from fedxrisk.engines import ENGINE_NAMES, DistributedError, NonFiniteLoss
+from fedxrisk.engines.distributed import launched_rank
 from fedxrisk.experiment import ConfigError, RunConfig, run_experiment
 from fedxrisk.models import MODELS
 
@@ -80,7 +82,20 @@ def main() -> None:
 )
 @click.option("--lr-decay", type=float, default=DEFAULTS.lr_decay, show_default=True)
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
-@click.option("--engine", default=DEFAULTS.engine, show_default=True, help="loop | vmap")
+@click.option("--engine", default=DEFAULTS.engine, show_default=True, help="loop | vmap | distributed")
+@click.option(
+    "--clients-per-rank",
+    default=str(DEFAULTS.clients_per_rank),
+    show_default=True,
+    help="distributed: clients per rank (WORLD_SIZE × this = --clients), or 'auto'",
+)
+@click.option(
+    "--dist-timeout",
+    type=float,
+    default=DEFAULTS.dist_timeout,
+    show_default=True,
+    help="distributed: seconds before a collective fails",
+)
 @click.option("--device", default=DEFAULTS.device, show_default=True)
 @click.option("--eval-every", type=int, default=DEFAULTS.eval_every, show_default=True)
 @click.option("--buffer-policy", default=DEFAULTS.buffer_policy, show_default=True, help="average | local")
@@ -106,8 +121,9 @@ def main() -> None:
 def run(options: tuple[str, ...], out: str | None, quiet: bool, **kwargs: Any) -> None:
     """Train one federated experiment; write summary.json and history.csv."""
     cfg = RunConfig(**kwargs, options=dict(_parse_option(o) for o in options))
+    secondary = cfg.engine == "distributed" and launched_rank() != 0  # rank 0 reports
     try:
-        if quiet:
+        if quiet or secondary:
             result = run_experiment(cfg, out)
         else:
             with _progress() as progress:
@@ -123,6 +139,11 @@ def run(options: tuple[str, ...], out: str | None, quiet: bool, **kwargs: Any) -
     except NonFiniteLoss as e:
         console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
         sys.exit(1)
+    except DistributedError as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        sys.exit(1)
+    if secondary:
+        return
     if not quiet:
         _print_summary(result.summary, result.out_dir)
     else:
@@ -177,7 +198,7 @@ def list_() -> None:
     out.print("datasets:   " + ", ".join(DATASETS))
     out.print("partitions: " + ", ".join(PARTITIONS))
     out.print("models:     " + ", ".join(MODELS))
-    out.print("engines:    " + ", ".join(ENGINES))
+    out.print("engines:    " + ", ".join(ENGINE_NAMES))
 
 
 if __name__ == "__main__":

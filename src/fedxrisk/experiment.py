@@ -18,7 +18,8 @@ import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.data import DATASETS, PARTITIONS, FederatedData, make_federated
-from fedxrisk.engines import ENGINES, NonFiniteLoss, Simulation
+from fedxrisk.engines import ENGINE_NAMES, DistributedSimulation, NonFiniteLoss, Simulation
+from fedxrisk.engines.distributed import DEFAULT_TIMEOUT, check_launch
 from fedxrisk.metrics import evaluate
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
@@ -65,6 +66,8 @@ class RunConfig:
     allow_missing_class: bool = False
     feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
     data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
+    clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
+    dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -94,7 +97,7 @@ def validate(cfg: RunConfig) -> None:
     _choice("dataset", cfg.dataset, DATASETS)
     _choice("partition", cfg.partition, PARTITIONS)
     _choice("model", cfg.model, MODELS)
-    _choice("engine", cfg.engine, ENGINES)
+    _choice("engine", cfg.engine, ENGINE_NAMES)
     _choice("buffer_policy", cfg.buffer_policy, BUFFER_POLICIES)
     _choice("pos_ratio_mode", cfg.pos_ratio_mode, POS_RATIO_MODES)
     if cfg.imratio is not None and not 0.0 < cfg.imratio < 1.0:
@@ -116,6 +119,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"unknown option(s) {unknown} for {cfg.algorithm}; allowed: {sorted(known)}")
     try:
         Schedule.build(cfg.rounds, steps, cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth)
+        if cfg.engine == "distributed":
+            check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from e
 
@@ -154,7 +159,13 @@ def build(cfg: RunConfig) -> Setup:
             cfg.lr_decay,
             cfg.window_growth,
         )
-        sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
+        if cfg.engine == "distributed":
+            sim: Simulation = DistributedSimulation(
+                algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.device,
+                cfg.clients_per_rank, cfg.dist_timeout,
+            )  # fmt: skip
+        else:
+            sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
     return Setup(cfg, data, problem, algorithm, sim)
@@ -203,21 +214,23 @@ def run_experiment(
     """
     setup = build(cfg)
     out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
-    if (out / "summary.json").exists():
+    primary = setup.simulation.is_primary  # distributed: only rank 0 evaluates and writes
+    if primary and (out / "summary.json").exists():
         raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    if primary:
+        out.mkdir(parents=True, exist_ok=True)
     sim, history, best = setup.simulation, [], None
     start = time.perf_counter()
     total = len(sim.plans)
     failure: NonFiniteLoss | None = None
-    with open(out / "history.csv", "w", newline="") as f:
+    with open(out / "history.csv" if primary else os.devnull, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")  # per-label lists
         writer.writeheader()
         try:
             while not sim.done:
                 plan = sim.run_round()
                 row: dict[str, Any] = {}
-                if sim.round % cfg.eval_every == 0 or sim.done:
+                if primary and (sim.round % cfg.eval_every == 0 or sim.done):
                     row = _evaluate_row(setup, plan, time.perf_counter() - start)
                     writer.writerow(row)
                     f.flush()
@@ -229,7 +242,8 @@ def run_experiment(
         except NonFiniteLoss as e:
             failure = e
     summary = _summary(setup, history, best, time.perf_counter() - start, failure)
-    write_json_atomic(out / "summary.json", summary)
+    if primary:
+        write_json_atomic(out / "summary.json", summary)
     if failure is not None:
         raise failure
     return RunResult(summary, history, out)

@@ -8,6 +8,7 @@ same index stream, which is what makes their results comparable.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,12 +17,25 @@ import numpy as np
 class ClientSampler:
     """Yields ``[K, B]`` arrays of local sample positions, one row per client."""
 
-    def __init__(self, shard_sizes: list[int], batch_size: int, seed: int, stream: int = 0):
+    def __init__(
+        self,
+        shard_sizes: list[int],
+        batch_size: int,
+        seed: int,
+        stream: int = 0,
+        clients: Sequence[int] | None = None,
+    ):
+        """``clients``: the global indices of the shards (default ``0..K-1``); each
+        client's stream depends only on ``(seed, stream, client)``, so a process
+        holding a subset of the clients draws exactly what the full simulation does."""
         if batch_size < 1:
             raise ValueError(f"batch size must be ≥ 1, got {batch_size}")
         self.sizes = list(shard_sizes)
         self.batch_size = batch_size
-        self.rngs = [np.random.default_rng([seed, stream, k]) for k in range(len(shard_sizes))]
+        ids = range(len(shard_sizes)) if clients is None else list(clients)
+        if len(ids) != len(shard_sizes):
+            raise ValueError(f"{len(ids)} client indices for {len(shard_sizes)} shards")
+        self.rngs = [np.random.default_rng([seed, stream, k]) for k in ids]
         self.queues = [np.empty(0, dtype=np.int64) for _ in shard_sizes]
 
     def _draw(self, k: int, count: int) -> np.ndarray:
@@ -65,9 +79,15 @@ class ClassSampler(ClientSampler):
     """
 
     def __init__(
-        self, shard_labels: list[np.ndarray], batch_size: int, positives: int, seed: int, stream: int = 0
+        self,
+        shard_labels: list[np.ndarray],
+        batch_size: int,
+        positives: int,
+        seed: int,
+        stream: int = 0,
+        clients: Sequence[int] | None = None,
     ):
-        super().__init__([len(y) for y in shard_labels], batch_size, seed, stream)
+        super().__init__([len(y) for y in shard_labels], batch_size, seed, stream, clients)
         if not 1 <= positives < batch_size:
             raise ValueError(
                 f"positives_per_batch must lie in [1, batch_size - 1] = [1, {batch_size - 1}], got {positives}"

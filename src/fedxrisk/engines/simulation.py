@@ -9,7 +9,7 @@ shared code and the two engines differ exactly where their speed does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -77,6 +77,8 @@ class SimCollective:
 class Simulation:
     """Runs an algorithm's rounds on simulated clients; one :meth:`run_round` per round."""
 
+    is_primary = True  # writes the run's outputs (distributed engine: rank 0 only)
+
     def __init__(
         self,
         algorithm: Algorithm,
@@ -86,7 +88,10 @@ class Simulation:
         seed: int = 0,
         engine: str = "loop",
         device: str | torch.device = "cpu",
+        clients: Sequence[int] | None = None,
     ):
+        """``clients``: the global indices of the clients this process holds (default
+        all); the others live elsewhere and are reached through :meth:`_collective`."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINES)}")
         self.algorithm, self.data, self.schedule = algorithm, data, schedule
@@ -94,23 +99,25 @@ class Simulation:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.ledger = ByteLedger()
+        self.clients = list(range(data.num_clients)) if clients is None else list(clients)
+        self.local_data = (
+            data if clients is None else FederatedData(data.data, [data.shards[k] for k in clients])
+        )
+        sizes = self.local_data.shard_sizes
         positives = getattr(algorithm, "positives_per_batch", 0)
         if positives:  # class-aware batches: positives first, then negatives
-            labels = [data.data.y_train.numpy()[s] for s in data.shards]
-            self.sampler = ClassSampler(labels, batch_size, positives, seed, stream=0)
+            labels = [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards]
+            self.sampler = ClassSampler(labels, batch_size, positives, seed, stream=0, clients=self.clients)
         else:
-            self.sampler = ClientSampler(data.shard_sizes, batch_size, seed, stream=0)
-        self.aux_sampler = ClientSampler(data.shard_sizes, 1, seed, stream=1)
+            self.sampler = ClientSampler(sizes, batch_size, seed, stream=0, clients=self.clients)
+        self.aux_sampler = ClientSampler(sizes, 1, seed, stream=1, clients=self.clients)
         self.plans: list[RoundPlan] = list(schedule.plan())
         width = max(data.shard_sizes)
-        clients = [
-            ClientInfo(k, size, data.client_pos_ratio(k), width) for k, size in enumerate(data.shard_sizes)
-        ]
-        self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in clients]))
+        infos = [ClientInfo(k, data.shard_sizes[k], data.client_pos_ratio(k), width) for k in self.clients]
+        self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in infos]))
         self.round = 0  # rounds completed
         if getattr(algorithm, "begin_batch", False):  # before round 0; its bytes count in round 0
-            comm = SimCollective(self.num_clients, self.engine, self.ledger)
-            self.states = algorithm.begin(self.states, comm, self._batch(self.sampler.next()))
+            self.states = algorithm.begin(self.states, self._collective(), self._batch(self.sampler.next()))
 
     @property
     def num_clients(self) -> int:
@@ -121,7 +128,7 @@ class Simulation:
         return self.round >= len(self.plans)
 
     def _batch(self, positions) -> dict[str, torch.Tensor]:
-        batch = self.data.batch(positions, self.device)
+        batch = self.local_data.batch(positions, self.device)
         extra = getattr(self.algorithm, "uniforms_per_step", 0)
         if extra:
             batch["uniform"] = torch.from_numpy(self.sampler.uniforms(extra)).to(self.device)
@@ -140,16 +147,24 @@ class Simulation:
         stage_batch = None
         size = getattr(self.algorithm, "stage_batch_size", 0)
         if size and plan.stage_end and next_plan is not None:
-            stage_batch = self.data.batch(self.aux_sampler.sample(size), self.device)
-        comm = SimCollective(self.num_clients, self.engine, self.ledger)
+            stage_batch = self.local_data.batch(self.aux_sampler.sample(size), self.device)
+        comm = self._collective()
         self.states = self.algorithm.communicate(
             self.states, comm, RoundContext(plan, next_plan, stage_batch)
         )
         self.ledger.close_round()
         self.round += 1
-        if not torch.isfinite(self.states["loss"]).all() or not is_finite(self.states["w"]):
+        if not self._finite(comm):
             raise NonFiniteLoss(plan.round)
         return plan
+
+    def _collective(self) -> SimCollective:
+        """The round's collective (the distributed engine replaces it)."""
+        return SimCollective(self.num_clients, self.engine, self.ledger)
+
+    def _finite(self, comm: Any) -> bool:
+        """Whether every client's last loss and model are finite after the round."""
+        return bool(torch.isfinite(self.states["loss"]).all()) and is_finite(self.states["w"])
 
     def train_loss(self) -> float:
         """Mean over clients of the last local step's objective value."""
