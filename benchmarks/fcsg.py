@@ -236,7 +236,7 @@ def maml(args) -> None:
 
                 def test_acc(p, b, problem=problem, k_shot=k_shot):
                     return evaluate_fewshot(
-                        problem, p, test_pool, 5, k_shot, 15, args.eval_tasks, 3, 0.4, seed=123
+                        problem, p, test_pool, 5, k_shot, 15, args.eval_tasks, args.eval_steps, 0.4, seed=123
                     )
 
                 curve = train(sim, test_acc, args.every)
@@ -252,7 +252,7 @@ def maml(args) -> None:
             ax.plot(rounds, np.mean([[a for _, a in c] for c in curves], 0), label=label)
         ax.set_title(f"digits ×4 rotations, 5-way {k_shot}-shot, {args.clients} clients")
         ax.set_xlabel("communication round")
-        ax.set_ylabel("test accuracy (3 adaptation steps)")
+        ax.set_ylabel(f"test accuracy ({args.eval_steps} adaptation step(s))")
         ax.grid(alpha=0.3)
         ax.legend()
     _save(fig, "maml")
@@ -291,6 +291,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--eval-tasks", type=int, default=100)
+    p.add_argument("--eval-steps", type=int, default=1, help="adaptation steps at test (paper: 3)")
     p.add_argument("--every", type=int, default=5)
     p.set_defaults(fn=maml)
     args = parser.parse_args()
