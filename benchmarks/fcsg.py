@@ -98,7 +98,7 @@ def invariant(args) -> None:
         ax.set_ylabel("test accuracy")
     axes[0, 0].legend()
     fig.suptitle(
-        f"Invariant logistic regression, 16 clients, 50 local steps, lr {args.lr}, {args.seeds} seeds"
+        f"Invariant logistic regression, 16 clients, 50 local steps, lr {args.lr}, {args.seeds} seed(s)"
     )
     _save(fig, "invariant")
     print(write_csv("invariant", rows))

@@ -59,7 +59,7 @@ from fedxrisk.objectives.conditional import (
     sample_sizes,
 )
 from fedxrisk.problem import Problem
-from fedxrisk.tree import tmap, zeros_like
+from fedxrisk.tree import leaves, tmap, zeros_like
 
 
 def _check_beta(name: str, value: float) -> None:
@@ -215,7 +215,11 @@ class LocalSCGD(_Conditional):
         xi, eta = sample["xi"], sample["eta"]
         b, _ = sample_sizes(sample)
         weight = sample.get("xi_weight")
-        weight = torch.full((b,), 1.0 / b) if weight is None else weight / weight.sum().clamp_min(1e-12)
+        if weight is None:
+            device = next(leaf for _, leaf in leaves(eta)).device
+            weight = torch.full((b,), 1.0 / b, device=device)
+        else:
+            weight = weight / weight.sum().clamp_min(1e-12)
 
         def wmean(v: torch.Tensor) -> torch.Tensor:  # weighted mean over the outer axis
             return (v * weight.reshape(weight.shape + (1,) * (v.dim() - 1))).sum(0)
@@ -228,8 +232,8 @@ class LocalSCGD(_Conditional):
 
         def surrogate(params):  # Σ_i <ĝ_i(x), c_i> + r(x): its gradient is d_t
             g = obj.inner_mean(problem, params, buffers, xi, eta)
-            dots = [(gi * ci).sum() for gi, ci in zip(_leaf_list(g), _leaf_list(c), strict=True)]
-            return sum(dots) + obj.regularizer(problem, params)
+            dots = tmap(lambda gi, ci: (gi * ci).sum(), g, c)
+            return sum(t for _, t in leaves(dots)) + obj.regularizer(problem, params)
 
         return grad(surrogate)(state["w"]), y, f_value
 
@@ -276,9 +280,3 @@ class LocalSCGDM(LocalSCGD):
 
     def payload(self, state: State) -> dict[str, Any]:
         return {"w": state["w"], "y": state["y"], "v": state["v"]}
-
-
-def _leaf_list(tree) -> list[torch.Tensor]:
-    if isinstance(tree, dict):
-        return [leaf for k in tree for leaf in _leaf_list(tree[k])]
-    return [tree]
