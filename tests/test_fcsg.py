@@ -210,6 +210,18 @@ def test_plain_binary_batches_run_through_the_ap_surrogate():
     assert float(loop.states["loss"].mean()) < 0  # −AP surrogate
 
 
+@pytest.mark.parametrize("alg", ["acc_fcsg_m", "local_scgdm"])
+def test_batchnorm_running_statistics_are_tracked_and_averaged(alg):
+    kw = dict(clients=2, rounds=2, local_steps=2, batch_size=6, model="cnn", options={"beta": 0.5})
+    loop, vmap = run_all(make_sim(alg, "loop", **kw)), run_all(make_sim(alg, "vmap", **kw))
+    assert max_abs_diff(loop.states, vmap.states) < 1e-5
+    running = {k: v for k, v in vmap.states["buffers"].items() if "running" in k}
+    assert running
+    assert_equal_across_clients(running, "buffers")
+    init = vmap.algorithm.problem.init_model()[1]
+    assert max(float((v[0] - init[k]).abs().max()) for k, v in running.items()) > 1e-3
+
+
 @pytest.mark.parametrize("alg", FAMILY)
 def test_communicated_state_is_identical_on_all_clients(alg):
     sim = run_all(_inv_sim(alg, "vmap", clients=4, rounds=1))
@@ -300,8 +312,8 @@ def test_bad_hyperparameters_and_models_are_rejected():
     with pytest.raises(TypeError, match="ConditionalObjective"):
         ALGORITHMS["fcsg"](_linear_problem(), objective="ap")
     bn = Problem(nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2), nn.Linear(2, 1)), 0.5)
-    with pytest.raises(ValueError, match="running statistics"):
-        ALGORITHMS["fcsg"](bn)
+    with pytest.raises(ValueError, match="running statistics .* InvariantLogistic does not update"):
+        ALGORITHMS["fcsg"](bn, objective=InvariantLogistic())
 
 
 def test_m_below_one_is_rejected():

@@ -49,7 +49,9 @@ from fedxrisk.algorithms.base import (
     RoundContext,
     State,
     StepContext,
+    model_payload,
     register,
+    with_model,
 )
 from fedxrisk.objectives.conditional import (
     APSurrogate,
@@ -82,11 +84,11 @@ class _Conditional(Algorithm):
             raise TypeError(f"objective must be a ConditionalObjective, got {type(self.objective).__name__}")
         self._objective = self.objective if self.objective is not None else APSurrogate(self.margin)
         running = [k for k, v in self.problem.model.named_buffers() if v.is_floating_point()]
-        if running:
+        if running and not self._objective.updates_buffers:
             raise ValueError(
-                f"{self.name}: the model has running statistics {running[:3]}, which conditional "
-                "objectives do not update; use a model without them (e.g. BatchNorm with "
-                "track_running_stats=False)"
+                f"{self.name}: the model has running statistics {running[:3]}, which "
+                f"{type(self._objective).__name__} does not update; use a model without them "
+                "(e.g. BatchNorm with track_running_stats=False)"
             )
 
     def _sample(self, batch: Batch) -> Sample:
@@ -96,6 +98,20 @@ class _Conditional(Algorithm):
 
     def _estimate(self, params, state: State, sample: Sample):
         return csg_estimate(self._objective, self.problem, params, state["buffers"], sample)
+
+    def _buffers(self, state: State, sample: Sample):
+        """Running statistics after this step's training-mode forward pass at x_t."""
+        return self._objective.updated_buffers(self.problem, state["w"], state["buffers"], sample)
+
+    def payload(self, state: State) -> dict[str, Any]:
+        """What a round averages besides the model."""
+        return {}
+
+    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
+        """Average the model (with float buffers under the ``average`` policy) and :meth:`payload`."""
+        extra = self.payload(state)
+        avg = comm.mean({**model_payload(state, self.problem), **extra})
+        return {**with_model(state, avg), **{k: avg[k] for k in extra}}
 
 
 @register
@@ -124,23 +140,18 @@ class FCSG(_Conditional):
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
         sample = self._sample(batch)
         est, value = self._estimate(state["w"], state, sample)
+        buffers = self._buffers(state, sample)
         if ctx.step < self.init_batches:  # line 2: u_1 = mean of the B / b initial estimates
             u = tmap(lambda ui, e: ui + (e - ui) / (ctx.step + 1), state["u"], est)
             if ctx.step < self.init_batches - 1:
-                return dict(state, u=u, loss=value)
+                return dict(state, u=u, loss=value, buffers=buffers)
         else:
             u = self.direction(state, est, sample)
-        new = dict(state, w=tmap(lambda x, d: x - ctx.lr * d, state["w"], u), u=u, loss=value)  # line 10
+        w = tmap(lambda x, d: x - ctx.lr * d, state["w"], u)  # line 10
+        new = dict(state, w=w, u=u, loss=value, buffers=buffers)
         if "w_prev" in state:  # Acc-FCSG-M keeps x_{t-1}
             new["w_prev"] = state["w"]
         return new
-
-    def payload(self, state: State) -> dict[str, Any]:
-        return {"w": state["w"]}
-
-    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
-        """Lines 6–8: average x (and u for the momentum variants)."""
-        return {**state, **comm.mean(self.payload(state))}
 
 
 @register
@@ -161,7 +172,8 @@ class FCSGM(FCSG):
         return tmap(lambda u, e: (1 - self.beta) * u + self.beta * e, state["u"], est)
 
     def payload(self, state: State) -> dict[str, Any]:
-        return {"w": state["w"], "u": state["u"]}
+        """Lines 7–8: u is averaged with x."""
+        return {"u": state["u"]}
 
 
 @register
@@ -240,17 +252,14 @@ class LocalSCGD(_Conditional):
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
         sample = self._sample(batch)
         d, y, value = self.compositional_gradient(state, sample, 1.0 if ctx.step == 0 else self.gamma)
-        return self.update(state, d, y, value, ctx)
+        return self.update(dict(state, buffers=self._buffers(state, sample)), d, y, value, ctx)
 
     def update(self, state: State, d, y, value, ctx: StepContext) -> State:
         w = tmap(lambda x, di: x - ctx.lr * di, state["w"], d)
         return dict(state, w=w, y=y, loss=value)
 
     def payload(self, state: State) -> dict[str, Any]:
-        return {"w": state["w"], "y": state["y"]}
-
-    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
-        return {**state, **comm.mean(self.payload(state))}
+        return {"y": state["y"]}
 
 
 @register
@@ -279,4 +288,4 @@ class LocalSCGDM(LocalSCGD):
         return dict(state, w=w, y=y, v=v, loss=value)
 
     def payload(self, state: State) -> dict[str, Any]:
-        return {"w": state["w"], "y": state["y"], "v": state["v"]}
+        return {"y": state["y"], "v": state["v"]}

@@ -25,8 +25,9 @@ gradient of the empirical objective built from b outer and m inner samples::
     ∇F^(x) = 1/b Σ_i (1/m Σ_j ∇g_ηij(x, ξi))ᵀ ∇f_ξi(1/m Σ_j g_ηij(x, ξi)) + ∇r(x)
 
 Objectives are used with any model through its functional form
-(``problem.model`` called with :func:`torch.func.functional_call`). They do
-not update BatchNorm running statistics (use models without them).
+(``problem.model`` called with :func:`torch.func.functional_call`). BatchNorm
+running statistics are tracked only by objectives that set ``updates_buffers``
+(the AP surrogate); the algorithms reject models with running statistics otherwise.
 
 Three objectives of the paper are defined here: the average-precision
 surrogate (§5.3, ALGORITHMS.md §1.6), invariant logistic regression
@@ -75,6 +76,13 @@ class ConditionalObjective:
     def inner_init(self, problem: Problem, params: Tree) -> Tree:
         """A value shaped like one outer sample's inner mean (start of an inner state)."""
         raise NotImplementedError
+
+    updates_buffers: bool = False  # whether :meth:`updated_buffers` tracks running statistics
+
+    def updated_buffers(self, problem: Problem, params: Tree, buffers: Tree, sample: Sample) -> Tree:
+        """Model buffers (BatchNorm running statistics) after a training-mode forward pass on
+        the step's data at ``params``; the default leaves them unchanged."""
+        return buffers
 
     def from_batch(self, batch: dict[str, torch.Tensor]) -> Sample:
         """Build a sample from a plain ``{x, y}`` mini-batch, where the objective allows it."""
@@ -183,16 +191,23 @@ class APSurrogate(ConditionalObjective):
             raise ValueError(f"AP surrogate margin must be ≥ 0, got {margin}")
         self.margin, self.eps = margin, eps
 
-    def _scores(self, problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, lead: int):
-        """Sigmoid scores of inputs with ``lead`` leading sample axes."""
-        flat = x.reshape(-1, *x.shape[lead:])
-        return torch.sigmoid(problem.logits(params, buffers, flat)[0]).reshape(x.shape[:lead])
+    updates_buffers = True
 
     def inner(self, problem, params, buffers, xi, eta):
-        s_pos = self._scores(problem, params, buffers, xi["x"], 1)  # [b]
-        s = self._scores(problem, params, buffers, eta["x"], 2)  # [b, m]
-        loss = torch.clamp(self.margin - s_pos[:, None] + s, min=0) ** 2
+        x_pos, x_in = xi["x"], eta["x"]  # [b, ...], [b, m, ...]
+        b, m = x_in.shape[:2]
+        # one forward pass, so BatchNorm's batch statistics are shared by both score sets
+        flat = torch.cat([x_pos, x_in.reshape(b * m, *x_in.shape[2:])])
+        s = torch.sigmoid(problem.logits(params, buffers, flat)[0])
+        s_pos, s_in = s[:b], s[b:].reshape(b, m)
+        loss = torch.clamp(self.margin - s_pos[:, None] + s_in, min=0) ** 2
         return torch.stack([loss * eta["y"], loss], dim=-1)  # [b, m, 2]
+
+    def updated_buffers(self, problem, params, buffers, sample):
+        """Running statistics from the positives and the first row of inner samples (every
+        row holds the same mini-batch in :class:`~fedxrisk.tasks.AUPRCData` and :meth:`from_batch`)."""
+        x = torch.cat([sample["xi"]["x"], sample["eta"]["x"][0]])
+        return problem.logits(tmap(torch.Tensor.detach, params), buffers, x)[1]
 
     def outer(self, problem, y, xi):
         return -y[..., 0] / (y[..., 1] + self.eps)
