@@ -124,14 +124,18 @@ class FlowerConfig:
                 raise ConfigError(f"{key.replace('_', '-')} must be ≥ 1, got {getattr(self, key)}")
         for key in ("local_steps", "lr", "imratio"):
             if getattr(self, key) < 0:
-                raise ConfigError(f"{key.replace('_', '-')} must be ≥ 0 (0: default), got {getattr(self, key)}")
+                raise ConfigError(
+                    f"{key.replace('_', '-')} must be ≥ 0 (0: default), got {getattr(self, key)}"
+                )
         if not self.imratio < 1:
             raise ConfigError(f"imratio must lie in (0, 1) (0: keep all samples), got {self.imratio}")
         if self.round_timeout <= 0 or self.node_wait_timeout <= 0:
             raise ConfigError("round-timeout and node-wait-timeout must be > 0 seconds")
         fixed = self.algorithm_class.fixed_window
         if fixed is not None and self.resolved_local_steps() != fixed:
-            raise ConfigError(f"{self.algorithm} communicates every {fixed} step(s); set local-steps = {fixed}")
+            raise ConfigError(
+                f"{self.algorithm} communicates every {fixed} step(s); set local-steps = {fixed}"
+            )
         unknown = sorted(set(self.options) - set(self.algorithm_class.hyperparameters()))
         if unknown:
             raise ConfigError(

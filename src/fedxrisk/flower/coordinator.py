@@ -128,7 +128,11 @@ class Coordinator:
         for node, reply in replies.items():
             shape = tuple(json.loads(reply.config["input-shape"]))
             order = reply.config.get("order")
-            sites.append(Site(node, order, int(reply.metrics["num-samples"]), int(reply.metrics["num-positives"]), shape))
+            sites.append(
+                Site(
+                    node, order, int(reply.metrics["num-samples"]), int(reply.metrics["num-positives"]), shape
+                )
+            )
         orders = [s.order for s in sites if s.order is not None]
         if len(set(orders)) != len(orders):
             raise FederationError(f"two sites report the same partition-id: {sorted(orders)}")
@@ -152,14 +156,19 @@ class Coordinator:
     def _rounds(self) -> None:
         init = {"num-clients": len(self.sites), "pos-ratio": self.pos_ratio}
         requests = {
-            s.node: Packet(config={**init, "client": s.client, "start": 0, "report": self.cfg.is_eval_round(0)})
+            s.node: Packet(
+                config={**init, "client": s.client, "start": 0, "report": self.cfg.is_eval_round(0)}
+            )
             for s in self.sites
         }
         last = len(self.plans) - 1
         while True:
-            what = f"round {self.done + 1}"
+            what = f"round {self.done + 2}/{len(self.plans)}"  # 1-based, as in history.csv
             replies = self._exchange(requests, "step", what)
-            finished, pending = self._common(replies, "finished", what), self._common(replies, "pending", what)
+            finished, pending = (
+                self._common(replies, "finished", what),
+                self._common(replies, "pending", what),
+            )
             if finished >= 0:
                 self._finish_round(finished, replies)
             if pending < 0:
@@ -177,13 +186,15 @@ class Coordinator:
     # -- collectives ----------------------------------------------------------------
     def _reduce(self, replies: dict[int, Packet], round_: int) -> tuple[dict[str, torch.Tensor], str, int]:
         """The server side of ``comm.mean`` (mean over sites) and ``comm.gather`` (stack of sites)."""
-        what = f"round {round_}"
+        what = f"round {round_ + 1}/{len(self.plans)}"
         kind, call = self._common(replies, "kind", what), self._common(replies, "call", what)
         payloads = [replies[s.node].arrays["payload"] for s in self.sites]
         names = [list(p) for p in payloads]
         for s, keys in zip(self.sites, names):
             if keys != names[0]:
-                raise FederationError(f"{what}: {s.name} sent tensors {keys}, {self.sites[0].name} sent {names[0]}")
+                raise FederationError(
+                    f"{what}: {s.name} sent tensors {keys}, {self.sites[0].name} sent {names[0]}"
+                )
         stacked = stack([unflatten(p) for p in payloads])  # leading axis: clients, as in simulation
         self.ledger.record(kind, stacked if isinstance(stacked, dict) else {"": stacked}, len(self.sites))
         if kind == "mean":
@@ -210,11 +221,16 @@ class Coordinator:
         models = [unflatten(rep.arrays["model"]) for rep in ordered]
         params = models[0]["params"]
         buffers = {
-            k: torch.stack([m["buffers"][k].float() for m in models]).mean(0).to(v.dtype) if v.is_floating_point() else v
+            k: torch.stack([m["buffers"][k].float() for m in models]).mean(0).to(v.dtype)
+            if v.is_floating_point()
+            else v
             for k, v in models[0].get("buffers", {}).items()
         }  # the simulation's global model: client 0's parameters, the client mean of float buffers
         self.model = {"params": params, "buffers": buffers}
-        torch.save({**self.model, "model": self.cfg.model, "input_shape": self.sites[0].input_shape}, self.out / "model.pt")
+        torch.save(
+            {**self.model, "model": self.cfg.model, "input_shape": self.sites[0].input_shape},
+            self.out / "model.pt",
+        )
         plan = self.plans[r]
         row = {
             "round": r + 1, "step": plan.first_step + plan.window, "stage": plan.stage, "lr": plan.lr,
@@ -251,8 +267,13 @@ class Coordinator:
                 "final": {k: final.get(k, math.nan) for k in keys},
                 "communication": self.ledger.summary(),
                 "sites": [
-                    {"client": s.client, "node": s.node, "partition_id": s.order, "samples": s.samples,
-                     "positives": s.positives}
+                    {
+                        "client": s.client,
+                        "node": s.node,
+                        "partition_id": s.order,
+                        "samples": s.samples,
+                        "positives": s.positives,
+                    }
                     for s in self.sites
                 ],  # fmt: skip
                 "wall_seconds": round(self.clock() - self.start, 3),
@@ -280,7 +301,7 @@ class Coordinator:
         """Send and wait for every reply; any site error, departure or timeout fails the run."""
         handle = self.transport.send(requests, op)
         waiting, replies = set(requests), {}
-        deadline, next_check = self.clock() + self.cfg.round_timeout, self.clock() + 1.0
+        deadline, next_check = self.clock() + self.cfg.round_timeout, self.clock()
         while True:
             for node, reply in self.transport.poll(handle).items():
                 if node in waiting:

@@ -74,7 +74,9 @@ class ReplayCollective:
             raise CollectiveRequest(kind, tree, call)
         answer_kind, answer = self.answers[call]
         if answer_kind != kind:
-            raise SiteError(f"collective #{call}: the server answered a {answer_kind}, communicate asked a {kind}")
+            raise SiteError(
+                f"collective #{call}: the server answered a {answer_kind}, communicate asked a {kind}"
+            )
         try:
             return tmap(lambda _, a: a.unsqueeze(0).clone(), tree, answer)
         except (KeyError, TypeError) as e:
@@ -184,7 +186,12 @@ class SiteRunner:
     # -- a round -------------------------------------------------------------------
     def _batch(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
         local = torch.from_numpy(positions)
-        return {"x": self.site.x[local], "y": self.site.y[local], "index": self.site.index[local], "local_index": local}
+        return {
+            "x": self.site.x[local],
+            "y": self.site.y[local],
+            "index": self.site.index[local],
+            "local_index": local,
+        }
 
     def _local_steps(self, r: int) -> None:
         """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them."""
@@ -195,7 +202,9 @@ class SiteRunner:
             batch = self._batch(self.sampler.next())
             if extra:
                 batch["uniform"] = torch.from_numpy(self.sampler.uniforms(extra))
-            self.state = self.engine.map_clients(partial(self.algorithm.local_step, ctx=ctx), self.state, batch)
+            self.state = self.engine.map_clients(
+                partial(self.algorithm.local_step, ctx=ctx), self.state, batch
+            )
         positions = None
         size = getattr(self.algorithm, "stage_batch_size", 0)
         if size and plan.stage_end and r + 1 < len(self.plans):
@@ -213,7 +222,7 @@ class SiteRunner:
         except CollectiveRequest as request:
             return request
         if not torch.isfinite(state["loss"]).all() or not is_finite(state["w"]):
-            raise SiteError(f"non-finite loss or model (NaN/inf) at round {p.round}; training stopped")
+            raise SiteError(f"non-finite loss or model (NaN/inf) in round {p.round + 1}; training stopped")
         self.state, self.pending, self.done = state, None, p.round
         return None
 

@@ -86,7 +86,9 @@ def read_table(path: Path) -> tuple[np.ndarray, np.ndarray]:
         header, body = rows[0], rows[1:]
         label = header.index(LABEL_COLUMN)
         try:
-            table = np.array([[float(v) for v in row] for row in body], dtype=np.float64).reshape(len(body), -1)
+            table = np.array([[float(v) for v in row] for row in body], dtype=np.float64).reshape(
+                len(body), -1
+            )
         except ValueError as e:
             raise SiteDataError(f"{path}: every value must be numeric ({e})") from e
         if table.shape[1] != len(header):
@@ -125,7 +127,9 @@ def load_folder(folder: str | Path, order: int | None = None) -> SiteData:
     val = _find(path, "val")
     x_val, y_val = _tensors(*read_table(val)) if val is not None else (None, None)
     if x_val is not None and x_val.shape[1:] != x.shape[1:]:
-        raise SiteDataError(f"{val}: inputs of shape {tuple(x_val.shape[1:])}, training inputs {tuple(x.shape[1:])}")
+        raise SiteDataError(
+            f"{val}: inputs of shape {tuple(x_val.shape[1:])}, training inputs {tuple(x.shape[1:])}"
+        )
     return SiteData(x, y, torch.arange(len(y)), x_val, y_val, order, source=str(train))
 
 
