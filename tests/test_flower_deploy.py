@@ -40,7 +40,7 @@ SETTINGS = {"local-steps": 2, "batch-size": 8, "lr": 0.1, "stages": 1, "test-dat
 ALGORITHM_ROUNDS = {
     name: rounds for name, rounds in (("codasca", 3), ("fedxl2", 2), ("localsgdm", 2)) if name in ALGORITHMS
 }
-RUN_WAIT = 480.0  # s; a loaded 2-core machine needs minutes, an idle one well under one
+RUN_WAIT = 900.0  # s; an idle 2-core machine needs about a minute, a heavily loaded one many
 
 
 def _exe(name: str) -> str:
@@ -260,6 +260,6 @@ def test_a_supernode_shut_down_mid_run_stops_the_run_with_a_clear_message(federa
     summary = federation.wait_summary(out)
     assert summary["status"] == "failed"
     assert "site 1 (node" in summary["error"] and "partition-id 1" in summary["error"]
-    assert "left the federation" in summary["error"] or "no reply" in summary["error"]
+    assert "left the federation" in summary["error"]  # SIGTERM: the SuperNode deregisters at once
     assert 1 <= summary["rounds"] < 40
     assert (out / "model.pt").exists()

@@ -26,6 +26,7 @@ require_flwr()
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
@@ -113,10 +114,19 @@ class GridTransport:
             if node is None:
                 continue
             if reply.has_error():
-                out[node] = Packet(config={"error": f"Flower error {reply.error.code}: {reply.error.reason}"})
+                out[node] = Packet(config={"error": _flower_error(reply)})
             else:
                 out[node] = from_records(reply.content)
         return out
+
+
+def _flower_error(reply: Message) -> str:
+    code, reason = reply.error.code, reply.error.reason
+    if code == ErrorCode.NODE_UNAVAILABLE:  # the SuperLink's verdict on a node that shut down or went silent
+        return (
+            f"left the federation: its SuperNode shut down or stopped sending heartbeats (Flower: {reason})"
+        )
+    return f"Flower error {code}: {reason}"
 
 
 server_app = ServerApp()
