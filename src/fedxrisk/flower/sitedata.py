@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedxrisk.data import DATASETS, binarize, load_dataset, make_federated
+from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
 from fedxrisk.flower.config import FlowerConfig
 
 LABEL_COLUMN = "label"
@@ -133,7 +133,7 @@ def load_folder(folder: str | Path, order: int | None = None) -> SiteData:
     return SiteData(x, y, torch.arange(len(y)), x_val, y_val, order, source=str(train))
 
 
-def trial_data(cfg: FlowerConfig, dataset: str, num_partitions: int):
+def trial_data(cfg: FlowerConfig, dataset: str, num_partitions: int) -> FederatedData:
     """The federated split every trial site (and the ``export`` helper) computes identically."""
     with warnings.catch_warnings():  # a site reports only its own missing class (check_classes)
         warnings.simplefilter("ignore")
