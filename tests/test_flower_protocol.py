@@ -289,3 +289,20 @@ def test_wire_names_round_trip():
     assert back["buffers"] == {} and max_abs_diff(back["w"], tree["w"]) == 0.0
     with pytest.raises(ValueError, match="contains '/'"):
         flatten({"a/b": torch.zeros(1)})
+
+
+def test_new_app_writes_every_run_config_key(tmp_path):
+    tomllib = pytest.importorskip("tomllib")  # Python ≥ 3.11
+
+    from fedxrisk.flower.__main__ import write_app
+
+    root = write_app(tmp_path / "app", {"algorithm": "localsgdm", "rounds": 4})
+    app = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert app["components"] == {
+        "serverapp": "fedxrisk_app:server_app",
+        "clientapp": "fedxrisk_app:client_app",
+    }
+    cfg = FlowerConfig.from_run_config(app["config"])
+    assert (cfg.algorithm, cfg.rounds, cfg.options) == ("localsgdm", 4, {})
+    with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
+        write_app(tmp_path / "bad", {"algorithm": "nope"})
