@@ -1,0 +1,141 @@
+"""The Flower ServerApp and ClientApp (needs ``fedxrisk[flower]``).
+
+- The ServerApp's ``main`` runs :class:`~fedxrisk.flower.coordinator.Coordinator`
+  over a :class:`GridTransport`: each exchange is one Message per SuperNode,
+  pushed on the Grid and polled for replies.
+- The ClientApp answers ``query`` (set-up: load and check the site's data) and
+  ``train`` (deliver a collective's answer, run communicate/local steps, reply
+  with the next collective's payload and the round's metrics). The site's
+  state lives in ``context.state`` under ``site.*`` and never leaves the node.
+
+A :class:`~fedxrisk.flower.wire.Packet` maps onto a RecordDict as
+``config`` → ConfigRecord, ``metrics`` → MetricRecord and each array group
+``g`` → ArrayRecord ``arrays.g`` with one named Array per tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from fedxrisk.flower import require_flwr
+
+require_flwr()
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
+from flwr.serverapp import Grid, ServerApp  # noqa: E402
+
+from fedxrisk.flower.config import FlowerConfig  # noqa: E402
+from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
+from fedxrisk.flower.site import site_setup, site_step  # noqa: E402
+from fedxrisk.flower.wire import Packet  # noqa: E402
+
+ARRAYS = "arrays."
+SITE = "site."  # prefix of the site's saved state in context.state
+OPS = {"setup": "query", "step": "train"}
+logger = logging.getLogger("fedxrisk.flower")
+
+
+def to_records(packet: Packet, prefix: str = "") -> RecordDict:
+    records: dict[str, Any] = {f"{prefix}config": ConfigRecord(dict(packet.config))}
+    if packet.metrics:
+        records[f"{prefix}metrics"] = MetricRecord(dict(packet.metrics))
+    for group, arrays in packet.arrays.items():
+        named = {name: Array(t.detach().cpu().contiguous()) for name, t in arrays.items()}
+        records[f"{prefix}{ARRAYS}{group}"] = ArrayRecord(named)
+    return RecordDict(records)
+
+
+def from_records(records: RecordDict, prefix: str = "") -> Packet:
+    packet = Packet(config=dict(records[f"{prefix}config"]))
+    if f"{prefix}metrics" in records:
+        packet.metrics = dict(records[f"{prefix}metrics"])
+    for key in records:
+        if key.startswith(f"{prefix}{ARRAYS}"):
+            group = key[len(prefix) + len(ARRAYS) :]
+            packet.arrays[group] = {n: torch.from_numpy(a.numpy().copy()) for n, a in records[key].items()}
+    return packet
+
+
+# -- ClientApp -----------------------------------------------------------------------
+
+client_app = ClientApp()
+
+
+@client_app.query()
+def setup(msg: Message, context: Context) -> Message:
+    """Load and check this site's data; report its size and class counts."""
+    return Message(to_records(site_setup(context.node_config, context.run_config)), reply_to=msg)
+
+
+@client_app.train()
+def step(msg: Message, context: Context) -> Message:
+    """One protocol step on this site's data, with its state kept in ``context.state``."""
+    saved = from_records(context.state, SITE) if f"{SITE}config" in context.state else None
+    reply, new = site_step(context.node_config, context.run_config, saved, from_records(msg.content))
+    if new is not None and new is not saved:
+        for key in [k for k in context.state if k.startswith(SITE)]:
+            del context.state[key]
+        for key, record in to_records(new, SITE).items():
+            context.state[key] = record
+    return Message(to_records(reply), reply_to=msg)
+
+
+# -- ServerApp -----------------------------------------------------------------------
+
+
+class GridTransport:
+    """The coordinator's transport over Flower's Grid: push Messages, poll their replies."""
+
+    def __init__(self, grid: Grid):
+        self.grid = grid
+
+    def node_ids(self) -> set[int]:
+        return set(self.grid.get_node_ids())
+
+    def send(self, requests: dict[int, Packet], op: str) -> dict[str, int]:
+        messages = [
+            Message(to_records(packet), dst_node_id=node, message_type=OPS[op])
+            for node, packet in requests.items()
+        ]
+        ids = list(self.grid.push_messages(messages))
+        return dict(zip(ids, requests))  # message id → node
+
+    def poll(self, handle: dict[str, int]) -> dict[int, Packet]:
+        if not handle:
+            return {}
+        out = {}
+        for reply in self.grid.pull_messages(list(handle)):
+            node = handle.pop(reply.metadata.reply_to_message_id, None)
+            if node is None:
+                continue
+            if reply.has_error():
+                out[node] = Packet(config={"error": _flower_error(reply)})
+            else:
+                out[node] = from_records(reply.content)
+        return out
+
+
+def _flower_error(reply: Message) -> str:
+    code, reason = reply.error.code, reply.error.reason
+    if code == ErrorCode.NODE_UNAVAILABLE:  # the SuperLink's verdict on a node that shut down or went silent
+        return (
+            f"left the federation: its SuperNode shut down or stopped sending heartbeats (Flower: {reason})"
+        )
+    return f"Flower error {code}: {reason}"
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the configured algorithm over the connected SuperNodes (outputs in ``out-dir``)."""
+    from flwr.common.logger import log
+
+    cfg = FlowerConfig.from_run_config(context.run_config)
+    Coordinator(cfg, GridTransport(grid), log=lambda text: log(logging.INFO, "[fedxrisk] %s", text)).run()

@@ -1,0 +1,318 @@
+"""A site: its own data, its client state, local steps, and ``communicate`` by replay.
+
+``communicate(state, comm, ctx)`` is written for a process that can call
+``comm.mean`` and wait for the answer. A Flower ClientApp cannot wait: it is
+handed one message and returns one reply. So a site runs ``communicate``
+against a :class:`ReplayCollective`: the k-th collective call returns the
+server's answer when the site already has it, and otherwise stops the pass by
+raising :class:`CollectiveRequest` with the payload, which becomes the reply.
+When the answer arrives (the next message), ``communicate`` is run again from
+the same saved pre-communication state; calls 0..k now return, call k + 1 (if
+any) is sent. ``communicate`` has no randomness and the saved state is
+reloaded for every pass, so each pass repeats the previous ones exactly: a
+round with c collective calls costs c messages, and the message that
+delivers a round's last answer also starts the next round's local steps.
+
+Between messages everything a site needs lives in a :class:`Packet` that the
+Flower ClientApp keeps in its ``Context.state`` (never sent): the state tree
+(control variates, u estimates, score pools included), the pre-communication
+state of a pending round with the answers so far, and the samplers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
+from fedxrisk.data import ClientSampler
+from fedxrisk.engines.simulation import LoopEngine
+from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.sitedata import SiteData, load_site
+from fedxrisk.flower.wire import Packet, flatten, unflatten
+from fedxrisk.metrics import auroc, predict
+from fedxrisk.models import build_model
+from fedxrisk.problem import Problem
+from fedxrisk.tree import Tree, index, is_finite, stack, tmap
+
+
+class CollectiveRequest(Exception):
+    """Raised inside ``communicate`` at a collective call whose answer the site lacks."""
+
+    def __init__(self, kind: str, payload: Tree, call: int):
+        super().__init__(f"collective {kind} #{call} needs the server")
+        self.kind, self.payload, self.call = kind, payload, call
+
+
+class SiteError(RuntimeError):
+    """A failure on a site (bad data, non-finite loss, protocol mismatch), reported to the server."""
+
+
+class ReplayCollective:
+    """``mean``/``gather`` answered from the server's replies so far; else a request.
+
+    Leaves carry a leading axis of size 1 (this site's one client). An answer is
+    the reduced tree without that axis: the mean (``[*shape]``) or the gathered
+    stack of all clients (``[K, *shape]``); both get the axis back.
+    """
+
+    def __init__(self, num_clients: int, answers: list[tuple[str, Tree]]):
+        self.num_clients = num_clients
+        self.answers = answers
+        self.calls = 0
+
+    def _call(self, kind: str, tree: Tree) -> Tree:
+        call, self.calls = self.calls, self.calls + 1
+        if call >= len(self.answers):
+            raise CollectiveRequest(kind, tree, call)
+        answer_kind, answer = self.answers[call]
+        if answer_kind != kind:
+            raise SiteError(
+                f"collective #{call}: the server answered a {answer_kind}, communicate asked a {kind}"
+            )
+        try:
+            return tmap(lambda _, a: a.unsqueeze(0).clone(), tree, answer)
+        except (KeyError, TypeError) as e:
+            raise SiteError(f"collective #{call}: the server's answer lacks tensor {e}") from e
+
+    def mean(self, tree: Tree) -> Tree:
+        return self._call("mean", tree)
+
+    def gather(self, tree: Tree) -> Tree:
+        return self._call("gather", tree)
+
+    def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
+        return LoopEngine().map_clients(fn, *trees)
+
+
+def _sampler(size: int, batch_size: int, seed: int, stream: int, client: int) -> ClientSampler:
+    """Client ``client``'s stream of :class:`ClientSampler` (the same numbers as in simulation)."""
+    sampler = ClientSampler([size], batch_size, seed, stream)
+    sampler.rngs = [np.random.default_rng([seed, stream, client])]
+    return sampler
+
+
+def _sampler_json(sampler: ClientSampler) -> str:
+    return json.dumps({"rng": sampler.rngs[0].bit_generator.state, "queue": sampler.queues[0].tolist()})
+
+
+def _load_sampler(sampler: ClientSampler, text: str) -> None:
+    saved = json.loads(text)
+    sampler.rngs[0].bit_generator.state = saved["rng"]
+    sampler.queues = [np.asarray(saved["queue"], dtype=np.int64)]
+
+
+@dataclass
+class Pending:
+    """A round whose ``communicate`` waits for the server: its input state and the answers so far."""
+
+    round: int
+    state: Tree
+    answers: list[tuple[str, Tree]] = field(default_factory=list)
+    stage_positions: np.ndarray | None = None
+
+
+class SiteRunner:
+    """One site's client: built from the run config and the site's data, restored per message."""
+
+    def __init__(self, cfg: FlowerConfig, site: SiteData):
+        self.cfg, self.site = cfg, site
+        self.plans = list(cfg.schedule().plan())
+        self.engine = LoopEngine()
+        self.state: Tree | None = None  # stacked, leading axis 1
+        self.pending: Pending | None = None
+        self.done = -1  # last round finished
+
+    # -- set-up ------------------------------------------------------------------
+    def setup_metrics(self) -> dict[str, float]:
+        site = self.site
+        out = {"num-samples": site.num_samples, "num-positives": site.num_positives}
+        if site.y_val is not None:
+            out["num-val"] = len(site.y_val)
+        return out
+
+    def initialize(self, client: int, num_clients: int, pos_ratio: float) -> None:
+        """Build problem, algorithm, samplers and the initial state (first step message)."""
+        self.client, self.num_clients, self.pos_ratio = client, num_clients, pos_ratio
+        model = build_model(self.cfg.model, self.site.input_shape, self.cfg.seed)
+        self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
+        self.algorithm = self.cfg.build_algorithm(self.problem)
+        n, b, seed = self.site.num_samples, self.cfg.batch_size, self.cfg.seed
+        self.sampler = _sampler(n, b, seed, 0, client)
+        self.aux_sampler = _sampler(n, 1, seed, 1, client)
+        info = ClientInfo(client, n, float(self.site.y.mean()))
+        if self.state is None:
+            self.state = stack([self.algorithm.init(info)])
+
+    # -- persistence in the node's context -------------------------------------
+    def save(self) -> Packet:
+        config: dict[str, Any] = {
+            "client": self.client, "num-clients": self.num_clients, "pos-ratio": self.pos_ratio,
+            "done": self.done, "sampler": _sampler_json(self.sampler),
+            "aux-sampler": _sampler_json(self.aux_sampler), "pending": -1,
+        }  # fmt: skip
+        arrays = {"state": flatten(self.state)}
+        if self.pending is not None:
+            p = self.pending
+            config.update(pending=p.round, kinds=json.dumps([k for k, _ in p.answers]))
+            arrays["pending"] = flatten(p.state)
+            for i, (_, answer) in enumerate(p.answers):
+                arrays[f"answer.{i}"] = flatten(answer)
+            if p.stage_positions is not None:
+                arrays["stage"] = {"positions": torch.from_numpy(p.stage_positions)}
+        return Packet(config=config, arrays=arrays)
+
+    def restore(self, saved: Packet) -> None:
+        c = saved.config
+        self.state = unflatten(saved.arrays["state"])
+        self.initialize(int(c["client"]), int(c["num-clients"]), float(c["pos-ratio"]))
+        self.done = int(c["done"])
+        _load_sampler(self.sampler, c["sampler"])
+        _load_sampler(self.aux_sampler, c["aux-sampler"])
+        if int(c["pending"]) >= 0:
+            kinds = json.loads(c["kinds"])
+            answers = [(k, unflatten(saved.arrays[f"answer.{i}"])) for i, k in enumerate(kinds)]
+            stage = saved.arrays.get("stage")
+            positions = stage["positions"].numpy() if stage else None
+            self.pending = Pending(int(c["pending"]), unflatten(saved.arrays["pending"]), answers, positions)
+
+    # -- a round -------------------------------------------------------------------
+    def _batch(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
+        local = torch.from_numpy(positions)
+        return {
+            "x": self.site.x[local],
+            "y": self.site.y[local],
+            "index": self.site.index[local],
+            "local_index": local,
+        }
+
+    def _local_steps(self, r: int) -> None:
+        """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them."""
+        plan = self.plans[r]
+        extra = self.algorithm.uniforms_per_step
+        for i in range(plan.window):
+            ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
+            batch = self._batch(self.sampler.next())
+            if extra:
+                batch["uniform"] = torch.from_numpy(self.sampler.uniforms(extra))
+            self.state = self.engine.map_clients(
+                partial(self.algorithm.local_step, ctx=ctx), self.state, batch
+            )
+        positions = None
+        size = getattr(self.algorithm, "stage_batch_size", 0)
+        if size and plan.stage_end and r + 1 < len(self.plans):
+            positions = self.aux_sampler.sample(size)
+        self.pending = Pending(r, self.state, [], positions)
+
+    def _communicate(self) -> CollectiveRequest | None:
+        p = self.pending
+        plan = self.plans[p.round]
+        next_plan = self.plans[p.round + 1] if p.round + 1 < len(self.plans) else None
+        stage_batch = self._batch(p.stage_positions) if p.stage_positions is not None else None
+        comm = ReplayCollective(self.num_clients, p.answers)
+        try:
+            state = self.algorithm.communicate(p.state, comm, RoundContext(plan, next_plan, stage_batch))
+        except CollectiveRequest as request:
+            return request
+        if not torch.isfinite(state["loss"]).all() or not is_finite(state["w"]):
+            raise SiteError(f"non-finite loss or model (NaN/inf) in round {p.round + 1}; training stopped")
+        self.state, self.pending, self.done = state, None, p.round
+        return None
+
+    def report(self, with_model: bool) -> tuple[dict[str, float], dict[str, dict[str, torch.Tensor]]]:
+        """Metrics of the finished round: loss, and at evaluation rounds AUROCs and the model."""
+        metrics = {"loss": float(self.state["loss"][0])}
+        if not with_model:
+            return metrics, {}
+        params, buffers = (index(t, 0) for t in self.algorithm.model(self.state))
+        metrics["train-auroc"] = _auroc(self.problem, params, buffers, self.site.x, self.site.y)
+        if self.site.x_val is not None:
+            metrics["val-auroc"] = _auroc(self.problem, params, buffers, self.site.x_val, self.site.y_val)
+        return metrics, {"model": flatten({"params": params, "buffers": buffers})}
+
+    def step(self, request: Packet) -> Packet:
+        """Deliver an answer (if any), finish and start rounds up to ``start``, reply."""
+        c = request.config
+        if "answer" in request.arrays:
+            if self.pending is None or int(c["call"]) != len(self.pending.answers):
+                raise SiteError(f"unexpected answer to collective #{c['call']} (site state out of step)")
+            self.pending.answers.append((c["kind"], unflatten(request.arrays["answer"])))
+        reply = Packet(config={"finished": -1, "pending": -1})
+        while True:
+            if self.pending is not None:
+                wanted = self._communicate()
+                if wanted is not None:
+                    payload = tmap(lambda x: x[0], wanted.payload)
+                    reply.config.update(pending=self.pending.round, call=wanted.call, kind=wanted.kind)
+                    reply.arrays["payload"] = flatten(payload)
+                    return reply
+                metrics, arrays = self.report(bool(c.get("report", False)))
+                reply.config["finished"] = self.done
+                reply.metrics.update(metrics)
+                reply.arrays.update(arrays)
+            if self.done + 1 <= int(c.get("start", -1)) and self.done + 1 < len(self.plans):
+                self._local_steps(self.done + 1)
+            else:
+                return reply
+
+
+def _auroc(problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, y: torch.Tensor) -> float:
+    value = auroc(y.numpy(), predict(problem, params, buffers, x))
+    return value if not math.isnan(value) else -1.0  # MetricRecord holds no NaN reliably: −1 = undefined
+
+
+# -- the two handlers a site runs (Flower's ClientApp calls them; tests call them directly) --
+
+
+def _guard(fn: Callable[[], Packet]) -> Packet:
+    """Turn a site's failure into a reply the server reports, instead of a silent crash."""
+    try:
+        return fn()
+    except (ValueError, RuntimeError, KeyError, OSError) as e:
+        return Packet(config={"error": f"{type(e).__name__}: {e}"})
+
+
+def site_setup(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> Packet:
+    """Load and check the site's data; report its size and class counts (nothing else)."""
+
+    def go() -> Packet:
+        cfg = FlowerConfig.from_run_config(run_config)
+        site = load_site(node_config, cfg)
+        runner = SiteRunner(cfg, site)
+        config = {"input-shape": json.dumps(list(site.input_shape))}
+        if site.order is not None:
+            config["order"] = site.order
+        return Packet(config=config, metrics=runner.setup_metrics())
+
+    return _guard(go)
+
+
+def site_step(
+    node_config: Mapping[str, Any], run_config: Mapping[str, Any], saved: Packet | None, request: Packet
+) -> tuple[Packet, Packet | None]:
+    """One step message: restore the site from ``saved``, run, return (reply, new saved state)."""
+    out: list[Packet] = []
+
+    def go() -> Packet:
+        cfg = FlowerConfig.from_run_config(run_config)
+        runner = SiteRunner(cfg, load_site(node_config, cfg))
+        c = request.config
+        if saved is not None:
+            runner.restore(saved)
+        elif "client" in c:
+            runner.initialize(int(c["client"]), int(c["num-clients"]), float(c["pos-ratio"]))
+        else:
+            raise SiteError("no client state on this node and no initialization in the message")
+        reply = runner.step(request)
+        out.append(runner.save())
+        return reply
+
+    reply = _guard(go)
+    return reply, (out[0] if out else saved)

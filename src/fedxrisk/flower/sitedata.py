@@ -1,0 +1,207 @@
+"""A site's own data, located by its SuperNode's node config; the server's held-out set.
+
+A SuperNode is started with ``--node-config`` naming either
+
+- ``data-dir="/path"``: a folder holding ``train.npz`` (arrays ``x``, ``y``) or
+  ``train.csv`` (a header row, a ``label`` column, numeric feature columns),
+  and optionally ``val.npz`` / ``val.csv`` for local validation AUROC; or
+- ``dataset="digits" partition-id=K num-partitions=N``: a trial site holding
+  part K of a bundled dataset split the way ``fedxrisk run`` splits it (the
+  split settings come from the run config, so every site agrees).
+
+Labels are binary (0/1). A site only ever loads its own folder or its own part.
+"""
+
+from __future__ import annotations
+
+import csv
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
+from fedxrisk.flower.config import FlowerConfig
+
+LABEL_COLUMN = "label"
+
+
+class SiteDataError(ValueError):
+    """A site's data is missing or unusable; the message names the file and the problem."""
+
+
+@dataclass
+class SiteData:
+    """One site's training data (and optional validation data), as tensors."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    index: torch.Tensor  # what ``batch["index"]`` carries: global index in trials, else local
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+    order: int | None = None  # the node config's ``partition-id``: the site's place in the order
+    source: str = ""
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.y)
+
+    @property
+    def num_positives(self) -> int:
+        return int(self.y.sum())
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def check_classes(self, allow_missing_class: bool) -> None:
+        pos, n = self.num_positives, self.num_samples
+        if allow_missing_class or 0 < pos < n:
+            return
+        missing = "positive (label 1)" if pos == 0 else "negative (label 0)"
+        raise SiteDataError(
+            f"{self.source}: the site's training data has no {missing} example among {n} samples; "
+            "AUC objectives need both classes on every site (set allow-missing-class = true in the "
+            "run config to let such a site train on the loss terms of the class it holds)"
+        )
+
+
+def read_table(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` from ``.npz`` (arrays ``x``, ``y``) or ``.csv`` (header, ``label`` column)."""
+    if path.suffix == ".npz":
+        with np.load(path) as f:
+            missing = [k for k in ("x", "y") if k not in f]
+            if missing:
+                raise SiteDataError(f"{path}: missing array(s) {missing}; expected arrays 'x' and 'y'")
+            x, y = f["x"], f["y"]
+    else:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        if not rows or LABEL_COLUMN not in rows[0]:
+            raise SiteDataError(f"{path}: the header row must name a {LABEL_COLUMN!r} column")
+        header, body = rows[0], rows[1:]
+        label = header.index(LABEL_COLUMN)
+        try:
+            table = np.array([[float(v) for v in row] for row in body], dtype=np.float64).reshape(
+                len(body), -1
+            )
+        except ValueError as e:
+            raise SiteDataError(f"{path}: every value must be numeric ({e})") from e
+        if table.shape[1] != len(header):
+            raise SiteDataError(f"{path}: rows have {table.shape[1]} values but the header has {len(header)}")
+        y = table[:, label]
+        x = np.delete(table, label, axis=1)
+    if len(x) != len(y):
+        raise SiteDataError(f"{path}: {len(x)} inputs but {len(y)} labels")
+    values = np.unique(y)
+    if not set(values.tolist()) <= {0.0, 1.0}:
+        raise SiteDataError(f"{path}: labels must be binary 0/1; found {values[:10].tolist()}")
+    return np.ascontiguousarray(x, dtype=np.float32), y.astype(np.float32)
+
+
+def _find(folder: Path, stem: str) -> Path | None:
+    for suffix in (".npz", ".csv"):
+        if (folder / f"{stem}{suffix}").is_file():
+            return folder / f"{stem}{suffix}"
+    return None
+
+
+def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def load_folder(folder: str | Path, order: int | None = None) -> SiteData:
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise SiteDataError(f"data-dir {str(path)!r} does not exist or is not a folder on this site")
+    train = _find(path, "train")
+    if train is None:
+        raise SiteDataError(f"data-dir {str(path)!r} holds neither train.npz nor train.csv")
+    x, y = _tensors(*read_table(train))
+    if len(y) == 0:
+        raise SiteDataError(f"{train}: no training samples")
+    val = _find(path, "val")
+    x_val, y_val = _tensors(*read_table(val)) if val is not None else (None, None)
+    if x_val is not None and x_val.shape[1:] != x.shape[1:]:
+        raise SiteDataError(
+            f"{val}: inputs of shape {tuple(x_val.shape[1:])}, training inputs {tuple(x.shape[1:])}"
+        )
+    return SiteData(x, y, torch.arange(len(y)), x_val, y_val, order, source=str(train))
+
+
+def trial_data(cfg: FlowerConfig, dataset: str, num_partitions: int) -> FederatedData:
+    """The federated split every trial site (and the ``export`` helper) computes identically."""
+    with warnings.catch_warnings():  # a site reports only its own missing class (check_classes)
+        warnings.simplefilter("ignore")
+        return make_federated(
+            dataset, num_partitions, cfg.partition, cfg.imratio_or_none(), cfg.seed,
+            cfg.positive_class_ids(), cfg.dirichlet_alpha, allow_missing_class=True,
+        )  # fmt: skip
+
+
+def load_trial(cfg: FlowerConfig, dataset: str, part: int, num_partitions: int) -> SiteData:
+    if dataset not in DATASETS:
+        raise SiteDataError(f"unknown dataset {dataset!r} in node config; choose one of {sorted(DATASETS)}")
+    if not 0 <= part < num_partitions:
+        raise SiteDataError(f"partition-id must lie in [0, num-partitions={num_partitions}), got {part}")
+    fed = trial_data(cfg, dataset, num_partitions)
+    x, y = fed.client_view(part)
+    index = torch.from_numpy(fed.shards[part])
+    return SiteData(x, y, index, order=part, source=f"{dataset} partition {part}/{num_partitions}")
+
+
+def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
+    """Load this site's data as its node config says, and check it can train."""
+    order = node_config.get("partition-id")
+    if order is not None and not isinstance(order, int):
+        raise SiteDataError(f"partition-id must be an integer, got {order!r}")
+    if "data-dir" in node_config:
+        site = load_folder(str(node_config["data-dir"]), order)
+    elif "dataset" in node_config:
+        if order is None or "num-partitions" not in node_config:
+            raise SiteDataError("a trial site needs node config dataset, partition-id and num-partitions")
+        site = load_trial(cfg, str(node_config["dataset"]), order, int(node_config["num-partitions"]))
+    else:
+        raise SiteDataError(
+            "node config names no data: start the SuperNode with --node-config 'data-dir=\"/path\"' "
+            "(a folder with train.npz or train.csv) or, for a trial, "
+            "'dataset=\"digits\" partition-id=0 num-partitions=2'"
+        )
+    site.check_classes(cfg.allow_missing_class)
+    return site
+
+
+def load_holdout(spec: str, cfg: FlowerConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The server's held-out set: a file (npz/csv), a bundled dataset's test split, or none."""
+    if not spec:
+        return None
+    if spec in DATASETS:
+        data = binarize(load_dataset(spec), cfg.positive_class_ids())
+        return data.x_test, data.y_test
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise SiteDataError(f"test-data {spec!r} is neither a file on the server nor a bundled dataset")
+    return _tensors(*read_table(path))
+
+
+def export_trial(cfg: FlowerConfig, dataset: str, sites: int, out: str | Path) -> list[Path]:
+    """Write a trial split as site folders ``site-K/train.npz`` and the test split as ``test.npz``.
+
+    The folders hold exactly what trial site K would load, so a folder-based
+    deployment reproduces the trial (and the ``loop`` engine) sample for sample.
+    """
+    fed = trial_data(cfg, dataset, sites)
+    root = Path(out)
+    paths = []
+    for k in range(sites):
+        folder = root / f"site-{k}"
+        folder.mkdir(parents=True, exist_ok=True)
+        x, y = fed.client_view(k)
+        np.savez(folder / "train.npz", x=x.numpy(), y=y.numpy())
+        paths.append(folder)
+    np.savez(root / "test.npz", x=fed.data.x_test.numpy(), y=fed.data.y_test.numpy())
+    return paths

@@ -1,0 +1,308 @@
+"""The Flower protocol without Flower: sites and coordinator in one process (LocalTransport).
+
+Every message goes through the same handlers a Flower ClientApp runs, with the
+site's state saved and restored between messages, so these tests check the
+replay of ``communicate``, the server-side reductions and the site-data
+checks exactly; ``test_flower_deploy.py`` adds the real SuperLink/SuperNodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from fedxrisk.algorithms import ALGORITHMS, RoundContext
+from fedxrisk.algorithms.base import State, model_payload, with_model
+from fedxrisk.algorithms.fedavg import LocalSGDM
+from fedxrisk.experiment import ConfigError
+from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.coordinator import Coordinator, FederationError, LocalTransport
+from fedxrisk.flower.sitedata import export_trial
+from fedxrisk.flower.wire import flatten, unflatten
+from fedxrisk.metrics import evaluate
+from helpers import make_sim, max_abs_diff, run_all
+
+K = 2
+SPLIT = {"partition": "iid", "imratio": 0.3, "seed": 0}
+
+
+def run_config(algorithm: str, out_dir, **kw) -> dict:
+    fixed = ALGORITHMS[algorithm].fixed_window
+    base = {
+        "algorithm": algorithm, "rounds": 3, "local-steps": fixed or 2, "batch-size": 8, "lr": 0.1,
+        "stages": 2, "test-data": "digits", "out-dir": str(out_dir), "min-nodes": K, **SPLIT,
+    }  # fmt: skip
+    return {**base, **kw}
+
+
+def trial_nodes(k: int = K) -> dict[int, dict]:
+    return {1000 + i: {"dataset": "digits", "partition-id": i, "num-partitions": k} for i in range(k)}
+
+
+def run_local(rc: dict, nodes: dict[int, dict], transport_cls=LocalTransport):
+    transport = transport_cls(rc, nodes)
+    summary = Coordinator(FlowerConfig.from_run_config(rc), transport, poll_interval=0.01).run()
+    return summary, transport
+
+
+def reference(algorithm: str, rc: dict):
+    """The loop engine on the same split, seed and schedule."""
+    sim = run_all(
+        make_sim(
+            algorithm, "loop", clients=K, rounds=rc["rounds"], local_steps=rc["local-steps"],
+            batch_size=rc["batch-size"], lr=rc["lr"], stages=rc["stages"], **SPLIT,
+        )
+    )  # fmt: skip
+    params, buffers = sim.global_model()
+    return sim, params, evaluate(sim.algorithm.problem, params, buffers, sim.data)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_protocol_matches_loop_engine(algorithm, tmp_path):
+    """Same seed and partition: same model, metrics and bytes as the loop engine (every algorithm)."""
+    rc = run_config(algorithm, tmp_path)
+    summary, transport = run_local(rc, trial_nodes())
+    sim, params, metrics = reference(algorithm, rc)
+    model = torch.load(tmp_path / "model.pt")
+    assert max_abs_diff(model["params"], params) < 1e-6
+    for key in ("test_auroc", "test_ap", "client_auroc_mean"):
+        assert summary["final"][key] == pytest.approx(metrics[key], abs=1e-6)
+    assert summary["final"]["train_loss"] == pytest.approx(sim.train_loss(), abs=1e-6)
+    assert summary["communication"] == sim.ledger.summary()
+    assert summary["status"] == "completed" and summary["rounds"] == 3
+    # one message per collective call and site, plus set-up and the closing message
+    calls = sum(summary["communication"]["collective_calls"].values())
+    assert transport.messages == K * (calls + 2)
+
+
+@dataclass
+class GatherPool(LocalSGDM):
+    """A test algorithm with FeDXL's communication shape: gather a per-client score pool,
+    then a mean that depends on the gathered pool (two dependent collectives a round)."""
+
+    name = "test_gatherpool"
+
+    def init(self, client):
+        state = super().init(client)
+        return {**state, "pool": torch.zeros(4), "shift": torch.zeros(())}
+
+    def local_step(self, state, batch, ctx):
+        new = super().local_step(state, batch, ctx)
+        logits, _ = self.problem.logits(new["w"], new["buffers"], batch["x"][:4])
+        return dict(new, pool=torch.sigmoid(logits))
+
+    def communicate(self, state: State, comm, ctx: RoundContext) -> State:
+        pools = comm.gather({"pool": state["pool"]})["pool"]  # [clients here, K, 4]
+        shift = pools.amax(dim=(-2, -1)) - state["pool"].mean(-1)  # depends on every site's pool
+        avg = comm.mean({**model_payload(state, self.problem), "m": state["m"], "shift": shift})
+        return dict(with_model(state, avg), m=avg["m"], shift=avg["shift"])
+
+
+def test_gather_is_merged_on_the_server_and_dependent_collectives_replay(tmp_path, monkeypatch):
+    monkeypatch.setitem(ALGORITHMS, GatherPool.name, GatherPool)
+    rc = run_config(GatherPool.name, tmp_path, stages=1)
+    summary, transport = run_local(rc, trial_nodes())
+    sim, params, _ = reference(GatherPool.name, rc)
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    assert summary["communication"] == sim.ledger.summary()
+    assert summary["communication"]["collective_calls"] == {"gather": 3, "mean": 3}
+    pool_bytes = 4 * 4
+    assert summary["communication"]["by_variable"]["pool"] == {
+        "up": 3 * pool_bytes,
+        "down": 3 * K * pool_bytes,
+    }
+    saved = transport.saved[1000]  # the last round's gathered shift lives in the site's saved state
+    assert float(unflatten(saved.arrays["state"])["shift"][0]) == pytest.approx(float(sim.states["shift"][0]))
+
+
+def test_folder_sites_reproduce_the_trial(tmp_path):
+    """Sites reading their own exported folders (data-dir) train exactly like trial sites."""
+    cfg = FlowerConfig.from_run_config({**SPLIT})
+    folders = export_trial(cfg, "digits", K, tmp_path / "sites")
+    nodes = {2000 + i: {"data-dir": str(f), "partition-id": i} for i, f in enumerate(folders)}
+    rc = run_config("localsgdm", tmp_path / "a", **{"test-data": str(tmp_path / "sites" / "test.npz")})
+    folder_summary, _ = run_local(rc, nodes)
+    trial_summary, _ = run_local(run_config("localsgdm", tmp_path / "b"), trial_nodes())
+    assert folder_summary["final"] == trial_summary["final"]
+    assert folder_summary["communication"] == trial_summary["communication"]
+
+
+def _site(folder, x, y, with_val=False):
+    folder.mkdir(parents=True)
+    np.savez(folder / "train.npz", x=x, y=y)
+    if with_val:
+        np.savez(folder / "val.npz", x=x[:20], y=y[:20])
+    return str(folder)
+
+
+def test_site_reports_local_validation_auroc_and_csv_sites_work(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 5)).astype(np.float32)
+    y = (x[:, 0] + 0.3 * rng.normal(size=120) > 0.5).astype(np.float32)
+    header = ",".join([*(f"f{i}" for i in range(5)), "label"])
+    csv_dir = tmp_path / "csv-site"
+    csv_dir.mkdir()
+    rows = "\n".join(",".join(map(str, [*row, label])) for row, label in zip(x[60:].tolist(), y[60:]))
+    (csv_dir / "train.csv").write_text(header + "\n" + rows + "\n")
+    nodes = {
+        1: {"data-dir": _site(tmp_path / "npz-site", x[:60], y[:60], with_val=True)},
+        2: {"data-dir": str(csv_dir)},
+    }
+    rc = run_config("codasca", tmp_path / "out", stages=1, **{"test-data": "", "model": "linear"})
+    summary, _ = run_local(rc, nodes)
+    history = (tmp_path / "out" / "history.csv").read_text().splitlines()
+    row = dict(zip(history[0].split(","), history[-1].split(",")))
+    assert 0.5 < float(row["client_val_auroc_mean"]) <= 1.0  # one site has a val split
+    assert summary["final"]["test_auroc"] is None  # no held-out set on the server
+    assert [s["samples"] for s in summary["sites"]] == [60, 60]
+
+
+def test_missing_data_folder_is_reported_by_the_site(tmp_path):
+    nodes = {**trial_nodes(1), 7: {"data-dir": str(tmp_path / "nowhere"), "partition-id": 1}}
+    rc = run_config("codasca", tmp_path / "out")
+    with pytest.raises(
+        FederationError, match=r"set-up: node 7 failed: SiteDataError: data-dir .*nowhere.* does not exist"
+    ):
+        run_local(rc, nodes)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "nowhere" in summary["error"]
+
+
+def test_site_without_positives_is_reported_and_can_be_allowed(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    good = _site(tmp_path / "good", x, (x[:, 0] > 0).astype(np.float32))
+    bad = _site(tmp_path / "bad", x, np.zeros(40, np.float32))
+    nodes = {1: {"data-dir": good}, 2: {"data-dir": bad}}
+    rc = run_config("codasca", tmp_path / "out", stages=1, rounds=1, **{"test-data": "", "model": "linear"})
+    with pytest.raises(FederationError, match=r"node 2 failed: .*no positive \(label 1\) example among 40"):
+        run_local(rc, nodes)
+    rc = {**rc, "allow-missing-class": True, "out-dir": str(tmp_path / "out2")}
+    summary, _ = run_local(rc, nodes)
+    assert summary["status"] == "completed" and summary["sites"][1]["positives"] == 0
+
+
+@pytest.mark.parametrize(
+    ("node_config", "message"),
+    [
+        ({}, "node config names no data"),
+        (
+            {"dataset": "digits", "partition-id": 0},
+            "needs node config dataset, partition-id and num-partitions",
+        ),
+        ({"dataset": "nope", "partition-id": 0, "num-partitions": 2}, "unknown dataset 'nope'"),
+    ],
+)
+def test_bad_node_config_is_named(tmp_path, node_config, message):
+    nodes = {**trial_nodes(1), 9: node_config}
+    with pytest.raises(FederationError, match=message):
+        run_local(run_config("localsgdm", tmp_path), nodes)
+
+
+def test_bad_files_are_named(tmp_path):
+    site = tmp_path / "s"
+    site.mkdir()
+    (site / "train.csv").write_text("a,b,label\n1,2,0\n3,4,2\n")
+    nodes = {**trial_nodes(1), 5: {"data-dir": str(site)}}
+    with pytest.raises(FederationError, match=r"train.csv: labels must be binary 0/1; found \[0.0, 2.0\]"):
+        run_local(run_config("localsgdm", tmp_path / "o"), nodes)
+
+
+class VanishingTransport(LocalTransport):
+    """Site ``lost`` stops answering after its second step message; ``leaves`` also drops it
+    from the connected nodes (a SuperNode shut down), else it just goes silent (a crash)."""
+
+    lost, leaves = 1001, False
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.steps = 0
+
+    def answer(self, node, request, op):
+        if op == "step" and node == self.lost:
+            self.steps += 1
+            if self.steps > 2:
+                return None
+        return super().answer(node, request, op)
+
+    def node_ids(self):
+        gone = self.leaves and self.steps > 2
+        return super().node_ids() - ({self.lost} if gone else set())
+
+
+class LeavingTransport(VanishingTransport):
+    leaves = True
+
+
+@pytest.mark.parametrize(
+    ("transport_cls", "message"),
+    [
+        (
+            VanishingTransport,
+            r"round 2/4: no reply from site 1 \(node 1001, partition-id 1\) within round-timeout = 0.3 s",
+        ),
+        (LeavingTransport, r"round 2/4: site 1 \(node 1001, partition-id 1\) left the federation"),
+    ],
+)
+def test_a_vanished_site_fails_the_round_with_a_clear_message(tmp_path, transport_cls, message):
+    rc = run_config("localsgdm", tmp_path, rounds=4, stages=1, **{"round-timeout": 0.3})
+    with pytest.raises(FederationError, match=message):
+        run_local(rc, trial_nodes(), transport_cls)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds"] == 1
+    assert "site 1" in summary["error"]
+    assert len((tmp_path / "history.csv").read_text().splitlines()) == 2  # header + round 1 kept
+    assert (tmp_path / "model.pt").exists()
+
+
+def test_too_few_nodes_fails_after_the_wait(tmp_path):
+    rc = run_config("localsgdm", tmp_path, **{"min-nodes": 3, "node-wait-timeout": 0.2})
+    with pytest.raises(FederationError, match=r"only 2 SuperNode\(s\) connected .* min-nodes = 3"):
+        run_local(rc, trial_nodes())
+
+
+def test_run_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"unknown run-config key\(s\) \['roundz'\]"):
+        FlowerConfig.from_run_config({"roundz": 3})
+    with pytest.raises(ConfigError, match="'options' must be a JSON object"):
+        FlowerConfig.from_run_config({"options": "{eta_g: 1}"})
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['eta'\] for codasca"):
+        FlowerConfig.from_run_config({"options": '{"eta": 1}'})
+    with pytest.raises(ConfigError, match="npa communicates every 1 step"):
+        FlowerConfig.from_run_config({"algorithm": "npa", "local-steps": 4})
+    assert FlowerConfig.from_run_config({"options": '{"eta_g": 1.1}'}).options == {"eta_g": 1.1}
+
+
+def test_wire_names_round_trip():
+    tree = {
+        "w": {"fc1.weight": torch.ones(2, 3), "fc1.bias": torch.zeros(2)},
+        "buffers": {},
+        "a": torch.tensor(1.0),
+    }
+    flat = flatten(tree)
+    assert list(flat) == ["w/fc1.weight", "w/fc1.bias", "buffers/", "a"]
+    back = unflatten(flat)
+    assert back["buffers"] == {} and max_abs_diff(back["w"], tree["w"]) == 0.0
+    with pytest.raises(ValueError, match="contains '/'"):
+        flatten({"a/b": torch.zeros(1)})
+
+
+def test_new_app_writes_every_run_config_key(tmp_path):
+    tomllib = pytest.importorskip("tomllib")  # Python ≥ 3.11
+
+    from fedxrisk.flower.__main__ import write_app
+
+    root = write_app(tmp_path / "app", {"algorithm": "localsgdm", "rounds": 4})
+    app = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert app["components"] == {
+        "serverapp": "fedxrisk_app:server_app",
+        "clientapp": "fedxrisk_app:client_app",
+    }
+    cfg = FlowerConfig.from_run_config(app["config"])
+    assert (cfg.algorithm, cfg.rounds, cfg.options) == ("localsgdm", 4, {})
+    with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
+        write_app(tmp_path / "bad", {"algorithm": "nope"})
