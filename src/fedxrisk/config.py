@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import sys
 import types
 import typing
@@ -88,7 +89,8 @@ def _type_name(hint: Any) -> str:
     if hint is type(None):
         return f'"{NONE}"'
     if typing.get_origin(hint) is list:
-        return f"a list of {_type_name(typing.get_args(hint)[0])}"
+        inner = typing.get_args(hint)[0]
+        return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(inner, _type_name(inner))
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
         hint, getattr(hint, "__name__", str(hint))
     )
@@ -188,9 +190,25 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
             raise _unknown(f"algorithm.{key}", allowed, f"[algorithm] with algorithm = {algorithm!r}")
         options[key] = _check(f"algorithm.{key}", value, hparams[key])
     cfg = RunConfig(**values, options=options)
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(qualify(str(e), {k: section_of(k) for k in fields})) from None
     _check_hyperparameters(cfg)
     return cfg
+
+
+def qualify(message: str, sections: Mapping[str, str]) -> str:
+    """Name the key with its section: ``imratio must …`` → ``data.imratio must …``,
+    ``unknown dataset 'x'; …`` → ``unknown dataset 'x' (data.dataset); …``."""
+    m = re.match(r"(unknown (?:option\(s\) )?)?(\w+)(.*)", message, re.S)
+    if not m or m.group(2) not in sections:
+        return message
+    unknown, name, rest = m.groups()
+    if unknown:
+        value, sep, tail = rest.partition(";")
+        return f"{unknown}{name}{value} ({sections[name]}.{name}){sep}{tail}"
+    return f"{sections[name]}.{name}{rest}"
 
 
 def _check_hyperparameters(cfg: RunConfig) -> None:
@@ -198,7 +216,8 @@ def _check_hyperparameters(cfg: RunConfig) -> None:
     try:
         ALGORITHMS[cfg.algorithm](None, **cfg.options)  # type: ignore[arg-type]
     except ValueError as e:
-        raise ConfigError(f"[algorithm] {cfg.algorithm}: {e}") from e
+        message = qualify(str(e), dict.fromkeys(cfg.options, "algorithm"))
+        raise ConfigError(f"{message} ({cfg.algorithm})") from e
     except Exception:  # the constructor needs a real problem: checked when the run is built
         pass
 

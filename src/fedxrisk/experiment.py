@@ -110,6 +110,8 @@ def validate(cfg: RunConfig) -> None:
     for name in ("clients", "rounds", "batch_size", "eval_every", "stages"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be ≥ 1, got {getattr(cfg, name)}")
+    if cfg.lr is not None and cfg.lr <= 0:
+        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
     if cfg.checkpoint_every < 0:
         raise ConfigError(f"checkpoint_every must be ≥ 0 (0: no checkpoints), got {cfg.checkpoint_every}")
     if cfg.dirichlet_alpha <= 0:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.experiment import ConfigError, RunResult, load_run
 
 # Settings that do not change the numbers (or are the repetition itself).
@@ -84,11 +85,18 @@ def _flat(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def variant_labels(configs: Sequence[dict[str, Any]]) -> list[str]:
-    """One label per config: the algorithm plus the settings that differ between configs (seed aside)."""
+    """One label per config: the algorithm plus the settings that differ between configs.
+
+    The seed is left out (runs differing only in it form one line), and so is
+    the learning rate when every config uses its algorithm's default."""
     flats = [_flat(c) for c in configs]
     keys = list(dict.fromkeys(k for f in flats for k in f))
     differing = [
-        k for k in keys if k not in (*NOT_COMPARED, "algorithm") and len({repr(f.get(k)) for f in flats}) > 1
+        k
+        for k in keys
+        if k not in (*NOT_COMPARED, "algorithm")
+        and len({repr(f.get(k)) for f in flats}) > 1
+        and not (k == "lr" and all(f["lr"] == ALGORITHMS[f["algorithm"]].default_lr for f in flats))
     ]
     return [" ".join([f["algorithm"], *(setting(k, f[k]) for k in differing if k in f)]) for f in flats]
 
@@ -111,6 +119,8 @@ def title_suffix(groups: Sequence[Group]) -> str:
         if len(values) == 1:
             value = configs[0].get(key)
             parts.append(str(value) if key == "dataset" else setting(key, value))
+    if len({repr(c.get("local_steps")) for c in configs}) > 1:
+        parts.append("I: see legend")
     seeds = max(len(g.runs) for g in groups)
     return ", ".join(parts) + (f" (mean ± std over {seeds} seeds)" if seeds > 1 else "")
 
@@ -125,6 +135,7 @@ def _byte_unit(largest: float) -> tuple[float, str]:
 def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "test_auroc") -> list[Path]:
     """Write ``auroc_vs_rounds.png``, ``auroc_vs_bytes.png`` and ``curves.csv`` into ``out_dir``."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+    from matplotlib.ticker import MaxNLocator
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +165,9 @@ def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "tes
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"{name} (global model, test set)")
         vs = "rounds" if xkey == "round" else "bytes communicated"
-        ax.set_title(f"{name} vs {vs}\n{suffix}", fontsize=11)
+        ax.set_title(f"{name[0].upper()}{name[1:]} vs {vs}\n{suffix}", fontsize=11)
+        if xkey == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=9)
         fig.savefig(out / filename, dpi=120)
