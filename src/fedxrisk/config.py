@@ -90,7 +90,9 @@ def _type_name(hint: Any) -> str:
         return f'"{NONE}"'
     if typing.get_origin(hint) is list:
         inner = typing.get_args(hint)[0]
-        return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(inner, _type_name(inner))
+        return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(
+            inner, _type_name(inner)
+        )
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
         hint, getattr(hint, "__name__", str(hint))
     )
