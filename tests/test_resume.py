@@ -117,3 +117,27 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monke
     monkeypatch.undo()
     ckpt = load_checkpoint(path)
     assert ckpt["round"] == 1 and ckpt["x"].tolist() == [0, 1, 2]
+
+
+def test_tensorboard_events_continue_without_duplicates(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    class Crash(Exception):
+        pass
+
+    def crash(row, done, total):
+        if done == 3:
+            raise Crash
+
+    out = tmp_path / "tb"
+    cfg = RunConfig(clients=2, rounds=4, stages=1, local_steps=1, eval_every=1, checkpoint_every=2)
+    with pytest.raises(Crash):
+        run_experiment(cfg, out, crash)
+    resume_experiment(out)
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    history = load_run(out).history
+    assert [(e.step, e.value) for e in events.Scalars("test_auroc")] == [
+        (r["round"], pytest.approx(r["test_auroc"], abs=1e-6)) for r in history
+    ]

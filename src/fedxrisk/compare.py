@@ -180,7 +180,7 @@ def run_comparison(
     return ComparisonResult(rows, groups, out, files)
 
 
-def compare(
+def compare_experiments(
     base: Mapping[str, Any] | None = None,
     algorithms: Sequence[str] | None = None,
     vary: Mapping[str, Sequence[Any]] | None = None,
