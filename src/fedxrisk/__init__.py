@@ -1,10 +1,10 @@
 """fedxrisk: federated learning of AUC-type risks (AUROC, pAUC, AP) on imbalanced data."""
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
-from fedxrisk.data import make_federated
-from fedxrisk.engines import Simulation
 from fedxrisk.compare import compare_experiments
 from fedxrisk.config import load_config
+from fedxrisk.data import make_federated
+from fedxrisk.engines import Simulation
 from fedxrisk.experiment import RunConfig, load_run, resume_experiment, run_experiment
 from fedxrisk.plots import plot_runs
 from fedxrisk.problem import Problem
