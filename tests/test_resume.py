@@ -141,3 +141,15 @@ def test_tensorboard_events_continue_without_duplicates(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("test_auroc")] == [
         (r["round"], pytest.approx(r["test_auroc"], abs=1e-6)) for r in history
     ]
+
+
+def test_model_pt_is_the_final_global_model(reference):
+    from fedxrisk.data import make_federated
+    from fedxrisk.experiment import load_model
+    from fedxrisk.metrics import auroc
+
+    model = load_model(reference.out_dir)
+    data = make_federated("digits", CFG["clients"], "class", 0.1, 0)
+    with torch.no_grad():
+        scores = model(data.data.x_test).reshape(-1).numpy()
+    assert auroc(data.data.y_test.numpy(), scores) == reference.summary["final"]["test_auroc"]
