@@ -19,7 +19,7 @@ from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.config import apply_override, config_from_sections, parse_value, read_config_file, section_of
 from fedxrisk.data import DATASETS, PARTITIONS
 from fedxrisk.engines import ENGINES, NonFiniteLoss
-from fedxrisk.experiment import ConfigError, RunConfig, resume_experiment, run_experiment
+from fedxrisk.experiment import ConfigError, RunConfig, default_out_dir, resume_experiment, run_experiment
 from fedxrisk.models import MODELS
 
 console = Console(stderr=True)
@@ -179,10 +179,12 @@ def run(
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
             if extra:
                 raise ConfigError(f"--resume continues a run with its own config; drop {', '.join(extra)}")
-            job = lambda callback: resume_experiment(resume, callback)
+            folder = Path(resume)
+            job = lambda callback: resume_experiment(folder, callback)
         else:
             cfg = config_from_sections(_resolve(config_file, given, options, overrides))
-            job = lambda callback: run_experiment(cfg, out, callback)
+            folder = Path(out) if out else default_out_dir(cfg)
+            job = lambda callback: run_experiment(cfg, folder, callback)
         try:
             if quiet:
                 result = job(None)
@@ -192,6 +194,9 @@ def run(
         except NonFiniteLoss as e:
             console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
             sys.exit(1)
+        except KeyboardInterrupt:
+            console.print(f"interrupted; continue with: fedxrisk run --resume {folder}")
+            sys.exit(130)
     if not quiet:
         _print_summary(result.summary, result.out_dir)
     else:
