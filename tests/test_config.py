@@ -81,6 +81,7 @@ def test_run_from_summary_json_reproduces_the_metrics(tmp_path):
 BAD = [  # (config file text or None, --set overrides, the message's key part)
     ("[data]\nimratoi = 0.2\n", [], "unknown key 'data.imratoi' (did you mean 'imratio'?); [data] allows:"),
     ("[training]\nrounds = 3\n", [], "unknown key 'training'; a config file allows: algorithm, data,"),
+    ("rounds = 3\n", [], "'rounds' belongs in [experiment], as experiment.rounds"),
     ('[experiment]\nrounds = "ten"\n', [], "experiment.rounds: expected an integer, got 'ten' (str)"),
     ("[experiment]\nrounds = 2.5\n", [], "experiment.rounds: expected an integer, got 2.5 (float)"),
     ("[data]\nallow_missing_class = 1\n", [], "data.allow_missing_class: expected true/false, got 1"),

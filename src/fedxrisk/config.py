@@ -169,6 +169,10 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
     fields = _fields()
     for section, table in doc.items():
         if section not in SECTIONS:
+            if section in fields:
+                raise ConfigError(
+                    f"{section!r} belongs in [{section_of(section)}], as {section_of(section)}.{section}"
+                )
             raise _unknown(section, SECTIONS, "a config file")
         if not isinstance(table, Mapping):
             raise ConfigError(f"[{section}] must be a table of keys, got {table!r}")
