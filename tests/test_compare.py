@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from fedxrisk.cli import main
-from fedxrisk.compare import build_variants, parse_vary
+from fedxrisk.compare import build_variants, compare_experiments, parse_vary
 from fedxrisk.experiment import ConfigError
 
 TINY = ["--set", "data.clients=2", "--set", "experiment.rounds=2", "--set", "algorithm.stages=1"]
@@ -143,3 +143,26 @@ def test_compare_cli_error_is_one_line(tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: unknown algorithm 'sgd'; choose one of ['coda',")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_diverged_run_is_reported_not_fatal(tmp_path, monkeypatch):
+    from fedxrisk.engines import NonFiniteLoss, Simulation
+
+    original = Simulation.run_round
+
+    def diverge(self):
+        if self.algorithm.name == "localsgdm" and self.round == 1:
+            raise NonFiniteLoss(1)
+        return original(self)
+
+    monkeypatch.setattr(Simulation, "run_round", diverge)
+    base = {"experiment": {"rounds": 2, "eval_every": 1}, "data": {"clients": 2}}
+    base["algorithm"] = {"local_steps": 1, "stages": 1}
+    result = compare_experiments(base, ["codasca", "localsgdm"], seeds=[0], out_dir=tmp_path)
+    done, failed = result.rows
+    assert (done["completed"], failed["completed"]) == (1, 0)
+    assert failed["final_test_auroc_mean"] != failed["final_test_auroc_mean"]  # NaN: no completed run
+    assert json.loads((tmp_path / "localsgdm" / "seed0" / "summary.json").read_text())["status"] == "failed"
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| localsgdm | — | — | — | 2 | — | 0/1 |" in md
+    assert len(_csv(tmp_path / "curves.csv")) == 2 + 1  # codasca 2 rows, localsgdm 1 before diverging
