@@ -1,9 +1,12 @@
 """fedxrisk: federated learning of AUC-type risks (AUROC, pAUC, AP) on imbalanced data."""
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
+from fedxrisk.compare import compare_experiments
+from fedxrisk.config import load_config
 from fedxrisk.data import make_federated
 from fedxrisk.engines import Simulation
-from fedxrisk.experiment import RunConfig, run_experiment
+from fedxrisk.experiment import RunConfig, load_run, resume_experiment, run_experiment
+from fedxrisk.plots import plot_runs
 from fedxrisk.problem import Problem
 
 __version__ = "0.1.0"
@@ -15,6 +18,11 @@ __all__ = [
     "RunConfig",
     "Schedule",
     "Simulation",
+    "compare_experiments",
+    "load_config",
+    "load_run",
     "make_federated",
+    "plot_runs",
+    "resume_experiment",
     "run_experiment",
 ]

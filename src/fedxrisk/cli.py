@@ -1,30 +1,36 @@
-"""``fedxrisk`` command line: ``run`` an experiment, ``list`` what is available."""
+"""``fedxrisk`` command line: ``run`` (or resume) an experiment, ``compare`` settings, ``plot`` runs, ``list``."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from fedxrisk.algorithms import ALGORITHMS
+from fedxrisk.config import apply_override, config_from_sections, parse_value, read_config_file, section_of
 from fedxrisk.data import DATASETS, PARTITIONS
 from fedxrisk.engines import ENGINE_NAMES, DistributedError, NonFiniteLoss
 from fedxrisk.engines.distributed import launched_rank
-from fedxrisk.experiment import ConfigError, RunConfig, run_experiment
+from fedxrisk.experiment import ConfigError, RunConfig, default_out_dir, resume_experiment, run_experiment
 from fedxrisk.models import MODELS
 
 console = Console(stderr=True)
 DEFAULTS = RunConfig()
 
 
-def _imratio(text: str) -> float | None:
+def _imratio(text: str | None) -> float | None:
     """``--imratio``: a float, or ``none`` to keep the data's own positive ratio."""
-    if text.lower() == "none":
+    if text is None or text.lower() == "none":
         return None
     try:
         return float(text)
@@ -32,22 +38,70 @@ def _imratio(text: str) -> float | None:
         raise click.BadParameter(f"{text!r} is neither a number nor 'none'", param_hint="--imratio") from None
 
 
+class BadConfig(click.ClickException):
+    """One line on stderr (``Error: ...``) and exit status 2; nothing is written."""
+
+    exit_code = 2
+
+
+@contextmanager
+def _config_errors() -> Iterator[None]:
+    try:
+        yield
+    except ConfigError as e:
+        raise BadConfig(str(e)) from None
+
+
 def _parse_option(text: str) -> tuple[str, Any]:
-    """``key=value`` with value parsed as int, float, bool, None or kept as a string."""
+    """``key=value`` with value parsed as a TOML value (number, bool, list, "none") or kept as text."""
     if "=" not in text:
-        raise click.BadParameter(f"expected KEY=VALUE, got {text!r}")
+        raise ConfigError(f"--option expects KEY=VALUE, got {text!r}")
     key, raw = text.split("=", 1)
-    lowered = raw.strip().lower()
-    if lowered in ("true", "false"):
-        return key.strip(), lowered == "true"
-    if lowered in ("none", "null"):
-        return key.strip(), None
-    for cast in (int, float):
-        try:
-            return key.strip(), cast(raw)
-        except ValueError:
-            pass
-    return key.strip(), raw
+    return key.strip(), parse_value(raw)
+
+
+def _given(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any]:
+    """The flags typed on the command line (not left at their defaults)."""
+    return {k: v for k, v in flags.items() if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}
+
+
+def _resolve(
+    config_file: str | None, flags: dict[str, Any], options: tuple[str, ...], overrides: tuple[str, ...]
+) -> dict[str, Any]:
+    """Config file, then flags typed on the command line, then ``--option``, then ``--set``."""
+    doc = read_config_file(config_file) if config_file else {}
+    for key, value in flags.items():
+        doc.setdefault(section_of(key), {})[key] = value
+    for text in options:
+        key, value = _parse_option(text)
+        doc.setdefault("algorithm", {})[key] = value
+    for text in overrides:
+        apply_override(doc, text)
+    return doc
+
+
+CONFIG_OPTIONS = (
+    click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="TOML config file (or a run's config.toml / summary.json)",
+    ),
+    click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key, e.g. --set algorithm.lr=0.05 (repeatable; applied last)",
+    ),
+)
+
+
+def _with_config_options(fn):
+    for option in reversed(CONFIG_OPTIONS):
+        fn = option(fn)
+    return fn
 
 
 @click.group()
@@ -57,6 +111,13 @@ def main() -> None:
 
 
 @main.command()
+@_with_config_options
+@click.option(
+    "--resume",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="continue a killed run from its folder (its own config; no other settings)",
+)
 @click.option("--algorithm", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
 @click.option("--data-dir", default=None, help="folder of a file dataset (see docs/data.md)")
@@ -82,7 +143,7 @@ def main() -> None:
 )
 @click.option("--lr-decay", type=float, default=DEFAULTS.lr_decay, show_default=True)
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
-@click.option("--engine", default=DEFAULTS.engine, show_default=True, help="loop | vmap | distributed")
+@click.option("--engine", default=DEFAULTS.engine, show_default=True, help="see `fedxrisk list`")
 @click.option(
     "--clients-per-rank",
     default=str(DEFAULTS.clients_per_rank),
@@ -98,6 +159,13 @@ def main() -> None:
 )
 @click.option("--device", default=DEFAULTS.device, show_default=True)
 @click.option("--eval-every", type=int, default=DEFAULTS.eval_every, show_default=True)
+@click.option(
+    "--checkpoint-every",
+    type=int,
+    default=DEFAULTS.checkpoint_every,
+    show_default=True,
+    help="rounds between checkpoints (0: none)",
+)
 @click.option("--buffer-policy", default=DEFAULTS.buffer_policy, show_default=True, help="average | local")
 @click.option(
     "--pos-ratio",
@@ -118,30 +186,48 @@ def main() -> None:
     help="output folder (default runs/<time>-<alg>-<data>)",
 )
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar or summary table")
-def run(options: tuple[str, ...], out: str | None, quiet: bool, **kwargs: Any) -> None:
-    """Train one federated experiment; write summary.json and history.csv."""
-    cfg = RunConfig(**kwargs, options=dict(_parse_option(o) for o in options))
-    secondary = cfg.engine == "distributed" and launched_rank() != 0  # rank 0 reports
-    try:
-        if quiet or secondary:
-            result = run_experiment(cfg, out)
+def run(
+    config_file: str | None,
+    overrides: tuple[str, ...],
+    resume: str | None,
+    options: tuple[str, ...],
+    out: str | None,
+    quiet: bool,
+    **flags: Any,
+) -> None:
+    """Train one federated experiment; write config.toml, history.csv, summary.json.
+
+    Settings come from --config FILE, then the flags typed here, then --set.
+    """
+    given = _given(click.get_current_context(), flags)
+    with _config_errors():
+        if resume is not None:
+            extra = [*given, *(["--config"] if config_file else []), *(["--set"] if overrides else [])]
+            extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
+            if extra:
+                raise ConfigError(f"--resume continues a run with its own config; drop {', '.join(extra)}")
+            folder = Path(resume)
+            job = lambda callback: resume_experiment(folder, callback)
         else:
-            with _progress() as progress:
-                task = progress.add_task("training", total=None, auroc="   -  ")
-
-                def update(row: dict[str, Any], done: int, total: int) -> None:
-                    auroc = f"{row['test_auroc']:.4f}" if row else None
-                    progress.update(task, completed=done, total=total, **({"auroc": auroc} if auroc else {}))
-
-                result = run_experiment(cfg, out, update)
-    except ConfigError as e:
-        raise click.UsageError(str(e)) from e
-    except NonFiniteLoss as e:
-        console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
-        sys.exit(1)
-    except DistributedError as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        sys.exit(1)
+            cfg = config_from_sections(_resolve(config_file, given, options, overrides))
+            folder = Path(out) if out else default_out_dir(cfg)
+            job = lambda callback: run_experiment(cfg, folder, callback)
+        secondary = launched_rank() != 0  # under torchrun only rank 0 reports
+        try:
+            if quiet or secondary:
+                result = job(None)
+            else:
+                with _progress() as progress:
+                    result = job(_Bar(progress, "training"))
+        except NonFiniteLoss as e:
+            console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
+            sys.exit(1)
+        except DistributedError as e:
+            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            console.print(f"interrupted; continue with: fedxrisk run --resume {folder}")
+            sys.exit(130)
     if secondary:
         return
     if not quiet:
@@ -150,8 +236,25 @@ def run(options: tuple[str, ...], out: str | None, quiet: bool, **kwargs: Any) -
         click.echo(str(result.out_dir))
 
 
+class _Bar:
+    """A progress callback: one bar per run, showing the round, test AUROC and ETA."""
+
+    def __init__(self, progress: Progress, description: str | None = None):
+        self.progress = progress
+        self.task = None if description is None else self.start(description)
+
+    def start(self, description: str) -> Any:
+        self.task = self.progress.add_task(description, total=None, auroc="   -  ")
+        return self.task
+
+    def __call__(self, row: dict[str, Any], done: int, total: int) -> None:
+        auroc = f"{row['test_auroc']:.4f}" if row else None
+        self.progress.update(self.task, completed=done, total=total, **({"auroc": auroc} if auroc else {}))
+
+
 def _progress() -> Progress:
     return Progress(
+        TextColumn("{task.description}"),
         TextColumn("round {task.completed}/{task.total}"),
         BarColumn(),
         TextColumn("test AUROC {task.fields[auroc]}"),
@@ -180,7 +283,9 @@ def _print_summary(s: dict[str, Any], out: Any) -> None:
     table.add_row("bytes down / client", f"{comm['bytes_down_per_client']:,}")
     table.add_row("wall seconds", _fmt(s["wall_seconds"]))
     Console().print(table)
-    Console().print(f"written to [bold]{out}[/bold] (summary.json, history.csv)")
+    if s.get("resumed_at_rounds"):
+        Console().print(f"resumed at round(s) {', '.join(map(str, s['resumed_at_rounds']))}")
+    Console().print(f"written to [bold]{out}[/bold] (summary.json, history.csv, config.toml, model.pt)")
 
 
 @main.command(name="list")
@@ -199,6 +304,93 @@ def list_() -> None:
     out.print("partitions: " + ", ".join(PARTITIONS))
     out.print("models:     " + ", ".join(MODELS))
     out.print("engines:    " + ", ".join(ENGINE_NAMES))
+
+
+def _comma_list(text: str | None, cast: type) -> list[Any] | None:
+    if text is None:
+        return None
+    try:
+        return [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise ConfigError(f"expected a comma-separated list, got {text!r} ({e})") from None
+
+
+@main.command()
+@_with_config_options
+@click.option("--algorithms", "-a", default=None, help="comma-separated, e.g. codasca,codaplus,localsgdm")
+@click.option(
+    "--vary",
+    multiple=True,
+    metavar="SECTION.KEY=V1,V2,...",
+    help="one variant per value, e.g. --vary algorithm.local_steps=4,16 (repeatable: all combinations)",
+)
+@click.option("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: the config's seed)")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="output folder (default runs/compare-<time>); run again into it to continue",
+)
+@click.option("--quiet", "-q", is_flag=True, help="no progress bars or table")
+def compare(
+    config_file: str | None,
+    overrides: tuple[str, ...],
+    algorithms: str | None,
+    vary: tuple[str, ...],
+    seeds: str | None,
+    out: str | None,
+    quiet: bool,
+) -> None:
+    """Run several algorithms/settings on the same partition and seeds; table + plots.
+
+    Writes comparison.csv, comparison.md, auroc_vs_rounds.png, auroc_vs_bytes.png,
+    curves.csv, and one run folder per variant and seed.
+    """
+    from fedxrisk.compare import build_variants, display_rows, parse_vary, run_comparison
+
+    with _config_errors():
+        base = _resolve(config_file, {}, (), overrides)
+        varied = dict(parse_vary(v) for v in vary)
+        variants = build_variants(base, _comma_list(algorithms, str), varied, _comma_list(seeds, int))
+        folder = Path(out) if out else Path("runs") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+        if quiet:
+            result = run_comparison(variants, folder)
+        else:
+            with _progress() as progress:
+                bar = _Bar(progress)
+                start = lambda label, seed, i, n: bar.start(f"[{i + 1}/{n}] {label} seed {seed}")
+                result = run_comparison(variants, folder, bar, start)
+    if quiet:
+        click.echo(str(result.out_dir))
+        return
+    header, cells = display_rows(result.rows)
+    table = Table(title=f"comparison: {result.groups[0].label if len(result.groups) == 1 else 'variants'}")
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in cells:
+        table.add_row(*row)
+    Console().print(table)
+    names = ", ".join(p.name for p in result.files)
+    Console().print(f"written to [bold]{result.out_dir}[/bold] ({names})")
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="where to write the PNGs (default: the run folder if one is given, else ./plots)",
+)
+def plot(run_dirs: tuple[str, ...], out: str | None) -> None:
+    """Re-draw test AUROC vs rounds and vs bytes from saved runs (or compare folders)."""
+    from fedxrisk.plots import plot_runs
+
+    folder = out or (run_dirs[0] if len(run_dirs) == 1 else "plots")
+    with _config_errors():
+        files = plot_runs(run_dirs, folder)
+    for path in files:
+        click.echo(str(path))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,11 @@
-"""One experiment: config → data → algorithm → engine → ``history.csv`` and ``summary.json``."""
+"""One experiment: config → data → algorithm → engine → ``history.csv`` and ``summary.json``.
+
+A run folder holds ``config.toml`` (the resolved config, re-runnable with
+``fedxrisk run --config``), ``history.csv`` (one row per evaluation),
+``checkpoint.pt`` while the run is unfinished (every ``checkpoint_every``
+rounds, written atomically; :func:`resume_experiment` continues from it), and
+at the end ``summary.json`` and ``model.pt`` (the final global model).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
@@ -32,6 +40,8 @@ HISTORY_FIELDS = (
 )  # fmt: skip
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 DEFAULT_LOCAL_STEPS = 8
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
 
 
 class ConfigError(ValueError):
@@ -68,6 +78,8 @@ class RunConfig:
     data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
+    checkpoint_every: int = 10  # rounds between checkpoints; 0: none
+    tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -105,6 +117,12 @@ def validate(cfg: RunConfig) -> None:
     for name in ("clients", "rounds", "batch_size", "eval_every", "stages"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be ≥ 1, got {getattr(cfg, name)}")
+    if cfg.lr is not None and cfg.lr <= 0:
+        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.checkpoint_every < 0:
+        raise ConfigError(f"checkpoint_every must be ≥ 0 (0: no checkpoints), got {cfg.checkpoint_every}")
+    if cfg.dirichlet_alpha <= 0:
+        raise ConfigError(f"dirichlet_alpha must be > 0, got {cfg.dirichlet_alpha}")
     steps = cfg.resolved_local_steps()
     fixed = ALGORITHMS[cfg.algorithm].fixed_window
     if fixed is not None and steps != fixed:
@@ -176,11 +194,47 @@ def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
     return Path(root) / f"{stamp}-{cfg.algorithm}-{cfg.dataset}"
 
 
+def _replace_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> None:
+    """Write through a temporary file, fsync, and a rename: never a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, mode, **({"newline": ""} if "b" not in mode else {})) as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON through a temporary file and a rename: never a half-written file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
+    _replace_atomic(path, lambda f: f.write(text))
+
+
+def _torch_safe(obj: Any) -> Any:
+    """NumPy arrays/scalars → tensors/Python numbers, so checkpoints load with ``weights_only=True``."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _torch_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_torch_safe(v) for v in obj)
+    return obj
+
+
+def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
+    """``torch.save`` through a temporary file and ``os.replace``: the old checkpoint survives a crash."""
+    safe = _torch_safe(obj)
+    _replace_atomic(path, lambda f: torch.save(safe, f), "wb")
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint written by :func:`save_checkpoint` (tensors and plain Python only)."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{path}: checkpoint format {ckpt.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+    return ckpt
 
 
 def _clean(value: Any) -> Any:
@@ -200,6 +254,14 @@ class RunResult:
     history: list[dict[str, Any]]
     out_dir: Path
 
+    def table(self) -> Any:
+        """The history as a pandas DataFrame, one row per evaluation (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError("RunResult.table() needs pandas; RunResult.history has the same rows") from e
+        return pd.DataFrame(self.history, columns=list(HISTORY_FIELDS))
+
 
 Callback = Callable[[dict[str, Any], int, int], None]  # (row or {}, rounds done, total)
 
@@ -209,43 +271,194 @@ def run_experiment(
 ) -> RunResult:
     """Train, evaluating every ``eval_every`` rounds and at the end; write history and summary.
 
-    On a NaN/inf loss the run stops: the history written so far is kept, the
-    summary records ``status: failed`` and the round, and :class:`NonFiniteLoss` is raised.
+    The folder gets ``config.toml`` first, then ``history.csv`` row by row and a
+    checkpoint every ``cfg.checkpoint_every`` rounds; a killed run continues with
+    :func:`resume_experiment`. On a NaN/inf loss the run stops: the history written
+    so far is kept, the summary records ``status: failed`` and the round, and
+    :class:`NonFiniteLoss` is raised.
     """
+    from fedxrisk.config import config_to_toml
+
     setup = build(cfg)
     out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
-    primary = setup.simulation.is_primary  # distributed: only rank 0 evaluates and writes
-    if primary and (out / "summary.json").exists():
-        raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
-    if primary:
+    if setup.simulation.is_primary:  # distributed: only rank 0 writes
+        if (out / "summary.json").exists():
+            raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
+        if (out / CHECKPOINT).exists():
+            raise ConfigError(
+                f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`"
+            )
         out.mkdir(parents=True, exist_ok=True)
-    sim, history, best = setup.simulation, [], None
+        header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
+        text = config_to_toml(cfg, header)
+        _replace_atomic(out / "config.toml", lambda f: f.write(text))
+    return _train(setup, out, callback, None)
+
+
+def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> RunResult:
+    """Continue a killed run from its last checkpoint (or from the start if it had none yet).
+
+    The final metrics equal those of an uninterrupted run bit for bit (same
+    machine, engine and seed): the checkpoint holds every client's state and
+    sampler RNG, the byte ledger, the history and the best row so far.
+    ``history.csv`` is rewritten from the checkpoint, dropping rows evaluated
+    after it; ``wall_seconds`` counts the time of the rounds kept.
+    """
+    from fedxrisk.config import config_from_flat, load_config
+
+    out = Path(run_dir)
+    if not out.is_dir():
+        raise ConfigError(f"{out} is not a run folder")
+    if (out / "summary.json").exists():
+        status = json.loads((out / "summary.json").read_text()).get("status")
+        raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
+    ckpt = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    if ckpt is not None:
+        cfg = config_from_flat(ckpt["config"])
+    elif (out / "config.toml").exists():  # killed before its first checkpoint
+        cfg = load_config(out / "config.toml")
+    else:
+        raise ConfigError(f"{out} holds neither {CHECKPOINT} nor config.toml: not a fedxrisk run folder")
+    setup = build(cfg)
+    if ckpt is not None:
+        setup.simulation.load_state_dict(ckpt["simulation"])
+    return _train(setup, out, callback, ckpt)
+
+
+def _tensorboard(out: Path, cfg: RunConfig, resumed_round: int) -> Any:
+    """A SummaryWriter when asked for and installed, else None (silently)."""
+    if not cfg.tensorboard:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(out / "tensorboard"), purge_step=resumed_round + 1 if resumed_round else None)
+
+
+TB_SCALARS = ("test_auroc", "test_ap", "train_loss", "client_auroc_mean", "lr")
+
+
+def _train(setup: Setup, out: Path, callback: Callback | None, ckpt: dict[str, Any] | None) -> RunResult:
+    """The round loop. Under the distributed engine every rank trains and takes part in
+    checkpoints (a collective); only the primary rank evaluates and writes files."""
+    cfg, sim = setup.config, setup.simulation
+    primary = sim.is_primary
+    history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
+    best: dict[str, Any] | None = ckpt["best"] if ckpt else None
+    resumed: list[int] = [*ckpt["resumed_at"], sim.round] if ckpt else []
+    earlier = ckpt["wall_seconds"] if ckpt else 0.0
     start = time.perf_counter()
-    total = len(sim.plans)
-    failure: NonFiniteLoss | None = None
-    with open(out / "history.csv" if primary else os.devnull, "w", newline="") as f:
+
+    def elapsed() -> float:
+        return earlier + time.perf_counter() - start
+
+    def write_rows(f) -> None:
         writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")  # per-label lists
         writer.writeheader()
+        writer.writerows(history)
+
+    if primary:
+        _replace_atomic(out / "history.csv", write_rows)  # drops rows evaluated after the checkpoint
+    total = len(sim.plans)
+    if callback and sim.round:
+        callback(history[-1] if history else {}, sim.round, total)
+    tb = _tensorboard(out, cfg, sim.round) if primary else None
+    failure: NonFiniteLoss | None = None
+    with open(out / "history.csv" if primary else os.devnull, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
         try:
             while not sim.done:
                 plan = sim.run_round()
                 row: dict[str, Any] = {}
                 if primary and (sim.round % cfg.eval_every == 0 or sim.done):
-                    row = _evaluate_row(setup, plan, time.perf_counter() - start)
+                    row = _evaluate_row(setup, plan, elapsed())
                     writer.writerow(row)
                     f.flush()
                     history.append(row)
                     if best is None or _better(row["test_auroc"], best["test_auroc"]):
                         best = row
+                    for key in TB_SCALARS if tb else ():
+                        tb.add_scalar(key, row[key], row["round"])
+                if cfg.checkpoint_every and sim.round % cfg.checkpoint_every == 0 and not sim.done:
+                    simulation = sim.state_dict()  # collective under the distributed engine
+                    state = {
+                        "format": CHECKPOINT_FORMAT,
+                        "config": cfg.to_dict(),
+                        "simulation": simulation,
+                        "history": history,
+                        "best": best,
+                        "wall_seconds": elapsed(),
+                        "resumed_at": resumed,
+                        "torch_version": str(torch.__version__),
+                    }
+                    if primary:
+                        save_checkpoint(out / CHECKPOINT, state)
                 if callback:
                     callback(row, sim.round, total)
         except NonFiniteLoss as e:
             failure = e
-    summary = _summary(setup, history, best, time.perf_counter() - start, failure)
+        finally:
+            if tb:
+                tb.close()
+    summary = _summary(setup, history, best, elapsed(), failure)
+    summary["resumed_at_rounds"] = resumed
     if primary:
         write_json_atomic(out / "summary.json", summary)
     if failure is not None:
         raise failure
+    if primary:
+        _save_model(setup, out / "model.pt")
+        (out / CHECKPOINT).unlink(missing_ok=True)
+    return RunResult(summary, history, out)
+
+
+def _save_model(setup: Setup, path: Path) -> None:
+    params, buffers = setup.simulation.global_model()
+    blob = {
+        "model": setup.config.model,
+        "input_shape": list(setup.data.data.input_shape),
+        "num_labels": setup.problem.num_labels,
+        "params": {k: v.detach().cpu() for k, v in params.items()},
+        "buffers": {k: v.detach().cpu() for k, v in buffers.items()},
+    }
+    _replace_atomic(path, lambda f: torch.save(blob, f), "wb")
+
+
+def load_model(run_dir: str | Path) -> torch.nn.Module:
+    """The final global model of a finished run (``model.pt``), in eval mode."""
+    blob = torch.load(Path(run_dir) / "model.pt", map_location="cpu", weights_only=True)
+    model = build_model(blob["model"], tuple(blob["input_shape"]), 0, blob.get("num_labels", 1))
+    model.load_state_dict({**blob["params"], **blob["buffers"]})
+    return model.eval()
+
+
+def _parse_cell(text: str) -> Any:
+    if text == "":
+        return math.nan
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_run(run_dir: str | Path) -> RunResult:
+    """A saved run: ``summary.json`` (or, for an unfinished run, ``config.toml``) and ``history.csv``."""
+    out = Path(run_dir)
+    if (out / "summary.json").exists():
+        summary = json.loads((out / "summary.json").read_text())
+    elif (out / "config.toml").exists():
+        from fedxrisk.config import load_config
+
+        summary = {"status": "unfinished", "config": load_config(out / "config.toml").to_dict()}
+    else:
+        raise ConfigError(f"{out} is not a run folder (no summary.json or config.toml)")
+    history = []
+    if (out / "history.csv").exists():
+        with open(out / "history.csv", newline="") as f:
+            history = [{k: _parse_cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
     return RunResult(summary, history, out)
 
 
@@ -306,11 +519,11 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
     )
 
 
+def _hparams(alg: Algorithm) -> dict[str, Any]:
+    return {f.name: getattr(alg, f.name) for f in dataclasses.fields(alg) if f.name != "problem"}  # type: ignore[arg-type]
+
+
 def _best_of(history, keys) -> dict[str, float]:
     """The best value of each metric over the evaluations (rounds may differ from best.round)."""
     values = {k: [r[k] for r in history if not math.isnan(r.get(k, math.nan))] for k in keys}
     return {k: max(v, default=math.nan) for k, v in values.items()}
-
-
-def _hparams(alg: Algorithm) -> dict[str, Any]:
-    return {f.name: getattr(alg, f.name) for f in dataclasses.fields(alg) if f.name != "problem"}  # type: ignore[arg-type]

@@ -1,0 +1,347 @@
+"""Experiment configs as TOML: sections ↔ :class:`~fedxrisk.experiment.RunConfig`, validated up front.
+
+A config file has five sections; every key is optional (missing keys keep
+:class:`RunConfig`'s defaults)::
+
+    [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard
+    [data]        dataset, imratio, partition, clients, dirichlet_alpha,
+                  positive_classes, batch_size, allow_missing_class
+    [model]       model, buffer_policy
+    [algorithm]   algorithm, lr, local_steps, stages, lr_decay, window_growth,
+                  pos_ratio_mode, and the algorithm's own hyperparameters
+                  (see ``fedxrisk list``), e.g. eta_g, prox
+    [engine]      engine, device
+
+TOML has no null: the string ``"none"`` sets a key that accepts None (e.g.
+``imratio = "none"`` keeps the dataset's own class ratio). ``summary.json``
+(its flat ``config`` object) is accepted wherever a config file is.
+
+Every check raises :class:`~fedxrisk.experiment.ConfigError` with one message
+that names the key (``section.key``) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import re
+import sys
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fedxrisk.algorithms import ALGORITHMS
+from fedxrisk.experiment import ConfigError, RunConfig, validate
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+# Keys named here that RunConfig lacks (fields other work may add) are simply skipped.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "experiment": ("seed", "rounds", "eval_every", "checkpoint_every", "tensorboard"),
+    "data": (
+        "dataset",
+        "data_dir",
+        "imratio",
+        "partition",
+        "clients",
+        "dirichlet_alpha",
+        "positive_classes",
+        "batch_size",
+        "allow_missing_class",
+        "feature_shift",
+    ),  # fmt: skip
+    "model": ("model", "buffer_policy"),
+    "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),
+    "engine": ("engine", "device", "clients_per_rank", "dist_timeout"),
+}
+NONE = "none"  # how TOML spells None
+
+
+def _fields() -> dict[str, Any]:
+    """RunConfig field name → type hint (``options`` excluded)."""
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name != "options"}
+
+
+def section_keys(section: str) -> tuple[str, ...]:
+    """The RunConfig fields a section holds (``[algorithm]`` also takes hyperparameters)."""
+    fields = _fields()
+    return tuple(k for k in SECTIONS[section] if k in fields)
+
+
+def section_of(key: str) -> str:
+    for section in SECTIONS:
+        if key in section_keys(section):
+            return section
+    raise KeyError(f"RunConfig field {key!r} has no config section; add it to fedxrisk.config.SECTIONS")
+
+
+# -- types ---------------------------------------------------------------------
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return f'"{NONE}"'
+    if typing.get_origin(hint) is list:
+        inner = typing.get_args(hint)[0]
+        return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(
+            inner, _type_name(inner)
+        )
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
+        hint, getattr(hint, "__name__", str(hint))
+    )
+
+
+_MISMATCH = object()
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """``value`` converted to ``hint`` (int → float, "none" → None), or ``_MISMATCH``."""
+    if hint is Any:
+        return value
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if type(None) in args and (value is None or value == NONE):
+            return None
+        for arg in args:
+            out = _coerce(value, arg)
+            if out is not _MISMATCH:
+                return out
+        return _MISMATCH
+    if hint is type(None):
+        return None if value is None or value == NONE else _MISMATCH
+    if origin is list:
+        if not isinstance(value, list):
+            return _MISMATCH
+        items = [_coerce(v, typing.get_args(hint)[0]) for v in value]
+        return _MISMATCH if any(i is _MISMATCH for i in items) else items
+    if hint is bool:
+        return value if isinstance(value, bool) else _MISMATCH
+    if hint is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _MISMATCH
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return _MISMATCH
+    if hint is str:
+        return value if isinstance(value, str) else _MISMATCH
+    return value  # a type we do not know how to check: the algorithm validates it
+
+
+def _check(name: str, value: Any, hint: Any) -> Any:
+    out = _coerce(value, hint)
+    if out is _MISMATCH:
+        raise ConfigError(f"{name}: expected {_type_name(hint)}, got {value!r} ({type(value).__name__})")
+    return out
+
+
+def hyperparameter_types(algorithm: str) -> dict[str, Any]:
+    """Hyperparameter name → type hint (falls back to the default's type)."""
+    cls = ALGORITHMS[algorithm]
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve: check by the default's type
+        hints = {}
+    return {
+        name: hints.get(name, type(default) if default is not None else Any)
+        for name, default in cls.hyperparameters().items()
+    }
+
+
+def _unknown(name: str, allowed: Iterable[str], where: str) -> ConfigError:
+    allowed = sorted(allowed)
+    close = difflib.get_close_matches(name.rsplit(".", 1)[-1], allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"unknown key {name!r}{hint}; {where} allows: {', '.join(allowed)}")
+
+
+# -- sections ↔ RunConfig ------------------------------------------------------
+def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
+    """Build and validate a RunConfig from a sectioned dict (a parsed TOML file)."""
+    values: dict[str, Any] = {}
+    fields = _fields()
+    for section, table in doc.items():
+        if section not in SECTIONS:
+            if section in fields:
+                raise ConfigError(
+                    f"{section!r} belongs in [{section_of(section)}], as {section_of(section)}.{section}"
+                )
+            raise _unknown(section, SECTIONS, "a config file")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"[{section}] must be a table of keys, got {table!r}")
+        for key, value in table.items():
+            if key in section_keys(section):
+                values[key] = _check(f"{section}.{key}", value, fields[key])
+            elif section != "algorithm":
+                raise _unknown(f"{section}.{key}", section_keys(section), f"[{section}]")
+    algorithm = values.get("algorithm", RunConfig.algorithm)
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(
+            f"algorithm.algorithm: unknown algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}"
+        )
+    hparams = hyperparameter_types(algorithm)
+    options = {}
+    for key, value in doc.get("algorithm", {}).items():
+        if key in section_keys("algorithm"):
+            continue
+        if key not in hparams:
+            allowed = [*section_keys("algorithm"), *hparams]
+            raise _unknown(f"algorithm.{key}", allowed, f"[algorithm] with algorithm = {algorithm!r}")
+        options[key] = _check(f"algorithm.{key}", value, hparams[key])
+    cfg = RunConfig(**values, options=options)
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(qualify(str(e), {k: section_of(k) for k in fields})) from None
+    _check_hyperparameters(cfg)
+    return cfg
+
+
+def qualify(message: str, sections: Mapping[str, str]) -> str:
+    """Name the key with its section: ``imratio must …`` → ``data.imratio must …``,
+    ``unknown dataset 'x'; …`` → ``unknown dataset 'x' (data.dataset); …``."""
+    m = re.match(r"(unknown (?:option\(s\) )?)?(\w+)(.*)", message, re.S)
+    if not m or m.group(2) not in sections:
+        return message
+    unknown, name, rest = m.groups()
+    if unknown:
+        value, sep, tail = rest.partition(";")
+        return f"{unknown}{name}{value} ({sections[name]}.{name}){sep}{tail}"
+    return f"{sections[name]}.{name}{rest}"
+
+
+def _check_hyperparameters(cfg: RunConfig) -> None:
+    """Let the algorithm's own ``__post_init__`` range checks run now, before any data is loaded."""
+    try:
+        ALGORITHMS[cfg.algorithm](None, **cfg.options)  # type: ignore[arg-type]
+    except ValueError as e:
+        message = qualify(str(e), dict.fromkeys(cfg.options, "algorithm"))
+        raise ConfigError(f"{message} ({cfg.algorithm})") from e
+    except Exception:  # the constructor needs a real problem: checked when the run is built
+        pass
+
+
+def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:
+    """The sectioned form of ``cfg`` with ``lr`` and ``local_steps`` resolved."""
+    flat = cfg.to_dict()
+    doc = {section: {k: flat[k] for k in section_keys(section)} for section in SECTIONS}
+    doc["algorithm"].update(cfg.options)
+    return doc
+
+
+def sections_from_flat(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A flat dict (``summary.json``'s ``config``) → sections; unknown keys are reported."""
+    doc: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        if key == "options":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"config.options must be a table, got {value!r}")
+            doc.setdefault("algorithm", {}).update(value)
+            continue
+        try:
+            doc.setdefault(section_of(key), {})[key] = value
+        except KeyError:
+            raise _unknown(key, _fields(), "a flat config") from None
+    return doc
+
+
+def config_from_flat(flat: Mapping[str, Any]) -> RunConfig:
+    return config_from_sections(sections_from_flat(flat))
+
+
+# -- files ---------------------------------------------------------------------
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML config, or a ``summary.json`` / JSON config, as a sectioned dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from e
+        if isinstance(obj, dict) and isinstance(obj.get("config"), dict):
+            obj = obj["config"]  # a summary.json
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{path}: expected a JSON object")
+        return obj if set(obj) <= set(SECTIONS) else sections_from_flat(obj)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from e
+
+
+def parse_value(raw: str) -> Any:
+    """A command-line value: a TOML value (``0.05``, ``true``, ``[1, 3]``, ``"x"``), else the text."""
+    text = raw.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(doc: dict[str, Any], assignment: str) -> None:
+    """Apply ``section.key=value`` to a sectioned dict (checked later, with the rest)."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set expects SECTION.KEY=VALUE, got {assignment!r}")
+    name, raw = assignment.split("=", 1)
+    section, dot, key = name.strip().partition(".")
+    if not dot or not key:
+        raise ConfigError(
+            f"--set {name.strip()!r}: name the section, e.g. algorithm.lr=0.05; sections: {', '.join(SECTIONS)}"
+        )
+    if section not in SECTIONS:
+        raise _unknown(section, SECTIONS, "--set")
+    table = doc.setdefault(section, {})
+    table[key] = parse_value(raw)
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
+    """A validated RunConfig from a config file (or defaults) plus ``section.key=value`` overrides."""
+    doc = read_config_file(path) if path is not None else {}
+    for assignment in overrides:
+        apply_override(doc, assignment)
+    return config_from_sections(doc)
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return f'"{NONE}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
+
+
+def dumps_toml(doc: Mapping[str, Mapping[str, Any]], header: str = "") -> str:
+    """Write a sectioned dict of scalars and lists as TOML."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for section, table in doc.items():
+        lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def config_to_toml(cfg: RunConfig, header: str = "") -> str:
+    return dumps_toml(config_to_sections(cfg), header)

@@ -1,0 +1,205 @@
+"""Test AUROC versus rounds and versus bytes communicated, one line per run group.
+
+Runs whose configs differ only in the seed form one group (one line: the mean
+over seeds, a band of ± one standard deviation). Labels name the algorithm and
+the settings that differ between groups; the title names what they share
+(dataset, imratio, K clients, window I). Every PNG comes with ``curves.csv``,
+the per-run numbers behind it.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedxrisk.algorithms import ALGORITHMS
+from fedxrisk.experiment import ConfigError, RunResult, load_run
+
+# Settings that do not change the numbers (or are the repetition itself).
+NOT_COMPARED = ("seed", "checkpoint_every", "tensorboard")
+SHORT = {"local_steps": "I", "clients": "K"}
+CURVE_FIELDS = ("label", "seed", "round", "bytes_per_client", "test_auroc", "test_ap", "run_dir")
+PLOTS = ("auroc_vs_rounds.png", "auroc_vs_bytes.png")
+
+
+def setting(key: str, value: Any) -> str:
+    """``local_steps=8`` → ``I=8``; other keys keep their name."""
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{SHORT.get(key, key)}={text}"
+
+
+@dataclass
+class Group:
+    """Runs of one setting (possibly several seeds), drawn as one line."""
+
+    label: str
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.runs[0].summary["config"]
+
+    def curve(self, metric: str = "test_auroc") -> dict[str, np.ndarray]:
+        """Per evaluated round: mean and std over runs of ``metric`` and of bytes per client."""
+        by_round: dict[int, list[tuple[float, float]]] = {}
+        for run in self.runs:
+            for row in run.history:
+                nbytes = row["bytes_up_per_client"] + row["bytes_down_per_client"]
+                by_round.setdefault(int(row["round"]), []).append((float(row[metric]), float(nbytes)))
+        rounds = sorted(by_round)
+        vals = [np.array(by_round[r]) for r in rounds]
+        return {
+            "round": np.array(rounds),
+            "mean": np.array([v[:, 0].mean() for v in vals]),
+            "std": np.array([v[:, 0].std(ddof=1) if len(v) > 1 else 0.0 for v in vals]),
+            "bytes": np.array([v[:, 1].mean() for v in vals]),
+            "n": np.array([len(v) for v in vals]),
+        }
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run folders: each path itself if it is one, else every run folder below it."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise ConfigError(f"{path} is not a folder")
+        if (path / "history.csv").exists():
+            found.append(path)
+            continue
+        below = sorted(p.parent for p in path.rglob("history.csv"))
+        if not below:
+            raise ConfigError(f"{path} holds no run (no history.csv in it or below it)")
+        found += below
+    return found
+
+
+def _flat(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A run config with the algorithm's hyperparameters as keys of their own."""
+    return {**{k: v for k, v in cfg.items() if k != "options"}, **cfg.get("options", {})}
+
+
+def variant_labels(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """One label per config: the algorithm plus the settings that differ between configs.
+
+    The seed is left out (runs differing only in it form one line), and so is
+    the learning rate when every config uses its algorithm's default."""
+    flats = [_flat(c) for c in configs]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    differing = [
+        k
+        for k in keys
+        if k not in (*NOT_COMPARED, "algorithm")
+        and len({repr(f.get(k)) for f in flats}) > 1
+        and not (k == "lr" and all(f["lr"] == ALGORITHMS[f["algorithm"]].default_lr for f in flats))
+    ]
+    return [" ".join([f["algorithm"], *(setting(k, f[k]) for k in differing if k in f)]) for f in flats]
+
+
+def group_runs(runs: Sequence[RunResult]) -> list[Group]:
+    """Group runs whose configs differ only in the seed; label groups by what differs between them."""
+    labels = variant_labels([run.summary["config"] for run in runs])
+    groups: dict[str, Group] = {}
+    for label, run in zip(labels, runs, strict=True):
+        groups.setdefault(label, Group(label)).runs.append(run)
+    return list(groups.values())
+
+
+def title_suffix(groups: Sequence[Group]) -> str:
+    """The settings all groups share, e.g. ``digits, imratio=0.1, K=8, I=8 (mean ± std over 3 seeds)``."""
+    configs = [g.config for g in groups]
+    parts = []
+    for key in ("dataset", "imratio", "clients", "local_steps"):
+        values = {repr(c.get(key)) for c in configs}
+        if len(values) == 1:
+            value = configs[0].get(key)
+            parts.append(str(value) if key == "dataset" else setting(key, value))
+    if len({repr(c.get("local_steps")) for c in configs}) > 1:
+        parts.append("I: see legend")
+    seeds = max(len(g.runs) for g in groups)
+    return ", ".join(parts) + (f" (mean ± std over {seeds} seeds)" if seeds > 1 else "")
+
+
+def _byte_unit(largest: float) -> tuple[float, str]:
+    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if largest >= scale:
+            return scale, unit
+    return 1.0, "bytes"
+
+
+def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "test_auroc") -> list[Path]:
+    """Write ``auroc_vs_rounds.png``, ``auroc_vs_bytes.png`` and ``curves.csv`` into ``out_dir``."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+    from matplotlib.ticker import MaxNLocator
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not groups:
+        raise ConfigError("nothing to plot: no runs")
+    curves = {g.label: g.curve(metric) for g in groups}
+    largest = max((float(c["bytes"].max()) for c in curves.values() if len(c["bytes"])), default=0.0)
+    scale, unit = _byte_unit(largest)
+    suffix = title_suffix(groups)
+    name = metric.replace("test_", "test ").replace("auroc", "AUROC").replace("ap", "AP")
+    axes = {
+        "auroc_vs_rounds.png": ("round", 1.0, "communication rounds"),
+        "auroc_vs_bytes.png": ("bytes", scale, f"bytes communicated per client, up + down ({unit})"),
+    }
+    paths = []
+    for filename, (xkey, xscale, xlabel) in axes.items():
+        fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+        ax = fig.subplots()
+        for label, c in curves.items():
+            x = c[xkey] / xscale
+            marker = "o" if len(x) <= 30 else None
+            (line,) = ax.plot(x, c["mean"], marker=marker, markersize=3, label=label)
+            if (c["n"] > 1).any():
+                ax.fill_between(
+                    x, c["mean"] - c["std"], c["mean"] + c["std"], color=line.get_color(), alpha=0.2
+                )
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{name} (global model, test set)")
+        vs = "rounds" if xkey == "round" else "bytes communicated"
+        ax.set_title(f"{name[0].upper()}{name[1:]} vs {vs}\n{suffix}", fontsize=11)
+        if xkey == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=9)
+        fig.savefig(out / filename, dpi=120)
+        paths.append(out / filename)
+    paths.append(write_curves(groups, out / "curves.csv"))
+    return paths
+
+
+def write_curves(groups: Sequence[Group], path: Path) -> Path:
+    """The per-run numbers behind the plots, one row per run and evaluated round."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CURVE_FIELDS)
+        writer.writeheader()
+        for g in groups:
+            for run in g.runs:
+                for row in run.history:
+                    auroc, ap = row["test_auroc"], row["test_ap"]
+                    writer.writerow(
+                        {
+                            "label": g.label,
+                            "seed": run.summary["config"]["seed"],
+                            "round": row["round"],
+                            "bytes_per_client": row["bytes_up_per_client"] + row["bytes_down_per_client"],
+                            "test_auroc": "" if math.isnan(auroc) else auroc,
+                            "test_ap": "" if math.isnan(ap) else ap,
+                            "run_dir": str(run.out_dir),
+                        }
+                    )
+    return path
+
+
+def plot_runs(paths: Iterable[str | Path], out_dir: str | Path) -> list[Path]:
+    """Re-draw the plots from saved run folders (or folders holding runs, e.g. a compare folder)."""
+    runs = [load_run(p) for p in find_runs(paths)]
+    return plot_groups(group_runs(runs), out_dir)
