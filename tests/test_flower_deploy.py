@@ -36,11 +36,20 @@ HOST = "127.0.0.1"
 SRC = Path(__file__).resolve().parents[1] / "src"
 SPLIT = {"partition": "iid", "imratio": 0.3, "seed": 0}
 SETTINGS = {"local-steps": 2, "batch-size": 8, "lr": 0.1, "stages": 1, "test-data": "digits", **SPLIT}
-# the issue's algorithms where this branch has them (FeDXL2 lands with its own issue)
-ALGORITHM_ROUNDS = {
-    name: rounds for name, rounds in (("codasca", 3), ("fedxl2", 2), ("localsgdm", 2)) if name in ALGORITHMS
-}
+ALGORITHM_ROUNDS = {"codasca": 3, "fedxl2": 2, "localsgdm": 2}
+
+
+def _options(algorithm: str) -> dict:
+    """Class-aware algorithms (FeDXL): B1 = 4 positives + 4 negatives in the batch of 8."""
+    return {"positives_per_batch": 4} if ALGORITHMS[algorithm].positives_per_batch else {}
+
+
 RUN_WAIT = 900.0  # s; an idle 2-core machine needs about a minute, a heavily loaded one many
+
+
+def _toml(value) -> str:
+    """A --run-config value: flwr's parser takes no escaped quotes, so JSON text goes in a literal string."""
+    return f"'{value}'" if isinstance(value, str) and '"' in value else json.dumps(value)
 
 
 def _exe(name: str) -> str:
@@ -166,7 +175,7 @@ class Federation:
         raise TimeoutError(f"SuperLink not listening on {HOST}:{port} after {timeout} s")
 
     def submit(self, out: Path, **run_config) -> None:
-        overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in {**run_config, "out-dir": str(out)}.items())
+        overrides = " ".join(f"{k}={_toml(v)}" for k, v in {**run_config, "out-dir": str(out)}.items())
         result = subprocess.run(
             [_exe("flwr"), "run", str(self.app), "local", "--run-config", overrides],
             env={**self.env, "FLWR_HOME": str(self.root / "cli-home")}, capture_output=True, text=True,
@@ -203,7 +212,8 @@ def _reference(algorithm: str, rounds: int):
     sim = run_all(
         make_sim(
             algorithm, "loop", clients=2, rounds=rounds, local_steps=SETTINGS["local-steps"],
-            batch_size=SETTINGS["batch-size"], lr=SETTINGS["lr"], stages=SETTINGS["stages"], **SPLIT,
+            batch_size=SETTINGS["batch-size"], lr=SETTINGS["lr"], stages=SETTINGS["stages"],
+            options=_options(algorithm), **SPLIT,
         )
     )  # fmt: skip
     params, buffers = sim.global_model()
@@ -232,10 +242,10 @@ def test_packets_map_to_named_records():
 
 
 def test_flower_runs_match_the_loop_engine(federation, tmp_path):
-    """CODASCA (and the other available algorithms) through flwr run: the loop engine's numbers."""
+    """CODASCA, FeDXL2 and LocalSGDM through flwr run: the loop engine's numbers."""
     outs = {name: tmp_path / name for name in ALGORITHM_ROUNDS}
     for name, rounds in ALGORITHM_ROUNDS.items():  # submitted together: the SuperNodes interleave them
-        federation.submit(outs[name], algorithm=name, rounds=rounds)
+        federation.submit(outs[name], algorithm=name, rounds=rounds, options=json.dumps(_options(name)))
     for name, rounds in ALGORITHM_ROUNDS.items():
         summary = federation.wait_summary(outs[name])
         assert summary["status"] == "completed", summary["error"]

@@ -24,17 +24,24 @@ from fedxrisk.flower.coordinator import Coordinator, FederationError, LocalTrans
 from fedxrisk.flower.sitedata import export_trial
 from fedxrisk.flower.wire import flatten, unflatten
 from fedxrisk.metrics import evaluate
+from fedxrisk.tree import tmap
 from helpers import make_sim, max_abs_diff, run_all
 
 K = 2
 SPLIT = {"partition": "iid", "imratio": 0.3, "seed": 0}
 
 
+def options(algorithm: str) -> dict:
+    """Class-aware algorithms (FeDXL, Local Pair): B1 = 4 positives + 4 negatives in the batch of 8."""
+    return {"positives_per_batch": 4} if ALGORITHMS[algorithm].positives_per_batch else {}
+
+
 def run_config(algorithm: str, out_dir, **kw) -> dict:
     fixed = ALGORITHMS[algorithm].fixed_window
     base = {
         "algorithm": algorithm, "rounds": 3, "local-steps": fixed or 2, "batch-size": 8, "lr": 0.1,
-        "stages": 2, "test-data": "digits", "out-dir": str(out_dir), "min-nodes": K, **SPLIT,
+        "stages": 2, "test-data": "digits", "out-dir": str(out_dir), "min-nodes": K,
+        "options": json.dumps(options(algorithm)), **SPLIT,
     }  # fmt: skip
     return {**base, **kw}
 
@@ -54,7 +61,8 @@ def reference(algorithm: str, rc: dict):
     sim = run_all(
         make_sim(
             algorithm, "loop", clients=K, rounds=rc["rounds"], local_steps=rc["local-steps"],
-            batch_size=rc["batch-size"], lr=rc["lr"], stages=rc["stages"], **SPLIT,
+            batch_size=rc["batch-size"], lr=rc["lr"], stages=rc["stages"], options=json.loads(rc["options"]),
+            partition=rc["partition"], imratio=rc["imratio"], seed=rc["seed"],
         )
     )  # fmt: skip
     params, buffers = sim.global_model()
@@ -74,9 +82,37 @@ def test_protocol_matches_loop_engine(algorithm, tmp_path):
     assert summary["final"]["train_loss"] == pytest.approx(sim.train_loss(), abs=1e-6)
     assert summary["communication"] == sim.ledger.summary()
     assert summary["status"] == "completed" and summary["rounds"] == 3
+    for k, node in enumerate(sorted(transport.saved)):  # every client's whole state (pools, u, ...)
+        site_state = unflatten(transport.saved[node].arrays["state"])
+        assert max_abs_diff(site_state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < 1e-6
     # one message per collective call and site, plus set-up and the closing message
     calls = sum(summary["communication"]["collective_calls"].values())
     assert transport.messages == K * (calls + 2)
+
+
+def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
+    """FeDXL2's per-sample u is sized by the largest shard over all sites (405 and 495 samples here):
+    the server derives it from the set-up counts; class-aware batches, the begin gather, pools
+    and u then equal the loop engine's."""
+    rc = run_config("fedxl2", tmp_path, rounds=2, stages=1, partition="dirichlet")
+    summary, transport = run_local(rc, trial_nodes())
+    sim, params, _ = reference("fedxl2", rc)
+    assert [s["samples"] for s in summary["sites"]] == [405, 495]
+    for k, node in enumerate(sorted(transport.saved)):
+        state = unflatten(transport.saved[node].arrays["state"])
+        assert state["u"].shape == (1, 495)
+        assert max_abs_diff(state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < 1e-6
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    assert summary["communication"] == sim.ledger.summary()
+
+
+def test_positives_per_batch_must_leave_room_for_negatives_in_the_run_config():
+    with pytest.raises(ConfigError, match=r"positives_per_batch = 16 .* batch-size = 8"):
+        FlowerConfig.from_run_config({"algorithm": "fedxl2", "batch-size": 8})
+    cfg = FlowerConfig.from_run_config(
+        {"algorithm": "fedxl2", "batch-size": 8, "options": '{"positives_per_batch": 3}'}
+    )
+    assert cfg.options == {"positives_per_batch": 3}
 
 
 @dataclass

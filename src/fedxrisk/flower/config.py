@@ -142,6 +142,13 @@ class FlowerConfig:
                 f"unknown option(s) {unknown} for {self.algorithm}; "
                 f"allowed: {sorted(self.algorithm_class.hyperparameters())}"
             )
+        positives = self.options.get("positives_per_batch", self.algorithm_class.positives_per_batch)
+        if isinstance(positives, int) and positives >= self.batch_size:
+            raise ConfigError(
+                f"{self.algorithm} draws positives_per_batch = {positives} positives per batch, which "
+                f"leaves no negatives in batch-size = {self.batch_size}; raise batch-size or set "
+                f'options = {{"positives_per_batch": ...}} below it'
+            )
         self.positive_class_ids()
         try:
             self.schedule()

@@ -33,7 +33,7 @@ import torch
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.experiment import HISTORY_FIELDS, write_json_atomic
 from fedxrisk.flower.config import FlowerConfig
-from fedxrisk.flower.site import site_setup, site_step
+from fedxrisk.flower.site import BEGIN, site_setup, site_step
 from fedxrisk.flower.sitedata import load_holdout
 from fedxrisk.flower.wire import Packet, clone_packet, flatten, unflatten
 from fedxrisk.metrics import auroc, average_precision, predict
@@ -145,6 +145,7 @@ class Coordinator:
             s.client = k
         self.sites, self.by_node = sites, {s.node: s for s in sites}
         self.pos_ratio = sum(s.positives for s in sites) / sum(s.samples for s in sites)
+        self.max_samples = max(s.samples for s in sites)  # ClientInfo.max_samples, as in simulation
         model = build_model(self.cfg.model, sites[0].input_shape, self.cfg.seed)
         self.problem = Problem(model, self.pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.holdout = load_holdout(self.cfg.test_data, self.cfg)
@@ -154,7 +155,7 @@ class Coordinator:
         )
 
     def _rounds(self) -> None:
-        init = {"num-clients": len(self.sites), "pos-ratio": self.pos_ratio}
+        init = {"num-clients": len(self.sites), "pos-ratio": self.pos_ratio, "max-samples": self.max_samples}
         requests = {
             s.node: Packet(
                 config={**init, "client": s.client, "start": 0, "report": self.cfg.is_eval_round(0)}
@@ -179,7 +180,10 @@ class Coordinator:
                 requests = {s.node: Packet(config=dict(config)) for s in self.sites}
                 continue
             answer, kind, call = self._reduce(replies, pending)
-            nxt = pending + 1 if pending < last else -1
+            if self._common(replies, "phase", what) == BEGIN:  # the begin hook: then round 0 starts
+                nxt = pending
+            else:
+                nxt = pending + 1 if pending < last else -1
             config = {"call": call, "kind": kind, "start": nxt, "report": self.cfg.is_eval_round(pending)}
             requests = {s.node: Packet(config=dict(config), arrays={"answer": answer}) for s in self.sites}
 

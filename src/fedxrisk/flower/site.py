@@ -12,6 +12,13 @@ any) is sent. ``communicate`` has no randomness and the saved state is
 reloaded for every pass, so each pass repeats the previous ones exactly: a
 round with c collective calls costs c messages, and the message that
 delivers a round's last answer also starts the next round's local steps.
+An algorithm's ``begin`` hook (``begin_batch``) is replayed the same way
+before round 0, with one batch drawn at the first step message.
+
+The site handles the engine features as ``Simulation`` does: class-aware
+batches (``positives_per_batch``), ``batch["uniform"]``
+(``uniforms_per_step``), stage-end batches (``stage_batch_size``) and
+``ClientInfo.max_samples`` (sent by the server, from the set-up counts).
 
 Between messages everything a site needs lives in a :class:`Packet` that the
 Flower ClientApp keeps in its ``Context.state`` (never sent): the state tree
@@ -32,7 +39,7 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
-from fedxrisk.data import ClientSampler
+from fedxrisk.data.sampler import ClassSampler, ClientSampler
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.sitedata import SiteData, load_site
@@ -92,31 +99,34 @@ class ReplayCollective:
         return LoopEngine().map_clients(fn, *trees)
 
 
-def _sampler(size: int, batch_size: int, seed: int, stream: int, client: int) -> ClientSampler:
-    """Client ``client``'s stream of :class:`ClientSampler` (the same numbers as in simulation)."""
-    sampler = ClientSampler([size], batch_size, seed, stream)
-    sampler.rngs = [np.random.default_rng([seed, stream, client])]
-    return sampler
-
-
 def _sampler_json(sampler: ClientSampler) -> str:
-    return json.dumps({"rng": sampler.rngs[0].bit_generator.state, "queue": sampler.queues[0].tolist()})
+    """A sampler's state (RNG and queues) as JSON, for the node's context."""
+    return json.dumps(sampler.state_dict(), default=lambda a: np.asarray(a).tolist())
 
 
 def _load_sampler(sampler: ClientSampler, text: str) -> None:
-    saved = json.loads(text)
-    sampler.rngs[0].bit_generator.state = saved["rng"]
-    sampler.queues = [np.asarray(saved["queue"], dtype=np.int64)]
+    sampler.load_state_dict(json.loads(text))
+
+
+BEGIN, COMMUNICATE = "begin", "communicate"  # the two phases that call collectives
 
 
 @dataclass
 class Pending:
-    """A round whose ``communicate`` waits for the server: its input state and the answers so far."""
+    """A phase that waits for the server: its input state, its batch, and the answers so far.
+
+    ``phase`` is ``communicate`` (the end of round ``round``; ``positions`` are
+    the stage batch, if the algorithm takes one) or ``begin`` (the algorithm's
+    ``begin`` hook before round 0, whose bytes count in round 0; ``positions``
+    and ``uniforms`` are its batch). The batch is rebuilt from them for every pass.
+    """
 
     round: int
     state: Tree
     answers: list[tuple[str, Tree]] = field(default_factory=list)
-    stage_positions: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    uniforms: np.ndarray | None = None
+    phase: str = COMMUNICATE
 
 
 class SiteRunner:
@@ -138,92 +148,123 @@ class SiteRunner:
             out["num-val"] = len(site.y_val)
         return out
 
-    def initialize(self, client: int, num_clients: int, pos_ratio: float) -> None:
-        """Build problem, algorithm, samplers and the initial state (first step message)."""
+    def initialize(self, client: int, num_clients: int, pos_ratio: float, max_samples: int) -> None:
+        """Build problem, algorithm, samplers and the initial state (first step message).
+
+        As ``Simulation`` does: class-aware batches when the algorithm asks for
+        ``positives_per_batch``; ``max_samples`` is the largest shard over all
+        sites (the server computes it from the set-up counts); a fresh state of
+        an algorithm with ``begin_batch`` starts with the ``begin`` phase pending.
+        """
         self.client, self.num_clients, self.pos_ratio = client, num_clients, pos_ratio
+        self.max_samples = max_samples
         model = build_model(self.cfg.model, self.site.input_shape, self.cfg.seed)
         self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
-        n, b, seed = self.site.num_samples, self.cfg.batch_size, self.cfg.seed
-        self.sampler = _sampler(n, b, seed, 0, client)
-        self.aux_sampler = _sampler(n, 1, seed, 1, client)
-        info = ClientInfo(client, n, float(self.site.y.mean()))
+        n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
+        positives = self.algorithm.positives_per_batch
+        if positives:
+            self.sampler = ClassSampler([self.site.y.numpy()], b, positives, seed, stream=0, clients=ids)
+        else:
+            self.sampler = ClientSampler([n], b, seed, stream=0, clients=ids)
+        self.aux_sampler = ClientSampler([n], 1, seed, stream=1, clients=ids)
         if self.state is None:
+            info = ClientInfo(client, n, float(self.site.y.mean()), max_samples)
             self.state = stack([self.algorithm.init(info)])
+            if self.algorithm.begin_batch:  # before round 0; its collectives count in round 0
+                self.pending = Pending(0, self.state, [], *self._draw(), phase=BEGIN)
 
     # -- persistence in the node's context -------------------------------------
     def save(self) -> Packet:
         config: dict[str, Any] = {
             "client": self.client, "num-clients": self.num_clients, "pos-ratio": self.pos_ratio,
-            "done": self.done, "sampler": _sampler_json(self.sampler),
+            "max-samples": self.max_samples, "done": self.done, "sampler": _sampler_json(self.sampler),
             "aux-sampler": _sampler_json(self.aux_sampler), "pending": -1,
         }  # fmt: skip
         arrays = {"state": flatten(self.state)}
         if self.pending is not None:
             p = self.pending
-            config.update(pending=p.round, kinds=json.dumps([k for k, _ in p.answers]))
+            config.update(pending=p.round, phase=p.phase, kinds=json.dumps([k for k, _ in p.answers]))
             arrays["pending"] = flatten(p.state)
             for i, (_, answer) in enumerate(p.answers):
                 arrays[f"answer.{i}"] = flatten(answer)
-            if p.stage_positions is not None:
-                arrays["stage"] = {"positions": torch.from_numpy(p.stage_positions)}
+            parts = (("positions", p.positions), ("uniforms", p.uniforms))
+            batch = {k: torch.from_numpy(v) for k, v in parts if v is not None}
+            if batch:
+                arrays["batch"] = batch
         return Packet(config=config, arrays=arrays)
 
     def restore(self, saved: Packet) -> None:
         c = saved.config
         self.state = unflatten(saved.arrays["state"])
-        self.initialize(int(c["client"]), int(c["num-clients"]), float(c["pos-ratio"]))
+        self.initialize(*init_args(c))
         self.done = int(c["done"])
         _load_sampler(self.sampler, c["sampler"])
         _load_sampler(self.aux_sampler, c["aux-sampler"])
         if int(c["pending"]) >= 0:
             kinds = json.loads(c["kinds"])
             answers = [(k, unflatten(saved.arrays[f"answer.{i}"])) for i, k in enumerate(kinds)]
-            stage = saved.arrays.get("stage")
-            positions = stage["positions"].numpy() if stage else None
-            self.pending = Pending(int(c["pending"]), unflatten(saved.arrays["pending"]), answers, positions)
+            batch = {k: v.numpy() for k, v in saved.arrays.get("batch", {}).items()}
+            self.pending = Pending(
+                int(c["pending"]), unflatten(saved.arrays["pending"]), answers, batch.get("positions"),
+                batch.get("uniforms"), c["phase"],
+            )  # fmt: skip
 
     # -- a round -------------------------------------------------------------------
-    def _batch(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
+    def _draw(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The next training batch's positions ``[1, B]`` and uniforms (``Simulation._batch``'s order)."""
+        positions = self.sampler.next()
+        extra = self.algorithm.uniforms_per_step
+        return positions, (self.sampler.uniforms(extra) if extra else None)
+
+    def _batch(self, positions: np.ndarray, uniforms: np.ndarray | None = None) -> dict[str, torch.Tensor]:
         local = torch.from_numpy(positions)
-        return {
+        batch = {
             "x": self.site.x[local],
             "y": self.site.y[local],
             "index": self.site.index[local],
             "local_index": local,
         }
+        if uniforms is not None:
+            batch["uniform"] = torch.from_numpy(uniforms)
+        return batch
 
     def _local_steps(self, r: int) -> None:
         """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them."""
         plan = self.plans[r]
-        extra = self.algorithm.uniforms_per_step
         for i in range(plan.window):
             ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
-            batch = self._batch(self.sampler.next())
-            if extra:
-                batch["uniform"] = torch.from_numpy(self.sampler.uniforms(extra))
+            batch = self._batch(*self._draw())
             self.state = self.engine.map_clients(
                 partial(self.algorithm.local_step, ctx=ctx), self.state, batch
             )
         positions = None
-        size = getattr(self.algorithm, "stage_batch_size", 0)
+        size = self.algorithm.stage_batch_size
         if size and plan.stage_end and r + 1 < len(self.plans):
             positions = self.aux_sampler.sample(size)
         self.pending = Pending(r, self.state, [], positions)
 
-    def _communicate(self) -> CollectiveRequest | None:
+    def _resume(self) -> CollectiveRequest | None:
+        """Replay the pending phase with the answers so far: the next request, or None when done."""
         p = self.pending
-        plan = self.plans[p.round]
-        next_plan = self.plans[p.round + 1] if p.round + 1 < len(self.plans) else None
-        stage_batch = self._batch(p.stage_positions) if p.stage_positions is not None else None
         comm = ReplayCollective(self.num_clients, p.answers)
         try:
-            state = self.algorithm.communicate(p.state, comm, RoundContext(plan, next_plan, stage_batch))
+            if p.phase == BEGIN:
+                state = self.algorithm.begin(p.state, comm, self._batch(p.positions, p.uniforms))
+            else:
+                plan = self.plans[p.round]
+                next_plan = self.plans[p.round + 1] if p.round + 1 < len(self.plans) else None
+                stage_batch = self._batch(p.positions) if p.positions is not None else None
+                state = self.algorithm.communicate(p.state, comm, RoundContext(plan, next_plan, stage_batch))
         except CollectiveRequest as request:
             return request
-        if not torch.isfinite(state["loss"]).all() or not is_finite(state["w"]):
-            raise SiteError(f"non-finite loss or model (NaN/inf) in round {p.round + 1}; training stopped")
-        self.state, self.pending, self.done = state, None, p.round
+        if p.phase == COMMUNICATE:
+            if not torch.isfinite(state["loss"]).all() or not is_finite(state["w"]):
+                raise SiteError(
+                    f"non-finite loss or model (NaN/inf) in round {p.round + 1}; training stopped"
+                )
+            self.done = p.round
+        self.state, self.pending = state, None
         return None
 
     def report(self, with_model: bool) -> tuple[dict[str, float], dict[str, dict[str, torch.Tensor]]]:
@@ -247,20 +288,33 @@ class SiteRunner:
         reply = Packet(config={"finished": -1, "pending": -1})
         while True:
             if self.pending is not None:
-                wanted = self._communicate()
+                p = self.pending
+                wanted = self._resume()
                 if wanted is not None:
                     payload = tmap(lambda x: x[0], wanted.payload)
-                    reply.config.update(pending=self.pending.round, call=wanted.call, kind=wanted.kind)
+                    reply.config.update(pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind)
                     reply.arrays["payload"] = flatten(payload)
                     return reply
-                metrics, arrays = self.report(bool(c.get("report", False)))
-                reply.config["finished"] = self.done
-                reply.metrics.update(metrics)
-                reply.arrays.update(arrays)
+                if p.phase == COMMUNICATE:
+                    metrics, arrays = self.report(bool(c.get("report", False)))
+                    reply.config["finished"] = self.done
+                    reply.metrics.update(metrics)
+                    reply.arrays.update(arrays)
             if self.done + 1 <= int(c.get("start", -1)) and self.done + 1 < len(self.plans):
                 self._local_steps(self.done + 1)
             else:
                 return reply
+
+
+def init_args(config: Mapping[str, Any]) -> tuple[int, int, float, int]:
+    """What the server tells a site at its first step message (and the site saves): client index,
+    number of clients, positive ratio p, and the largest shard over all sites."""
+    return (
+        int(config["client"]),
+        int(config["num-clients"]),
+        float(config["pos-ratio"]),
+        int(config["max-samples"]),
+    )
 
 
 def _auroc(problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -307,7 +361,7 @@ def site_step(
         if saved is not None:
             runner.restore(saved)
         elif "client" in c:
-            runner.initialize(int(c["client"]), int(c["num-clients"]), float(c["pos-ratio"]))
+            runner.initialize(*init_args(c))
         else:
             raise SiteError("no client state on this node and no initialization in the message")
         reply = runner.step(request)
