@@ -70,7 +70,7 @@ def test_same_seed_same_numbers(tmp_path):
         (["--dataset", "breast_cancer", "--clients", "1000", "--partition", "iid"], "1000 clients but only"),
         (["--algorithm", "npa", "--local-steps", "8"], "local_steps must be 1, got 8"),
         (["--engine", "gpu"], "unknown engine 'gpu'"),
-        (["-o", "eta_gg=2"], "unknown option(s) ['eta_gg'] for codasca"),
+        (["-o", "eta_gg=2"], "unknown key 'algorithm.eta_gg' (did you mean 'eta_g'?)"),
         (["-o", "eta_g=-1"], "eta_g must be > 0"),
     ],
 )
