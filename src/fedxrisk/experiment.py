@@ -237,14 +237,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """NaN → None so summary.json stays standard JSON."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -487,7 +487,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
     cfg, sim = setup.config, setup.simulation
     final = history[-1] if history else {}
     keys = ("test_auroc", "test_ap", *PAUC_KEYS, "client_auroc_mean", "client_auroc_std", "round")
-    return _clean(
+    return json_safe(
         {
             "status": "failed" if failure else "completed",
             "error": str(failure) if failure else None,

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from fedxrisk.engines.ledger import ByteLedger
-from fedxrisk.experiment import HISTORY_FIELDS, write_json_atomic
+from fedxrisk.experiment import HISTORY_FIELDS, json_safe, write_json_atomic
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.site import BEGIN, site_setup, site_step
 from fedxrisk.flower.sitedata import load_holdout
@@ -260,7 +260,7 @@ class Coordinator:
     def _summary(self, error: Exception | None) -> dict[str, Any]:
         final = self.history[-1] if self.history else {}
         keys = ("round", "test_auroc", "test_ap", "client_auroc_mean", "client_auroc_std", "train_loss")
-        return _clean(
+        return json_safe(
             {
                 "status": "failed" if error else "completed",
                 "error": f"{type(error).__name__}: {error}" if error else None,
@@ -338,16 +338,6 @@ def _mean_std(values: list[float], name: str) -> dict[str, float]:
     valid = [v for v in values if v >= 0]  # −1: the site's AUROC is undefined (one class)
     mean = float(np.mean(valid)) if valid else math.nan
     return {f"{name}_mean": mean, f"{name}_std": float(np.std(valid)) if valid else math.nan}
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
 
 
 class LocalTransport:
