@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from fedxrisk.algorithms.schedule import RoundPlan
+from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree
 
@@ -56,6 +56,7 @@ class RoundContext:
     plan: RoundPlan
     next_plan: RoundPlan | None  # None after the last round
     stage_batch: Batch | None = None  # per-client large batch at stage ends, if requested
+    round_batch: Batch | None = None  # per-client auxiliary batch every round, if requested
 
     @property
     def lr(self) -> float:
@@ -93,6 +94,8 @@ class Algorithm:
         communicates: names of state entries a round sends (documentation and tests).
         fixed_window: a window the algorithm requires (NPA: 1), else None.
         stage_batch_size: per-client samples the engine draws at stage ends (CoDA).
+        round_batch_size: per-client samples the engine draws every round, given to
+            ``communicate`` as ``ctx.round_batch`` (LocalSGDM_RL's auxiliary set).
         default_lr: the learning rate used when a run does not set one.
         uniforms_per_step: U(0, 1) numbers the engine adds to each batch as
             ``batch["uniform"]`` (local steps may not draw random numbers themselves).
@@ -102,6 +105,7 @@ class Algorithm:
     communicates: ClassVar[tuple[str, ...]] = ()
     fixed_window: ClassVar[int | None] = None
     stage_batch_size: int = 0
+    round_batch_size: int = 0
     default_lr: ClassVar[float] = 0.1
     uniforms_per_step: ClassVar[int] = 0
 
@@ -115,6 +119,9 @@ class Algorithm:
 
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
         raise NotImplementedError
+
+    def validate_schedule(self, schedule: Schedule) -> None:
+        """Check hyperparameters that depend on the step sizes (engines call it before training)."""
 
     def model(self, state: State) -> tuple[Tree, Tree]:
         """The (params, buffers) to evaluate."""
