@@ -103,13 +103,19 @@ class SCAFFOLD(Algorithm):
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
         """w ← w − η(∇L_CE(w) − c_k + c)."""
         g, loss, buffers = _ce_gradient(self.problem, state, batch)
-        w = tmap(lambda wi, gi, ck, c: wi - ctx.lr * (gi - ck + c), state["w"], g, state["c_local"], state["c"])
+        w = tmap(
+            lambda wi, gi, ck, c: wi - ctx.lr * (gi - ck + c), state["w"], g, state["c_local"], state["c"]
+        )
         return dict(state, w=w, buffers=buffers, loss=loss)
 
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
         scale = 1.0 / (ctx.window * ctx.lr)
         c_local = tmap(
-            lambda ck, c, s, w: ck - c + (s - w) * scale, state["c_local"], state["c"], state["start"], state["w"]
+            lambda ck, c, s, w: ck - c + (s - w) * scale,
+            state["c_local"],
+            state["c"],
+            state["start"],
+            state["w"],
         )
         avg = comm.mean({**model_payload(state, self.problem), "c": c_local})
         w = tmap(lambda s, m: s + self.eta_g * (m - s), state["start"], avg["w"])

@@ -167,7 +167,13 @@ class LocalSCGDAM(Algorithm):
         payload.update(alpha=state["alpha"], h=state["h"], u=state["u"], v=state["v"])
         avg = comm.mean(payload)
         return dict(
-            with_model(state, avg), a=avg["a"], b=avg["b"], alpha=avg["alpha"], h=avg["h"], u=avg["u"], v=avg["v"]
+            with_model(state, avg),
+            a=avg["a"],
+            b=avg["b"],
+            alpha=avg["alpha"],
+            h=avg["h"],
+            u=avg["u"],
+            v=avg["v"],
         )
 
 
@@ -239,5 +245,6 @@ class LocalSGDAM(Algorithm):
         payload = {**model_payload(state, self.problem), "a": state["a"], "b": state["b"]}
         payload.update(alpha=state["alpha"], m_x=state["m_x"], m_y=state["m_y"])
         avg = comm.mean(payload)
-        return dict(with_model(state, avg), a=avg["a"], b=avg["b"], alpha=avg["alpha"], m_x=avg["m_x"], m_y=avg["m_y"])
-
+        return dict(
+            with_model(state, avg), a=avg["a"], b=avg["b"], alpha=avg["alpha"], m_x=avg["m_x"], m_y=avg["m_y"]
+        )
