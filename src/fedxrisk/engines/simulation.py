@@ -132,8 +132,9 @@ class Simulation:
         if size and plan.stage_end and next_plan is not None:
             stage_batch = self.data.batch(self.aux_sampler.sample(size), self.device)
         round_batch = None
-        if getattr(self.algorithm, "round_batch_size", 0):
-            round_batch = self.data.batch(self.aux_sampler.sample(self.algorithm.round_batch_size), self.device)
+        round_size = getattr(self.algorithm, "round_batch_size", 0)
+        if round_size:
+            round_batch = self.data.batch(self.aux_sampler.sample(round_size), self.device)
         comm = SimCollective(self.num_clients, self.engine, self.ledger)
         self.states = self.algorithm.communicate(
             self.states, comm, RoundContext(plan, next_plan, stage_batch, round_batch)
