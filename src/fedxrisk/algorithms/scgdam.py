@@ -76,9 +76,9 @@ class LocalSCGDAM(Algorithm):
     rho: float = 0.1  # ρ, the inner cross-entropy step of eq. (2)
     gamma_x: float = 10.0  # γ_x
     gamma_y: float = 10.0  # γ_y
-    beta_x: float = 1.0  # β_x: u's moving-average rate is β_x·η
-    beta_y: float = 1.0  # β_y
-    alpha_h: float = 1.0  # the paper's α: h's moving-average rate is α·η (not the dual α = y)
+    beta_x: float = 5.0  # β_x: u's moving-average rate is β_x·η (0.5 at the default η)
+    beta_y: float = 5.0  # β_y
+    alpha_h: float = 9.0  # the paper's α: h's rate is α·η (0.9 at the default η); not the dual α = y
     loss: str = "square"  # "square" (paper eq. 1) | "aucm"
     margin: float = 1.0  # AUCM margin
     first_order: bool = False  # ∇g ≈ I instead of the exact Hessian-vector product
