@@ -106,6 +106,14 @@ def test_loop_and_vmap_agree_and_communicated_state_is_equal(alg):
         assert_equal_across_clients(vmap.states[name], name, atol=1e-6)
 
 
+def test_ratio_estimate_is_capped_at_ra_max():
+    kw = dict(clients=2, rounds=2, local_steps=2, partition="class")
+    free = run_all(make_sim("localsgdm_rl", options={"ra_max": None}, **kw)).states["ra"]
+    cap = 0.5 * float(free.max())
+    capped = run_all(make_sim("localsgdm_rl", options={"ra_max": cap}, **kw)).states["ra"]
+    assert float(capped.max()) == pytest.approx(cap) and float(free.max()) > cap
+
+
 def test_ratio_loss_round_batch_and_its_bytes():
     sim = make_sim("localsgdm_rl", clients=2, rounds=3, local_steps=2, options={"round_batch_size": 5})
     seen = []
@@ -129,5 +137,7 @@ def test_bad_inputs():
         make_sim("scaffold", options={"eta_g": 0.0})
     with pytest.raises(ValueError, match="round_batch_size"):
         make_sim("localsgdm_rl", options={"round_batch_size": 0})
+    with pytest.raises(ValueError, match="ra_max"):
+        make_sim("localsgdm_rl", options={"ra_max": 0.0})
     with pytest.raises(ValueError, match="last_layer"):
         make_sim("localsgdm_rl", options={"last_layer": "nope"})

@@ -136,6 +136,11 @@ class LocalSGDMRL(LocalSGDM):
     Deviation: the paper's server holds its own auxiliary set; here the
     auxiliary samples come from the clients' shards (no extra data needed).
     Ra starts at [1, 1] (both classes weighted 1 + β) before the first estimate.
+
+    Safeguard (ours): Ra is capped at ``ra_max``. The formula is unbounded: once one
+    class is fitted its gradient → 0 and the other class's Ra → ∞; uncapped, Ra
+    swung between 1e-15 and 1e14 within a few rounds on digits and training diverged
+    (docs/scgdam.md). ``ra_max=None`` removes the cap.
     """
 
     name = "localsgdm_rl"
@@ -144,12 +149,15 @@ class LocalSGDMRL(LocalSGDM):
     ra_alpha: float = 1.0
     ra_beta: float = 0.1
     round_batch_size: int = 32
+    ra_max: float | None = 10.0
     last_layer: str | None = None  # parameter name; None: the last parameter with ≥ 2 dims
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.ra_alpha < 0 or self.ra_beta < 0:
             raise ValueError("ra_alpha and ra_beta must be ≥ 0")
+        if self.ra_max is not None and self.ra_max <= 0:
+            raise ValueError(f"ra_max must be > 0 or None, got {self.ra_max}")
         if self.round_batch_size < 1:
             raise ValueError(f"round_batch_size must be ≥ 1, got {self.round_batch_size}")
         names = [n for n, p in self.problem.model.named_parameters() if p.dim() >= 2]
@@ -189,7 +197,8 @@ class LocalSGDMRL(LocalSGDM):
     def _ratios(self, sums: dict[str, torch.Tensor]) -> torch.Tensor:
         g_pos = sums["pos"] / sums["n_pos"].clamp_min(1)
         g_neg = sums["neg"] / sums["n_neg"].clamp_min(1)
-        return gradient_ratios(g_neg, g_pos)
+        ra = gradient_ratios(g_neg, g_pos)
+        return ra if self.ra_max is None else ra.clamp_max(self.ra_max)
 
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
         state = super().communicate(state, comm, ctx)
