@@ -133,7 +133,7 @@ def main() -> None:
                         f"[{time.perf_counter() - start:6.0f}s]   p={p:2d}: {np.nanmean(aucs):.4f} ± {np.nanstd(aucs):.4f}",
                         flush=True,
                     )
-    results["wall_seconds"] = round(time.perf_counter() - start, 1)
+    results["wall_seconds"] = results.get("wall_seconds", 0) + round(time.perf_counter() - start, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
@@ -147,7 +147,10 @@ def table(results: dict) -> str:
     rows: dict[tuple, dict[int, list[float]]] = {}
     for r in results["runs"]:
         rows.setdefault((r["dataset"], r["imratio"], r["method"]), {})[r["p"]] = r["test_auroc"]
-    for (dataset, imratio, method), by_p in rows.items():
+    order = {m: i for i, m in enumerate(METHODS)}
+    for (dataset, imratio, method), by_p in sorted(
+        rows.items(), key=lambda kv: (kv[0][:2], order.get(kv[0][2], 99))
+    ):
         step = results["tuning"][f"{dataset}/{imratio}/{method}"]["chosen"]
         cells = []
         for p in periods:
