@@ -4,10 +4,10 @@ K = 4 clients (i.i.d. split of the imbalanced training set), batch 32 per client
 communication period p ∈ {4, 8, 16}, the same number T of local steps for every
 p (so T/p rounds), the same schedule for every method (η ÷ 3 at half time).
 
-Tuning, equal for every method: 3 step sizes, chosen by the AUROC on a held-out
+Tuning, equal for every method: 4 step sizes, chosen by the AUROC on a held-out
 20 % of the (imbalanced) training set at p = 8 with tuning seed 100; the grid
-is the same *effective* step {0.3, 1, 3} for every method (for heavy-ball
-momentum 0.9 that is lr ∈ {0.03, 0.1, 0.3}; for LocalSCGDAM γ_x = γ_y ∈ {3, 10, 30}
+is the same *effective* step {0.3, 1, 3, 10} for every method (for heavy-ball
+momentum 0.9 that is lr ∈ {0.03, 0.1, 0.3, 1}; for LocalSCGDAM γ_x = γ_y ∈ {3, 10, 30, 100}
 at η = 0.1, since its momenta are moving averages). Then every method runs
 with its chosen step on each p and seed; the table gives the final test AUROC
 (balanced test set, never used for tuning), mean ± std over seeds.
@@ -36,14 +36,14 @@ from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 
 METHODS = ["localscgdam", "localsgdam", "coda", "localsgdm", "localsgdm_rl", "scaffold", "fedprox"]
-EFFECTIVE_STEPS = (0.3, 1.0, 3.0)
+EFFECTIVE_STEPS = (0.3, 1.0, 3.0, 10.0)
 SCGDAM_ETA = 0.1
 TUNE_SEED = 100
 TUNE_P = 8
 
 
 def grid(method: str) -> list[tuple[float, dict]]:
-    """(lr, options) for each of the 3 effective step sizes of ``method``."""
+    """(lr, options) for each of the effective step sizes of ``method``."""
     out = []
     for step in EFFECTIVE_STEPS:
         if method == "localscgdam":
