@@ -161,6 +161,40 @@ def main() -> None:
     print(table(results))
 
 
+ABLATIONS = {
+    "exact HVP, rho=0.1 (default)": {},
+    "first_order (Jacobian = I)": {"first_order": True},
+    "rho=0.01": {"rho": 0.01},
+    "rho=1.0": {"rho": 1.0},
+    "alpha_h=1 (h rate 0.1)": {"alpha_h": 1.0},
+}
+
+
+def ablation(args) -> None:
+    """LocalSCGDAM variants with the step chosen in --out's tuning (p = 8); not used for tuning."""
+    results = json.loads(args.out.read_text())
+    rows = ["| dataset | variant | test AUROC, p = 8 |", "|---|---|---|"]
+    for dataset in args.datasets:
+        tuned = results["tuning"][f"{dataset}/{args.imratios[0]}/localscgdam"]
+        for name, extra in ABLATIONS.items():
+            aucs = [
+                run(
+                    "localscgdam",
+                    dataset,
+                    args.imratios[0],
+                    8,
+                    s,
+                    tuned["lr"],
+                    {**tuned["options"], **extra},
+                    args.steps,
+                )
+                for s in args.seeds
+            ]
+            rows.append(f"| {dataset} | {name} | {np.nanmean(aucs):.3f} ± {np.nanstd(aucs):.3f} |")
+            print(rows[-1], flush=True)
+    print("\n".join(rows))
+
+
 def table(results: dict) -> str:
     """Markdown: one row per (dataset, imratio, method), one column per p."""
     periods = sorted({r["p"] for r in results["runs"]})
