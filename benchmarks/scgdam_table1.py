@@ -98,13 +98,23 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=METHODS)
     ap.add_argument("--steps", type=int, default=256, help="local steps per run (all p)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/scgdam_table1.json"))
+    ap.add_argument(
+        "--update", action="store_true", help="rerun only these settings inside an existing --out"
+    )
+    ap.add_argument("--ablation", action="store_true", help="LocalSCGDAM variants at the tuned step, p = 8")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    results = {
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "tuning": {},
-        "runs": [],
-    }
+    if args.ablation:
+        return ablation(args)
+    call = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    results = {"args": call, "tuning": {}, "runs": []}
+    if args.update and args.out.exists():
+        results = json.loads(args.out.read_text())
+        redo = {(d, i, m) for d in args.datasets for i in args.imratios for m in args.methods}
+        results["runs"] = [
+            r for r in results["runs"] if (r["dataset"], r["imratio"], r["method"]) not in redo
+        ]
+        results.setdefault("updates", []).append(call)
     start = time.perf_counter()
     for dataset in args.datasets:
         for imratio in args.imratios:
