@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from fedxrisk.algorithms.schedule import RoundPlan
+from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree
 
@@ -57,6 +57,7 @@ class RoundContext:
     plan: RoundPlan
     next_plan: RoundPlan | None  # None after the last round
     stage_batch: Batch | None = None  # per-client large batch at stage ends, if requested
+    round_batch: Batch | None = None  # per-client auxiliary batch every round, if requested
 
     @property
     def lr(self) -> float:
@@ -94,6 +95,8 @@ class Algorithm:
         communicates: names of state entries a round sends (documentation and tests).
         fixed_window: a window the algorithm requires (NPA: 1), else None.
         stage_batch_size: per-client samples the engine draws at stage ends (CoDA).
+        round_batch_size: per-client samples the engine draws every round, given to
+            ``communicate`` as ``ctx.round_batch`` (LocalSGDM_RL's auxiliary set).
         default_lr: the learning rate used when a run does not set one.
         uniforms_per_step: U(0, 1) numbers the engine adds to each batch as
             ``batch["uniform"]`` (local steps may not draw random numbers themselves).
@@ -108,6 +111,7 @@ class Algorithm:
     communicates: ClassVar[tuple[str, ...]] = ()
     fixed_window: ClassVar[int | None] = None
     stage_batch_size: int = 0
+    round_batch_size: int = 0
     default_lr: ClassVar[float] = 0.1
     uniforms_per_step: ClassVar[int] = 0
     positives_per_batch: int = 0
@@ -127,6 +131,9 @@ class Algorithm:
     def begin(self, state: State, comm: Collective, batch: Batch) -> State:
         """Once before the first round (stacked state, like ``communicate``), if ``begin_batch``."""
         return state
+
+    def validate_schedule(self, schedule: Schedule) -> None:
+        """Check hyperparameters that depend on the step sizes (engines call it before training)."""
 
     def model(self, state: State) -> tuple[Tree, Tree]:
         """The (params, buffers) to evaluate."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedxrisk.data.mnist1d import load_mnist1d
+
 SPLIT_SEED = 0  # the test split never depends on the run's seed
 TEST_FRACTION = 0.3
 
@@ -134,6 +136,7 @@ DATASETS: dict[str, Callable[[], LabeledData]] = {
     "digits": load_digits,
     "breast_cancer": load_breast_cancer,
     "synthetic": load_synthetic,
+    "mnist1d": load_mnist1d,
 }
 
 

@@ -94,6 +94,7 @@ class Simulation:
         all); the others live elsewhere and are reached through :meth:`_collective`."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINES)}")
+        algorithm.validate_schedule(schedule)
         self.algorithm, self.data, self.schedule = algorithm, data, schedule
         self.engine = ENGINES[engine]()
         self.device = torch.device(device)
@@ -148,9 +149,13 @@ class Simulation:
         size = getattr(self.algorithm, "stage_batch_size", 0)
         if size and plan.stage_end and next_plan is not None:
             stage_batch = self.local_data.batch(self.aux_sampler.sample(size), self.device)
+        round_batch = None
+        round_size = getattr(self.algorithm, "round_batch_size", 0)
+        if round_size:
+            round_batch = self.local_data.batch(self.aux_sampler.sample(round_size), self.device)
         comm = self._collective()
         self.states = self.algorithm.communicate(
-            self.states, comm, RoundContext(plan, next_plan, stage_batch)
+            self.states, comm, RoundContext(plan, next_plan, stage_batch, round_batch)
         )
         self.ledger.close_round()
         self.round += 1

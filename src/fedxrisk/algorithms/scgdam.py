@@ -1,0 +1,250 @@
+"""LocalSCGDAM and LocalSGDAM (federated compositional deep AUC paper; ALGORITHMS.md §2.6).
+
+LocalSCGDAM (Alg. 1) solves min_x max_y f(g(x), y) with x = (w, a, b), y = α,
+g(x) = x − ρ(∇_w L_CE, 0, 0) and f the AUC min-max loss
+(:mod:`fedxrisk.objectives.compositional`). Each client keeps x, y, the inner
+estimate h and the momenta u (for x) and v (for y); all five are averaged
+every p steps (p = the engine's window).
+
+Conventions and deviations (also in docs/scgdam.md):
+
+- η is the schedule's learning rate; the step on x is γ_x·η·u and on y γ_y·η·v,
+  the moving averages use αη, β_xη, β_yη (``alpha_h``, ``beta_x``, ``beta_y``),
+  which must lie in (0, 1): checked by :meth:`validate_schedule` before training.
+- ξ_t = ζ_t: the inner g and the outer f use the same mini-batch.
+- The initialisation h_0, u_0, v_0 needs a batch ξ_0 before iteration 0; the
+  engine gives one batch per step, so the first local step computes h_0, u_0,
+  v_0 on its batch and then runs iteration t = 0 on the same batch (ξ_0 = ξ_1).
+  Communication then happens exactly when mod(t + 1, p) = 0, as in Alg. 1.
+- ∇gᵀz is an exact Hessian-vector product by default; ``first_order=True``
+  takes ∇g ≈ I (the named first-order variant).
+- With ``loss="aucm"`` α is projected onto α ≥ 0 after its step (Alg. 1 uses the
+  square loss, α free, and has no projection).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.func import grad_and_value
+
+from fedxrisk.algorithms.base import (
+    Algorithm,
+    Batch,
+    ClientInfo,
+    Collective,
+    RoundContext,
+    State,
+    StepContext,
+    model_payload,
+    register,
+    with_model,
+)
+from fedxrisk.algorithms.schedule import Schedule
+from fedxrisk.objectives import AUC_LOSSES
+from fedxrisk.objectives.compositional import auc_outer, inner_map, inner_map_with_vjp
+from fedxrisk.problem import Problem
+from fedxrisk.tree import tmap, zeros_like
+
+
+def _x(state: State) -> dict[str, Any]:
+    return {"w": state["w"], "a": state["a"], "b": state["b"]}
+
+
+def _ema(old, new, rate: float):
+    """(1 − rate)·old + rate·new, leaf-wise (Alg. 1 lines 3–4)."""
+    return tmap(lambda o, n: (1 - rate) * o + rate * n, old, new)
+
+
+def _check_loss(loss: str) -> None:
+    if loss not in AUC_LOSSES:
+        raise ValueError(f"loss must be one of {sorted(AUC_LOSSES)}, got {loss!r}")
+
+
+@register
+@dataclass
+class LocalSCGDAM(Algorithm):
+    """Local stochastic compositional gradient descent ascent with momentum (paper Alg. 1)."""
+
+    name = "localscgdam"
+    communicates = ("w", "a", "b", "alpha", "h", "u", "v")
+    default_lr = 0.1  # η; the steps are γ_x·η and γ_y·η
+
+    problem: Problem
+    rho: float = 0.1  # ρ, the inner cross-entropy step of eq. (2)
+    gamma_x: float = 10.0  # γ_x
+    gamma_y: float = 10.0  # γ_y
+    beta_x: float = 5.0  # β_x: u's moving-average rate is β_x·η (0.5 at the default η)
+    beta_y: float = 5.0  # β_y
+    alpha_h: float = 9.0  # the paper's α: h's rate is α·η (0.9 at the default η); not the dual α = y
+    loss: str = "square"  # "square" (paper eq. 1) | "aucm"
+    margin: float = 1.0  # AUCM margin
+    first_order: bool = False  # ∇g ≈ I instead of the exact Hessian-vector product
+
+    def __post_init__(self) -> None:
+        if self.rho <= 0:
+            raise ValueError(f"rho (the inner cross-entropy step ρ) must be > 0, got {self.rho}")
+        for name in ("gamma_x", "gamma_y", "beta_x", "beta_y", "alpha_h"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        _check_loss(self.loss)
+        if self.margin < 0:
+            raise ValueError(f"margin must be ≥ 0, got {self.margin}")
+
+    def validate_schedule(self, schedule: Schedule) -> None:
+        """Alg. 1's input conditions αη, β_xη, β_yη ∈ (0, 1), for every stage's η."""
+        for stage in schedule.stages:
+            check_rates(stage.lr, alpha_h=self.alpha_h, beta_x=self.beta_x, beta_y=self.beta_y)
+
+    # -- state ---------------------------------------------------------------
+    def init(self, client: ClientInfo) -> State:
+        w, buffers = self.problem.init_model()
+        zero = torch.zeros(())
+        x = {"w": w, "a": zero.clone(), "b": zero.clone()}
+        return {
+            **x,
+            "alpha": zero.clone(),
+            "h": zeros_like(x),  # set from the first batch (Alg. 1 initialisation)
+            "u": zeros_like(x),
+            "v": zero.clone(),
+            "buffers": buffers,
+            "p": torch.tensor(self.problem.client_pos_ratio(client.pos_ratio)),
+            "loss": zero.clone(),
+        }
+
+    # -- the stochastic (compositional) gradients ------------------------------
+    def inner(self, x, buffers, batch: Batch):
+        """g(x; ξ), z ↦ ∇g(x; ξ)ᵀz, and the buffers after the forward pass."""
+        if self.first_order:
+            value, new_buffers = inner_map(self.problem, x, buffers, batch, self.rho)
+            return value, (lambda z: z), new_buffers
+        return inner_map_with_vjp(self.problem, x, buffers, batch, self.rho)
+
+    def outer_gradients(self, h, alpha, buffers, p, batch: Batch):
+        """(∇_g f(h, y; ζ), ∇_y f(h, y; ζ), f)."""
+        (gz, galpha), (f, _) = grad_and_value(auc_outer, argnums=(1, 2), has_aux=True)(
+            self.problem, h, alpha, buffers, p, batch, self.loss, self.margin
+        )
+        return gz, galpha, f
+
+    def compositional_gradient(self, state: State, batch: Batch):
+        """At h = g(x; ξ): (∇g(x)ᵀ∇_g f(g(x), y), ∇_y f, f) — the one-batch gradient of
+        :func:`~fedxrisk.objectives.compositional.compositional_auc_loss` (tests compare the two)."""
+        h, jt, _ = self.inner(_x(state), state["buffers"], batch)
+        gz, galpha, f = self.outer_gradients(h, state["alpha"], state["buffers"], state["p"], batch)
+        return jt(gz), galpha, f
+
+    def _initialize(self, state: State, batch: Batch) -> State:
+        """h_0 = g(x_0; ξ_0), u_0 = ∇g(x_0; ξ_0)ᵀ∇_g f(h_0, y_0; ζ_0), v_0 = ∇_y f(h_0, y_0; ζ_0)."""
+        h, jt, _ = self.inner(_x(state), state["buffers"], batch)
+        gz, galpha, _ = self.outer_gradients(h, state["alpha"], state["buffers"], state["p"], batch)
+        return dict(state, h=h, u=jt(gz), v=galpha)
+
+    def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
+        """Alg. 1 lines 2–4 (iteration t = ctx.step)."""
+        eta = ctx.lr
+        if ctx.step == 0:
+            state = self._initialize(state, batch)
+        # line 2: x_{t+1} = x_t − γ_x η u_t,  y_{t+1} = y_t + γ_y η v_t
+        x = tmap(lambda xi, ui: xi - self.gamma_x * eta * ui, _x(state), state["u"])
+        alpha = state["alpha"] + self.gamma_y * eta * state["v"]
+        if self.loss == "aucm":
+            alpha = alpha.clamp_min(0.0)
+        # line 3: h_{t+1} = (1 − αη) h_t + αη g(x_{t+1}; ξ_{t+1})
+        g_value, jt, buffers = self.inner(x, state["buffers"], batch)
+        h = _ema(state["h"], g_value, self.alpha_h * eta)
+        # line 4: u_{t+1}, v_{t+1} from ∇g(x_{t+1})ᵀ∇_g f(h_{t+1}, y_{t+1}) and ∇_y f(h_{t+1}, y_{t+1})
+        gz, galpha, f = self.outer_gradients(h, alpha, state["buffers"], state["p"], batch)
+        u = _ema(state["u"], jt(gz), self.beta_x * eta)
+        v = (1 - self.beta_y * eta) * state["v"] + self.beta_y * eta * galpha
+        return dict(state, **x, alpha=alpha, h=h, u=u, v=v, buffers=buffers, loss=f)
+
+    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
+        """Alg. 1 lines 5–6: h, u, v, x, y ← their client averages (one packed mean)."""
+        payload = {**model_payload(state, self.problem), "a": state["a"], "b": state["b"]}
+        payload.update(alpha=state["alpha"], h=state["h"], u=state["u"], v=state["v"])
+        avg = comm.mean(payload)
+        return dict(
+            with_model(state, avg),
+            a=avg["a"],
+            b=avg["b"],
+            alpha=avg["alpha"],
+            h=avg["h"],
+            u=avg["u"],
+            v=avg["v"],
+        )
+
+
+def check_rates(lr: float, **rates: float) -> None:
+    """Raise if some rate·η lies outside (0, 1) (Alg. 1's αη, β_xη, β_yη ∈ (0, 1))."""
+    for name, rate in rates.items():
+        if not 0.0 < rate * lr < 1.0:
+            raise ValueError(
+                f"{name}·η must lie in (0, 1); got {name}={rate} and learning rate η={lr} "
+                f"(product {rate * lr:g}). Lower the learning rate or {name}."
+            )
+
+
+@register
+@dataclass
+class LocalSGDAM(Algorithm):
+    """Local momentum SGDA on the AUC min-max loss (Sharma et al. 2022; the paper's baseline).
+
+    PyTorch momentum convention on both sides: m_x ← μ m_x + ∇_x F, x ← x − η m_x;
+    m_y ← μ m_y + ∇_y F, y ← y + η m_y. Every p steps x, y and both momenta are averaged.
+    """
+
+    name = "localsgdam"
+    communicates = ("w", "a", "b", "alpha", "m_x", "m_y")
+    default_lr = 1.0  # like CoDA: sigmoid scores make the AUC loss's gradients small
+
+    problem: Problem
+    momentum: float = 0.9
+    loss: str = "square"
+    margin: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
+        _check_loss(self.loss)
+        if self.margin < 0:
+            raise ValueError(f"margin must be ≥ 0, got {self.margin}")
+
+    def init(self, client: ClientInfo) -> State:
+        w, buffers = self.problem.init_model()
+        zero = torch.zeros(())
+        x = {"w": w, "a": zero.clone(), "b": zero.clone()}
+        return {
+            **x,
+            "alpha": zero.clone(),
+            "m_x": zeros_like(x),
+            "m_y": zero.clone(),
+            "buffers": buffers,
+            "p": torch.tensor(self.problem.client_pos_ratio(client.pos_ratio)),
+            "loss": zero.clone(),
+        }
+
+    def _objective(self, x, alpha, buffers, p, batch: Batch):
+        return auc_outer(self.problem, x, alpha, buffers, p, batch, self.loss, self.margin)
+
+    def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
+        (gx, galpha), (f, buffers) = grad_and_value(self._objective, argnums=(0, 1), has_aux=True)(
+            _x(state), state["alpha"], state["buffers"], state["p"], batch
+        )
+        m_x = tmap(lambda m, g: self.momentum * m + g, state["m_x"], gx)
+        m_y = self.momentum * state["m_y"] + galpha
+        x = tmap(lambda xi, m: xi - ctx.lr * m, _x(state), m_x)
+        alpha = state["alpha"] + ctx.lr * m_y
+        if self.loss == "aucm":
+            alpha = alpha.clamp_min(0.0)
+        return dict(state, **x, alpha=alpha, m_x=m_x, m_y=m_y, buffers=buffers, loss=f)
+
+    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
+        payload = {**model_payload(state, self.problem), "a": state["a"], "b": state["b"]}
+        payload.update(alpha=state["alpha"], m_x=state["m_x"], m_y=state["m_y"])
+        avg = comm.mean(payload)
+        return dict(
+            with_model(state, avg), a=avg["a"], b=avg["b"], alpha=avg["alpha"], m_x=avg["m_x"], m_y=avg["m_y"]
+        )
