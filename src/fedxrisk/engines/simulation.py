@@ -2,13 +2,20 @@
 
 An engine differs only in how it maps a per-client function over the clients:
 ``loop`` calls it client after client (the reference), ``vmap`` batches all
-clients on a leading axis with :func:`torch.func.vmap`. State is always kept
-stacked (leading client axis), so ``communicate`` and the collectives are
-shared code and the two engines differ exactly where their speed does.
+clients on a leading axis with :func:`torch.func.vmap`, ``compile`` runs the
+same vmapped local step through :func:`torch.compile` (one fused program for
+forward, backward and the update arithmetic of all clients), and ``auto``
+picks one of them for the run at hand (:class:`AutoEngine`). State is always
+kept stacked (leading client axis), so ``communicate`` and the collectives are
+shared code and the engines differ exactly where their speed does.
+See docs/performance.md for measurements.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -32,7 +39,23 @@ class NonFiniteLoss(RuntimeError):
         self.round = round_
 
 
-class LoopEngine:
+class Engine:
+    """How a per-client function is mapped over stacked client trees."""
+
+    name = ""
+
+    def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
+        raise NotImplementedError
+
+    def local_steps(self, step: Callable[..., Tree], ctx: StepContext, states: Tree, batch: Tree) -> Tree:
+        """One ``algorithm.local_step`` on every client (engines may specialise this hot path)."""
+        return self.map_clients(partial(step, ctx=ctx), states, batch)
+
+    def configure(self, sim: Simulation) -> None:
+        """Called once by :class:`Simulation` after the states are built."""
+
+
+class LoopEngine(Engine):
     """The reference: one client after another."""
 
     name = "loop"
@@ -42,22 +65,135 @@ class LoopEngine:
         return stack([fn(*(index(t, i) for t in trees)) for i in range(k)])
 
 
-class VmapEngine:
-    """All clients batched on the leading axis with ``torch.func.vmap``."""
+class VmapEngine(Engine):
+    """All clients batched on the leading axis with ``torch.func.vmap``.
+
+    ``chunk_size`` bounds memory: clients are processed that many at a time.
+    """
 
     name = "vmap"
 
+    def __init__(self, chunk_size: int | None = None):
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"chunk_size must be ≥ 1 or None, got {chunk_size}")
+        self.chunk_size = chunk_size
+
     def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
-        return vmap(fn, randomness="different")(*trees)
+        return vmap(fn, randomness="different", chunk_size=self.chunk_size)(*trees)
 
 
-ENGINES = {"loop": LoopEngine, "vmap": VmapEngine}
+def compiler_available() -> bool:
+    """Whether :func:`torch.compile`'s CPU backend can build kernels (it needs a C++ compiler)."""
+    if os.environ.get("FEDXRISK_NO_COMPILE"):
+        return False
+    return any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
+
+
+_SCALAR_SOURCES = r"L\['ctx_ints'\]\[\d\],L\['ctx_lr'\]"  # the step context's numbers: symbolic, not constants
+
+
+class CompiledEngine(VmapEngine):
+    """The vmapped local step compiled with :func:`torch.compile` (inductor).
+
+    The local step of all clients (forward, backward, and the algorithm's update
+    arithmetic on the stacked state) becomes one program: matrix products go to
+    batched BLAS / grouped convolution kernels and the per-leaf update arithmetic
+    is fused into single passes over memory, which is where eager ``vmap`` loses
+    most of its time. The step context is passed as plain numbers, so a new
+    learning rate or step counter does not force a recompilation (floats and ints
+    are traced as symbolic inputs). The first call compiles (tens of seconds on a
+    small CPU; cached on disk by torch between processes). If compilation fails
+    the engine warns once and continues with eager ``vmap`` (same results to float
+    tolerance). ``communicate`` and other per-client functions run eagerly.
+    """
+
+    name = "compile"
+
+    def __init__(self, chunk_size: int | None = None, backend: str = "inductor"):
+        super().__init__(chunk_size)
+        self.backend = backend
+        self._compiled: dict[Any, Callable[..., Tree]] = {}
+        self.failure: Exception | None = None
+
+    def _program(self, step: Callable[..., Tree]) -> Callable[..., Tree]:
+        key = (id(getattr(step, "__self__", None)), getattr(step, "__func__", step))
+        if key not in self._compiled:
+            chunk = self.chunk_size
+
+            def run(states: Tree, batch: Tree, ctx_ints: tuple, ctx_lr: float) -> Tree:
+                ctx = StepContext(*ctx_ints[:4], ctx_lr, ctx_ints[4])
+                return vmap(partial(step, ctx=ctx), randomness="different", chunk_size=chunk)(states, batch)
+
+            self._compiled[key] = torch.compile(run, backend=self.backend, dynamic=None)
+        return self._compiled[key]
+
+    def local_steps(self, step: Callable[..., Tree], ctx: StepContext, states: Tree, batch: Tree) -> Tree:
+        if self.failure is None:
+            ints = (ctx.step, ctx.local_step, ctx.round, ctx.stage, ctx.window)
+            try:
+                with torch.compiler.config.patch(dynamic_sources=_SCALAR_SOURCES):
+                    return self._program(step)(states, batch, ints, float(ctx.lr))
+            except Exception as e:  # noqa: BLE001 - any compiler failure: fall back to eager vmap
+                self.failure = e
+                warnings.warn(
+                    f"torch.compile failed ({type(e).__name__}: {str(e)[:200]}); using eager vmap",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return super().local_steps(step, ctx, states, batch)
+
+
+# client-steps (K × total local steps) above which ``auto`` compiles: compiling costs
+# ~30-90 s on a 2-core CPU and saves a few ms per step at K = 64 (docs/performance.md)
+AUTO_COMPILE_MIN_CLIENT_STEPS = 200_000
+
+
+class AutoEngine(Engine):
+    """Picks the fastest correct engine for the run: ``compile`` when a C++ compiler is
+    available and the run is long enough to repay compilation (K × local steps ≥
+    :data:`AUTO_COMPILE_MIN_CLIENT_STEPS`), else ``vmap``; ``loop`` for one client.
+    The choice depends only on the configuration (never on timings), so the same
+    seed gives the same numbers. ``chosen`` names the engine picked."""
+
+    name = "auto"
+
+    def __init__(self, chunk_size: int | None = None):
+        self.chunk_size = chunk_size
+        self.inner: Engine = VmapEngine(chunk_size)
+        self.chosen = "vmap"
+
+    def configure(self, sim: Simulation) -> None:
+        self.chosen = choose_engine(sim.num_clients, sum(p.window for p in sim.plans))
+        self.inner = LoopEngine() if self.chosen == "loop" else ENGINES[self.chosen](self.chunk_size)
+
+    def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
+        return self.inner.map_clients(fn, *trees)
+
+    def local_steps(self, step: Callable[..., Tree], ctx: StepContext, states: Tree, batch: Tree) -> Tree:
+        return self.inner.local_steps(step, ctx, states, batch)
+
+
+def choose_engine(num_clients: int, total_local_steps: int) -> str:
+    """``auto``'s rule (see :class:`AutoEngine`)."""
+    if num_clients == 1:
+        return "loop"
+    if compiler_available() and num_clients * total_local_steps >= AUTO_COMPILE_MIN_CLIENT_STEPS:
+        return "compile"
+    return "vmap"
+
+
+ENGINES: dict[str, type[Engine]] = {
+    "loop": LoopEngine,
+    "vmap": VmapEngine,
+    "compile": CompiledEngine,
+    "auto": AutoEngine,
+}
 
 
 class SimCollective:
     """``mean`` and ``gather`` over the leading client axis, with byte accounting."""
 
-    def __init__(self, num_clients: int, engine: LoopEngine | VmapEngine, ledger: ByteLedger):
+    def __init__(self, num_clients: int, engine: Engine, ledger: ByteLedger):
         self.num_clients = num_clients
         self.engine = engine
         self.ledger = ledger
@@ -86,11 +222,12 @@ class Simulation:
         seed: int = 0,
         engine: str = "loop",
         device: str | torch.device = "cpu",
+        engine_options: dict[str, Any] | None = None,
     ):
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINES)}")
         self.algorithm, self.data, self.schedule = algorithm, data, schedule
-        self.engine = ENGINES[engine]()
+        self.engine = ENGINES[engine](**(engine_options or {}))
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.ledger = ByteLedger()
@@ -100,6 +237,7 @@ class Simulation:
         clients = [ClientInfo(k, size, data.client_pos_ratio(k)) for k, size in enumerate(data.shard_sizes)]
         self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in clients]))
         self.round = 0  # rounds completed
+        self.engine.configure(self)
 
     @property
     def num_clients(self) -> int:
@@ -123,9 +261,7 @@ class Simulation:
         for i in range(plan.window):
             ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
             batch = self._batch(self.sampler.next())
-            self.states = self.engine.map_clients(
-                partial(self.algorithm.local_step, ctx=ctx), self.states, batch
-            )
+            self.states = self.engine.local_steps(self.algorithm.local_step, ctx, self.states, batch)
         stage_batch = None
         size = getattr(self.algorithm, "stage_batch_size", 0)
         if size and plan.stage_end and next_plan is not None:
