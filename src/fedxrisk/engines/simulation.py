@@ -89,9 +89,6 @@ def compiler_available() -> bool:
     return any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
 
 
-_SCALAR_SOURCES = r"L\['ctx_ints'\]\[\d\],L\['ctx_lr'\]"  # the step context's numbers: symbolic, not constants
-
-
 class CompiledEngine(VmapEngine):
     """The vmapped local step compiled with :func:`torch.compile` (inductor).
 
@@ -99,9 +96,13 @@ class CompiledEngine(VmapEngine):
     arithmetic on the stacked state) becomes one program: matrix products go to
     batched BLAS / grouped convolution kernels and the per-leaf update arithmetic
     is fused into single passes over memory, which is where eager ``vmap`` loses
-    most of its time. The step context is passed as plain numbers, so a new
-    learning rate or step counter does not force a recompilation (floats and ints
-    are traced as symbolic inputs). The first call compiles (tens of seconds on a
+    most of its time. The step context is a compile-time constant for the fields
+    the algorithm reads (dynamo guards on them): CODA-family steps read only the
+    learning rate, so a run compiles once per distinct learning rate (once per
+    stage); an algorithm reading the step counter would recompile every step until
+    torch's recompile limit, after which torch runs it eagerly (symbolic floats do
+    not survive inductor's vmap lowering in torch 2.13, so they are not used).
+    The first call compiles (tens of seconds on a
     small CPU; cached on disk by torch between processes). If compilation fails
     the engine warns once and continues with eager ``vmap`` (same results to float
     tolerance). ``communicate`` and other per-client functions run eagerly.
@@ -120,19 +121,17 @@ class CompiledEngine(VmapEngine):
         if key not in self._compiled:
             chunk = self.chunk_size
 
-            def run(states: Tree, batch: Tree, ctx_ints: tuple, ctx_lr: float) -> Tree:
-                ctx = StepContext(*ctx_ints[:4], ctx_lr, ctx_ints[4])
+            def run(states: Tree, batch: Tree, ctx: StepContext) -> Tree:
                 return vmap(partial(step, ctx=ctx), randomness="different", chunk_size=chunk)(states, batch)
 
-            self._compiled[key] = torch.compile(run, backend=self.backend, dynamic=None)
+            self._compiled[key] = torch.compile(run, backend=self.backend, dynamic=False)
         return self._compiled[key]
 
     def local_steps(self, step: Callable[..., Tree], ctx: StepContext, states: Tree, batch: Tree) -> Tree:
         if self.failure is None:
-            ints = (ctx.step, ctx.local_step, ctx.round, ctx.stage, ctx.window)
             try:
-                with torch.compiler.config.patch(dynamic_sources=_SCALAR_SOURCES):
-                    return self._program(step)(states, batch, ints, float(ctx.lr))
+                with torch._dynamo.config.patch(specialize_float=True):
+                    return self._program(step)(states, batch, ctx)
             except Exception as e:  # noqa: BLE001 - any compiler failure: fall back to eager vmap
                 self.failure = e
                 warnings.warn(
