@@ -119,7 +119,9 @@ def main() -> None:
         t_vmap = ours(k, args.rounds, "vmap")
         t_loop = ours(k, args.rounds, "loop")
         total, rounds_only = flower(k, args.rounds)
-        print(f"| {k} | {total:.1f} | {rounds_only:.1f} | {t_vmap:.2f} | {t_loop:.2f} | {total / t_vmap:.0f}× |")
+        print(
+            f"| {k} | {total:.1f} | {rounds_only:.1f} | {t_vmap:.2f} | {t_loop:.2f} | {total / t_vmap:.0f}× |"
+        )
         sys.stdout.flush()
 
 

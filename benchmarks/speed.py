@@ -228,7 +228,9 @@ def profile_table(case: Case, names: list[str], steps: int = 5, top: int = 12) -
                 fn()
         rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
         total = sum(e.self_cpu_time_total for e in rows) or 1.0
-        out.append(f"\n**{name}** ({case.model}, {case.alg.name}, K={case.clients}), top operators by self CPU:\n")
+        out.append(
+            f"\n**{name}** ({case.model}, {case.alg.name}, K={case.clients}), top operators by self CPU:\n"
+        )
         out.append("| operator | calls/step | self ms/step | share |\n|---|---|---|---|")
         for e in rows[:top]:
             out.append(
@@ -254,7 +256,14 @@ def markdown(rows: list[dict], args: argparse.Namespace, header: str, extra: str
 
 def run_flower(args: argparse.Namespace) -> str:
     script = Path(__file__).with_name("flower_fedavg.py")
-    cmd = [args.flower_python, str(script), "--clients", args.flower_clients, "--rounds", str(args.flower_rounds)]
+    cmd = [
+        args.flower_python,
+        str(script),
+        "--clients",
+        args.flower_clients,
+        "--rounds",
+        str(args.flower_rounds),
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), FLWR_TELEMETRY_ENABLED="0")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.flower_timeout)
@@ -271,7 +280,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--clients", default=None, help="comma list; default per model " + str(DEFAULT_CLIENTS))
     p.add_argument("--algorithms", default="codasca,localsgdm", help="any registered algorithm names")
     p.add_argument("--variants", default="central,central_compiled,loop,vmap,compile")
-    p.add_argument("--compile-clients", default="64", help="K values where compiled variants run (compiling is slow)")
+    p.add_argument(
+        "--compile-clients", default="64", help="K values where compiled variants run (compiling is slow)"
+    )
+    p.add_argument(
+        "--compile-algorithms", default=None, help="algorithms with compiled variants (default: all)"
+    )
     p.add_argument("--loop-max", type=int, default=256, help="largest K for the loop engine")
     p.add_argument("--loop-round-max", type=int, default=16, help="largest K for loop rounds/s")
     p.add_argument("--batch-size", type=int, default=32)
@@ -300,6 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [a for a in algorithms if a not in ALGORITHMS]
     algorithms = [a for a in algorithms if a in ALGORITHMS]
     compile_ks = {int(k) for k in args.compile_clients.split(",") if k}
+    compile_algs = set((args.compile_algorithms or args.algorithms).split(","))
     profiles = {tuple(s.split(":")) for s in args.profile.split(",") if s}
     rows: list[dict] = []
     notes, prof_md = [], []
@@ -312,11 +327,13 @@ def main(argv: list[str] | None = None) -> None:
                 case = Case(model, alg, k, args.batch_size, args)
                 case.model = model
                 if case.state_mb / 1024 > args.max_state_gb:
-                    notes.append(f"- {model} {alg} K={k}: skipped, stacked state {case.state_mb / 1024:.1f} GB")
+                    notes.append(
+                        f"- {model} {alg} K={k}: skipped, stacked state {case.state_mb / 1024:.1f} GB"
+                    )
                     continue
                 names = [
                     v for v in args.variants.split(",")
-                    if not (v in ("compile", "central_compiled") and k not in compile_ks)
+                    if not (v in ("compile", "central_compiled") and (k not in compile_ks or alg not in compile_algs))
                     and not (v == "loop" and k > args.loop_max)
                 ]  # fmt: skip
                 print(f"[{time.time() - started:6.0f}s] {model} {alg} K={k}: {names}", flush=True)

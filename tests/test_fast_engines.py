@@ -76,7 +76,8 @@ def test_auto_rule(monkeypatch):
     big = simulation.AUTO_COMPILE_MIN_CLIENT_STEPS
     assert choose_engine(1, 10**9) == "loop"
     assert choose_engine(64, 10) == "vmap"
-    assert choose_engine(64, big // 64) == "compile"
+    assert choose_engine(64, -(-big // 64)) == "compile"
+    assert choose_engine(64, -(-big // 64), compilations=3) == "vmap"  # one compilation per learning rate
     monkeypatch.setattr(simulation, "compiler_available", lambda: False)
     assert choose_engine(64, big) == "vmap"
 

@@ -142,15 +142,17 @@ class CompiledEngine(VmapEngine):
         return super().local_steps(step, ctx, states, batch)
 
 
-# client-steps (K × total local steps) above which ``auto`` compiles: compiling costs
-# ~30-90 s on a 2-core CPU and saves a few ms per step at K = 64 (docs/performance.md)
-AUTO_COMPILE_MIN_CLIENT_STEPS = 200_000
+# client-steps (K × total local steps) per compilation above which ``auto`` compiles:
+# one compilation costs ~30-90 s on a 2-core CPU and saves ~0.1 ms per client-step for
+# the MLP (docs/performance.md); a run compiles once per distinct learning rate
+AUTO_COMPILE_MIN_CLIENT_STEPS = 500_000
 
 
 class AutoEngine(Engine):
     """Picks the fastest correct engine for the run: ``compile`` when a C++ compiler is
     available and the run is long enough to repay compilation (K × local steps ≥
-    :data:`AUTO_COMPILE_MIN_CLIENT_STEPS`), else ``vmap``; ``loop`` for one client.
+    :data:`AUTO_COMPILE_MIN_CLIENT_STEPS` × the number of distinct learning rates,
+    i.e. of compilations), else ``vmap``; ``loop`` for one client.
     The choice depends only on the configuration (never on timings), so the same
     seed gives the same numbers. ``chosen`` names the engine picked."""
 
@@ -162,7 +164,8 @@ class AutoEngine(Engine):
         self.chosen = "vmap"
 
     def configure(self, sim: Simulation) -> None:
-        self.chosen = choose_engine(sim.num_clients, sum(p.window for p in sim.plans))
+        compilations = len({p.lr for p in sim.plans})
+        self.chosen = choose_engine(sim.num_clients, sum(p.window for p in sim.plans), compilations)
         self.inner = LoopEngine() if self.chosen == "loop" else ENGINES[self.chosen](self.chunk_size)
 
     def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
@@ -172,11 +175,12 @@ class AutoEngine(Engine):
         return self.inner.local_steps(step, ctx, states, batch)
 
 
-def choose_engine(num_clients: int, total_local_steps: int) -> str:
+def choose_engine(num_clients: int, total_local_steps: int, compilations: int = 1) -> str:
     """``auto``'s rule (see :class:`AutoEngine`)."""
     if num_clients == 1:
         return "loop"
-    if compiler_available() and num_clients * total_local_steps >= AUTO_COMPILE_MIN_CLIENT_STEPS:
+    work = num_clients * total_local_steps
+    if compiler_available() and work >= AUTO_COMPILE_MIN_CLIENT_STEPS * compilations:
         return "compile"
     return "vmap"
 
