@@ -67,7 +67,7 @@ def main() -> None:
 )
 @click.option("--lr-decay", type=float, default=DEFAULTS.lr_decay, show_default=True)
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
-@click.option("--engine", default=DEFAULTS.engine, show_default=True, help="loop | vmap")
+@click.option("--engine", default=DEFAULTS.engine, show_default=True, help="loop | vmap | compile | auto")
 @click.option("--device", default=DEFAULTS.device, show_default=True)
 @click.option("--eval-every", type=int, default=DEFAULTS.eval_every, show_default=True)
 @click.option("--buffer-policy", default=DEFAULTS.buffer_policy, show_default=True, help="average | local")
