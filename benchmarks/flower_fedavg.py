@@ -103,7 +103,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", default="4,16")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads for fedxrisk (Flower's actors use 1)"
+    )
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ["PYTHONPATH"] = os.pathsep.join(sys.path)  # Ray workers import fedxrisk and speed
     import flwr

@@ -263,6 +263,8 @@ def run_flower(args: argparse.Namespace) -> str:
         args.flower_clients,
         "--rounds",
         str(args.flower_rounds),
+        "--threads",
+        str(torch.get_num_threads()),
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), FLWR_TELEMETRY_ENABLED="0")
     try:
