@@ -78,8 +78,25 @@ def test_auto_rule(monkeypatch):
     assert choose_engine(64, 10) == "vmap"
     assert choose_engine(64, -(-big // 64)) == "compile"
     assert choose_engine(64, -(-big // 64), compilations=3) == "vmap"  # one compilation per learning rate
+    assert choose_engine(64, big, conv_flops_per_sample=simulation.AUTO_LOOP_MIN_CONV_FLOPS) == "loop"
     monkeypatch.setattr(simulation, "compiler_available", lambda: False)
     assert choose_engine(64, big) == "vmap"
+
+
+def test_auto_counts_flops_and_sends_resnet_class_models_to_the_loop():
+    from fedxrisk.models.resnet import ResNet20
+
+    sim = make_sim("localsgdm", "auto", clients=2, rounds=1, model="cnn")
+    small, conv = simulation.forward_flops_per_sample(sim)
+    assert conv and 0 < small < simulation.AUTO_LOOP_MIN_CONV_FLOPS
+    assert sim.engine.chosen == "vmap"
+    sim.algorithm.problem.model = ResNet20((1, 8, 8), width=32)  # same data, a ResNet-class model
+    big, conv = simulation.forward_flops_per_sample(sim)
+    assert conv and big >= simulation.AUTO_LOOP_MIN_CONV_FLOPS
+    sim.engine.configure(sim)
+    assert sim.engine.chosen == "loop"
+    mlp = make_sim("localsgdm", "auto", clients=2, rounds=1)
+    assert simulation.forward_flops_per_sample(mlp)[1] is False
 
 
 def test_auto_engine_matches_loop_and_says_what_it_chose():

@@ -148,8 +148,29 @@ class CompiledEngine(VmapEngine):
 AUTO_COMPILE_MIN_CLIENT_STEPS = 500_000
 
 
+# forward FLOPs per sample above which a convolutional model runs faster client after
+# client: each client's step is then large enough for the convolution kernels, while
+# vmap turns convolutions into grouped ones, slower on CPU (ResNet20: loop 1.0×, vmap
+# 1.3× the limit; SmallCNN on 8×8 inputs, 0.6 MFLOP: vmap/compile win; docs/performance.md)
+AUTO_LOOP_MIN_CONV_FLOPS = 10_000_000
+
+
+def forward_flops_per_sample(sim: Simulation) -> tuple[int, bool]:
+    """(forward FLOPs of one training sample, whether the model has convolutions)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    problem = sim.algorithm.problem
+    params, buffers = problem.init_model()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        problem.logits(params, buffers, sim.data.data.x_train[:1].to(sim.device))
+    conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in problem.model.modules())
+    return counter.get_total_flops(), conv
+
+
 class AutoEngine(Engine):
-    """Picks the fastest correct engine for the run: ``compile`` when a C++ compiler is
+    """Picks the fastest correct engine for the run: ``loop`` for one client or for a
+    convolutional model of at least :data:`AUTO_LOOP_MIN_CONV_FLOPS` per sample
+    (ResNet-class), else ``compile`` when a C++ compiler is
     available and the run is long enough to repay compilation (K × local steps ≥
     :data:`AUTO_COMPILE_MIN_CLIENT_STEPS` × the number of distinct learning rates,
     i.e. of compilations), else ``vmap``; ``loop`` for one client.
@@ -165,7 +186,9 @@ class AutoEngine(Engine):
 
     def configure(self, sim: Simulation) -> None:
         compilations = len({p.lr for p in sim.plans})
-        self.chosen = choose_engine(sim.num_clients, sum(p.window for p in sim.plans), compilations)
+        flops, conv = forward_flops_per_sample(sim)
+        steps = sum(p.window for p in sim.plans)
+        self.chosen = choose_engine(sim.num_clients, steps, compilations, flops if conv else 0)
         self.inner = LoopEngine() if self.chosen == "loop" else ENGINES[self.chosen](self.chunk_size)
 
     def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
@@ -175,9 +198,12 @@ class AutoEngine(Engine):
         return self.inner.local_steps(step, ctx, states, batch)
 
 
-def choose_engine(num_clients: int, total_local_steps: int, compilations: int = 1) -> str:
-    """``auto``'s rule (see :class:`AutoEngine`)."""
-    if num_clients == 1:
+def choose_engine(
+    num_clients: int, total_local_steps: int, compilations: int = 1, conv_flops_per_sample: int = 0
+) -> str:
+    """``auto``'s rule (see :class:`AutoEngine`); ``conv_flops_per_sample`` is 0 for models
+    without convolutions."""
+    if num_clients == 1 or conv_flops_per_sample >= AUTO_LOOP_MIN_CONV_FLOPS:
         return "loop"
     work = num_clients * total_local_steps
     if compiler_available() and work >= AUTO_COMPILE_MIN_CLIENT_STEPS * compilations:
