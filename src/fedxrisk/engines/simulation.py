@@ -159,12 +159,15 @@ def forward_flops_per_sample(sim: Simulation) -> tuple[int, bool]:
     """(forward FLOPs of one training sample, whether the model has convolutions)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    problem = sim.algorithm.problem
+    problem = getattr(sim.algorithm, "problem", None)
+    if problem is None:
+        return 0, False
     params, buffers = problem.init_model()
+    x = sim.data.data.x_train[:2].to(sim.device)  # two samples: BatchNorm needs more than one
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        problem.logits(params, buffers, sim.data.data.x_train[:1].to(sim.device))
+        problem.logits(params, buffers, x)
     conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in problem.model.modules())
-    return counter.get_total_flops(), conv
+    return counter.get_total_flops() // len(x), conv
 
 
 class AutoEngine(Engine):
