@@ -151,3 +151,11 @@ def test_compiled_step_keeps_inputs_untouched():
     states = sim.states
     sim.run_round()
     assert all(torch.equal(before[k], states["w"][k]) for k in before)
+
+
+def test_compiled_engine_with_chunks_matches_loop():
+    diff, sim = _agree(
+        "codasca", "compile", {"backend": "aot_eager", "chunk_size": 2}, clients=3, rounds=2, local_steps=2
+    )
+    assert sim.engine.failure is None, sim.engine.failure
+    assert diff < 1e-5
