@@ -143,7 +143,9 @@ def main() -> None:
 )
 @click.option("--lr-decay", type=float, default=DEFAULTS.lr_decay, show_default=True)
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
-@click.option("--engine", default=DEFAULTS.engine, show_default=True, help="see `fedxrisk list`")
+@click.option(
+    "--engine", default=DEFAULTS.engine, show_default=True, help="loop | vmap | compile | auto | distributed"
+)
 @click.option(
     "--clients-per-rank",
     default=str(DEFAULTS.clients_per_rank),

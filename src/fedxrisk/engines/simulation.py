@@ -2,13 +2,20 @@
 
 An engine differs only in how it maps a per-client function over the clients:
 ``loop`` calls it client after client (the reference), ``vmap`` batches all
-clients on a leading axis with :func:`torch.func.vmap`. State is always kept
-stacked (leading client axis), so ``communicate`` and the collectives are
-shared code and the two engines differ exactly where their speed does.
+clients on a leading axis with :func:`torch.func.vmap`, ``compile`` runs the
+same vmapped local step through :func:`torch.compile` (one fused program for
+forward, backward and the update arithmetic of all clients), and ``auto``
+picks one of them for the run at hand (:class:`AutoEngine`). State is always
+kept stacked (leading client axis), so ``communicate`` and the collectives are
+shared code and the engines differ exactly where their speed does.
+See docs/performance.md for measurements.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -32,7 +39,23 @@ class NonFiniteLoss(RuntimeError):
         self.round = round_
 
 
-class LoopEngine:
+class Engine:
+    """How a per-client function is mapped over stacked client trees."""
+
+    name = ""
+
+    def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
+        raise NotImplementedError
+
+    def local_steps(self, step: Callable[..., Tree], ctx: StepContext, states: Tree, batch: Tree) -> Tree:
+        """One ``algorithm.local_step`` on every client (engines may specialise this hot path)."""
+        return self.map_clients(partial(step, ctx=ctx), states, batch)
+
+    def configure(self, sim: Simulation) -> None:
+        """Called once by :class:`Simulation` after the states are built."""
+
+
+class LoopEngine(Engine):
     """The reference: one client after another."""
 
     name = "loop"
@@ -42,22 +65,167 @@ class LoopEngine:
         return stack([fn(*(index(t, i) for t in trees)) for i in range(k)])
 
 
-class VmapEngine:
-    """All clients batched on the leading axis with ``torch.func.vmap``."""
+class VmapEngine(Engine):
+    """All clients batched on the leading axis with ``torch.func.vmap``.
+
+    ``chunk_size`` bounds memory: clients are processed that many at a time.
+    """
 
     name = "vmap"
 
+    def __init__(self, chunk_size: int | None = None):
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"chunk_size must be ≥ 1 or None, got {chunk_size}")
+        self.chunk_size = chunk_size
+
     def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
-        return vmap(fn, randomness="different")(*trees)
+        return vmap(fn, randomness="different", chunk_size=self.chunk_size)(*trees)
 
 
-ENGINES = {"loop": LoopEngine, "vmap": VmapEngine}
+def compiler_available() -> bool:
+    """Whether :func:`torch.compile`'s CPU backend can build kernels (it needs a C++ compiler)."""
+    if os.environ.get("FEDXRISK_NO_COMPILE"):
+        return False
+    return any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
+
+
+class CompiledEngine(VmapEngine):
+    """The vmapped local step compiled with :func:`torch.compile` (inductor).
+
+    The local step of all clients (forward, backward, and the algorithm's update
+    arithmetic on the stacked state) becomes one program: matrix products go to
+    batched BLAS / grouped convolution kernels and the per-leaf update arithmetic
+    is fused into single passes over memory, which is where eager ``vmap`` loses
+    most of its time. The step context is a compile-time constant for the fields
+    the algorithm reads (dynamo guards on them): CODA-family steps read only the
+    learning rate, so a run compiles once per distinct learning rate (once per
+    stage); an algorithm reading the step counter would recompile every step until
+    torch's recompile limit, after which torch runs it eagerly (symbolic floats do
+    not survive inductor's vmap lowering in torch 2.13, so they are not used).
+    The first call compiles (tens of seconds on a
+    small CPU; cached on disk by torch between processes). If compilation fails
+    the engine warns once and continues with eager ``vmap`` (same results to float
+    tolerance). ``communicate`` and other per-client functions run eagerly.
+    """
+
+    name = "compile"
+
+    def __init__(self, chunk_size: int | None = None, backend: str = "inductor"):
+        super().__init__(chunk_size)
+        self.backend = backend
+        self._compiled: dict[Any, Callable[..., Tree]] = {}
+        self.failure: Exception | None = None
+
+    def _program(self, step: Callable[..., Tree]) -> Callable[..., Tree]:
+        key = (id(getattr(step, "__self__", None)), getattr(step, "__func__", step))
+        if key not in self._compiled:
+            chunk = self.chunk_size
+
+            def run(states: Tree, batch: Tree, ctx: StepContext) -> Tree:
+                return vmap(partial(step, ctx=ctx), randomness="different", chunk_size=chunk)(states, batch)
+
+            self._compiled[key] = torch.compile(run, backend=self.backend, dynamic=False)
+        return self._compiled[key]
+
+    def local_steps(self, step: Callable[..., Tree], ctx: StepContext, states: Tree, batch: Tree) -> Tree:
+        if self.failure is None:
+            try:
+                with torch._dynamo.config.patch(specialize_float=True):
+                    return self._program(step)(states, batch, ctx)
+            except Exception as e:  # noqa: BLE001 - any compiler failure: fall back to eager vmap
+                self.failure = e
+                warnings.warn(
+                    f"torch.compile failed ({type(e).__name__}: {str(e)[:200]}); using eager vmap",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return super().local_steps(step, ctx, states, batch)
+
+
+# client-steps (K × total local steps) per compilation above which ``auto`` compiles:
+# one compilation costs ~30-90 s on a 2-core CPU and saves ~0.1 ms per client-step for
+# the MLP (docs/performance.md); a run compiles once per distinct learning rate
+AUTO_COMPILE_MIN_CLIENT_STEPS = 500_000
+
+
+# forward FLOPs per sample above which a convolutional model runs faster client after
+# client: each client's step is then large enough for the convolution kernels, while
+# vmap turns convolutions into grouped ones, slower on CPU (ResNet20: loop 1.0×, vmap
+# 1.3× the limit; SmallCNN on 8×8 inputs, 0.6 MFLOP: vmap/compile win; docs/performance.md)
+AUTO_LOOP_MIN_CONV_FLOPS = 10_000_000
+
+
+def forward_flops_per_sample(sim: Simulation) -> tuple[int, bool]:
+    """(forward FLOPs of one training sample, whether the model has convolutions)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    problem = getattr(sim.algorithm, "problem", None)
+    if problem is None:
+        return 0, False
+    params, buffers = problem.init_model()
+    x = sim.data.data.x_train[:2].to(sim.device)  # two samples: BatchNorm needs more than one
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        problem.logits(params, buffers, x)
+    conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in problem.model.modules())
+    return counter.get_total_flops() // len(x), conv
+
+
+class AutoEngine(Engine):
+    """Picks the fastest correct engine for the run: ``loop`` for one client or for a
+    convolutional model of at least :data:`AUTO_LOOP_MIN_CONV_FLOPS` per sample
+    (ResNet-class), else ``compile`` when a C++ compiler is
+    available and the run is long enough to repay compilation (K × local steps ≥
+    :data:`AUTO_COMPILE_MIN_CLIENT_STEPS` × the number of distinct learning rates,
+    i.e. of compilations), else ``vmap``; ``loop`` for one client.
+    The choice depends only on the configuration (never on timings), so the same
+    seed gives the same numbers. ``chosen`` names the engine picked."""
+
+    name = "auto"
+
+    def __init__(self, chunk_size: int | None = None):
+        self.chunk_size = chunk_size
+        self.inner: Engine = VmapEngine(chunk_size)
+        self.chosen = "vmap"
+
+    def configure(self, sim: Simulation) -> None:
+        compilations = len({p.lr for p in sim.plans})
+        flops, conv = forward_flops_per_sample(sim)
+        steps = sum(p.window for p in sim.plans)
+        self.chosen = choose_engine(sim.num_clients, steps, compilations, flops if conv else 0)
+        self.inner = LoopEngine() if self.chosen == "loop" else ENGINES[self.chosen](self.chunk_size)
+
+    def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
+        return self.inner.map_clients(fn, *trees)
+
+    def local_steps(self, step: Callable[..., Tree], ctx: StepContext, states: Tree, batch: Tree) -> Tree:
+        return self.inner.local_steps(step, ctx, states, batch)
+
+
+def choose_engine(
+    num_clients: int, total_local_steps: int, compilations: int = 1, conv_flops_per_sample: int = 0
+) -> str:
+    """``auto``'s rule (see :class:`AutoEngine`); ``conv_flops_per_sample`` is 0 for models
+    without convolutions."""
+    if num_clients == 1 or conv_flops_per_sample >= AUTO_LOOP_MIN_CONV_FLOPS:
+        return "loop"
+    work = num_clients * total_local_steps
+    if compiler_available() and work >= AUTO_COMPILE_MIN_CLIENT_STEPS * compilations:
+        return "compile"
+    return "vmap"
+
+
+ENGINES: dict[str, type[Engine]] = {
+    "loop": LoopEngine,
+    "vmap": VmapEngine,
+    "compile": CompiledEngine,
+    "auto": AutoEngine,
+}
 
 
 class SimCollective:
     """``mean`` and ``gather`` over the leading client axis, with byte accounting."""
 
-    def __init__(self, num_clients: int, engine: LoopEngine | VmapEngine, ledger: ByteLedger):
+    def __init__(self, num_clients: int, engine: Engine, ledger: ByteLedger):
         self.num_clients = num_clients
         self.engine = engine
         self.ledger = ledger
@@ -89,6 +257,7 @@ class Simulation:
         engine: str = "loop",
         device: str | torch.device = "cpu",
         clients: Sequence[int] | None = None,
+        engine_options: dict[str, Any] | None = None,
     ):
         """``clients``: the global indices of the clients this process holds (default
         all); the others live elsewhere and are reached through :meth:`_collective`."""
@@ -96,7 +265,7 @@ class Simulation:
             raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINES)}")
         algorithm.validate_schedule(schedule)
         self.algorithm, self.data, self.schedule = algorithm, data, schedule
-        self.engine = ENGINES[engine]()
+        self.engine = ENGINES[engine](**(engine_options or {}))
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.ledger = ByteLedger()
@@ -117,6 +286,7 @@ class Simulation:
         infos = [ClientInfo(k, data.shard_sizes[k], data.client_pos_ratio(k), width) for k in self.clients]
         self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in infos]))
         self.round = 0  # rounds completed
+        self.engine.configure(self)
         if getattr(algorithm, "begin_batch", False):  # before round 0; its bytes count in round 0
             self.states = algorithm.begin(self.states, self._collective(), self._batch(self.sampler.next()))
 
@@ -142,9 +312,7 @@ class Simulation:
         for i in range(plan.window):
             ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
             batch = self._batch(self.sampler.next())
-            self.states = self.engine.map_clients(
-                partial(self.algorithm.local_step, ctx=ctx), self.states, batch
-            )
+            self.states = self.engine.local_steps(self.algorithm.local_step, ctx, self.states, batch)
         stage_batch = None
         size = getattr(self.algorithm, "stage_batch_size", 0)
         if size and plan.stage_end and next_plan is not None:
