@@ -94,7 +94,7 @@ BAD = [  # (config file text or None, --set overrides, the message's key part)
     (
         '[engine]\nengine = "gpu"\n',
         [],
-        "unknown engine 'gpu' (engine.engine); choose one of ['distributed', 'loop', 'vmap']",
+        "unknown engine 'gpu' (engine.engine); choose one of ['auto', 'compile', 'distributed', 'loop', 'vmap']",
     ),
     ("[data\n", [], "not valid TOML"),
     (None, ["algorithm.lr=abc"], "algorithm.lr: expected a number or \"none\", got 'abc' (str)"),

@@ -118,6 +118,27 @@ def _chestxray(root: Path) -> None:
     (root / "manifest.csv").write_text("\n".join(lines) + "\n")
 
 
+def _stl10(root: Path) -> None:
+    """STL-10 binaries: 10 classes × 4 train / 1 test images of 3×96×96, labels 1..10."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    for split, per_class in (("train", 4), ("test", 1)):
+        labels = np.repeat(np.arange(1, 11), per_class).astype(np.uint8)
+        (root / f"{split}_X.bin").write_bytes(
+            rng.integers(0, 256, len(labels) * 3 * 96 * 96, dtype=np.uint8).tobytes()
+        )
+        (root / f"{split}_y.bin").write_bytes(labels.tobytes())
+
+
+def _melanoma(root: Path) -> None:
+    """A Melanoma-style manifest: one binary label column and a train/test split."""
+    lines = ["path,target,split"]
+    for i in range(40):
+        _png(root / "img" / f"{i}.png", i)
+        lines.append(f"img/{i}.png,{int(i % 5 == 0)},{'test' if i % 4 == 0 else 'train'}")
+    (root / "manifest.csv").write_text("\n".join(lines) + "\n")
+
+
 def _mnist(root: Path) -> None:
     """IDX files (uncompressed), 10 classes × 6 images of 28×28."""
     rng = np.random.default_rng(0)
@@ -140,8 +161,12 @@ def make_tiny(dataset: str, root: Path) -> None:
                     _png(root / split / f"class{c}" / f"{i}.png", 1000 * c + i)
     elif dataset == "chestxray_ih":
         _chestxray(root)
-    elif dataset == "mnist":
+    elif dataset in ("mnist", "fashionmnist"):
         _mnist(root)
+    elif dataset == "stl10":
+        _stl10(root)
+    elif dataset == "manifest":
+        _melanoma(root)
     else:
         raise AssertionError(f"no tiny generator for {dataset}: add one")
 
