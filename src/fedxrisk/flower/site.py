@@ -116,7 +116,8 @@ class Pending:
     """A phase that waits for the server: its input state, its batch, and the answers so far.
 
     ``phase`` is ``communicate`` (the end of round ``round``; ``positions`` are
-    the stage batch, if the algorithm takes one) or ``begin`` (the algorithm's
+    the stage batch and ``round_positions`` the round batch, if the algorithm
+    takes them) or ``begin`` (the algorithm's
     ``begin`` hook before round 0, whose bytes count in round 0; ``positions``
     and ``uniforms`` are its batch). The batch is rebuilt from them for every pass.
     """
@@ -127,6 +128,7 @@ class Pending:
     positions: np.ndarray | None = None
     uniforms: np.ndarray | None = None
     phase: str = COMMUNICATE
+    round_positions: np.ndarray | None = None
 
 
 class SiteRunner:
@@ -188,7 +190,11 @@ class SiteRunner:
             arrays["pending"] = flatten(p.state)
             for i, (_, answer) in enumerate(p.answers):
                 arrays[f"answer.{i}"] = flatten(answer)
-            parts = (("positions", p.positions), ("uniforms", p.uniforms))
+            parts = (
+                ("positions", p.positions),
+                ("uniforms", p.uniforms),
+                ("round_positions", p.round_positions),
+            )
             batch = {k: torch.from_numpy(v) for k, v in parts if v is not None}
             if batch:
                 arrays["batch"] = batch
@@ -207,7 +213,7 @@ class SiteRunner:
             batch = {k: v.numpy() for k, v in saved.arrays.get("batch", {}).items()}
             self.pending = Pending(
                 int(c["pending"]), unflatten(saved.arrays["pending"]), answers, batch.get("positions"),
-                batch.get("uniforms"), c["phase"],
+                batch.get("uniforms"), c["phase"], batch.get("round_positions"),
             )  # fmt: skip
 
     # -- a round -------------------------------------------------------------------
@@ -242,7 +248,9 @@ class SiteRunner:
         size = self.algorithm.stage_batch_size
         if size and plan.stage_end and r + 1 < len(self.plans):
             positions = self.aux_sampler.sample(size)
-        self.pending = Pending(r, self.state, [], positions)
+        round_size = self.algorithm.round_batch_size  # drawn after the stage batch, as in Simulation
+        round_positions = self.aux_sampler.sample(round_size) if round_size else None
+        self.pending = Pending(r, self.state, [], positions, round_positions=round_positions)
 
     def _resume(self) -> CollectiveRequest | None:
         """Replay the pending phase with the answers so far: the next request, or None when done."""
@@ -255,7 +263,9 @@ class SiteRunner:
                 plan = self.plans[p.round]
                 next_plan = self.plans[p.round + 1] if p.round + 1 < len(self.plans) else None
                 stage_batch = self._batch(p.positions) if p.positions is not None else None
-                state = self.algorithm.communicate(p.state, comm, RoundContext(plan, next_plan, stage_batch))
+                round_batch = self._batch(p.round_positions) if p.round_positions is not None else None
+                ctx = RoundContext(plan, next_plan, stage_batch, round_batch)
+                state = self.algorithm.communicate(p.state, comm, ctx)
         except CollectiveRequest as request:
             return request
         if p.phase == COMMUNICATE:
