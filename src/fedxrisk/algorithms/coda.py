@@ -67,7 +67,9 @@ class CODAPlus(Algorithm):
 
     name = "codaplus"
     communicates = ("w", "a", "b", "alpha")
-    default_lr = 1.0  # sigmoid scores make the square loss's gradients small (factor p(1 − p))
+    default_lr = (
+        3.0  # sigmoid scores make the square loss gradients small (factor p(1 − p)); see docs/benchmarks.md
+    )
 
     problem: Problem
     form: str = "paper"
