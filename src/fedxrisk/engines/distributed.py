@@ -166,6 +166,7 @@ class Watchdog:
         self.inflight: tuple[str, float] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.failed = False  # a collective failed: no clean teardown barrier
         self._beat = 0
         self.store = None
         if host is not None and port is not None:
@@ -198,7 +199,10 @@ class Watchdog:
                 os._exit(WATCHDOG_EXIT_CODE)
 
     def stop(self) -> None:
+        """Stop beating and wait for the thread, so no store call is in flight at teardown."""
         self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=self.interval + 5.0)
 
     def _read(self) -> dict[int, tuple[int, int] | None]:
         out: dict[int, tuple[int, int] | None] = {}
@@ -247,6 +251,7 @@ class Watchdog:
         try:
             yield
         except (RuntimeError, dist.DistError) as e:
+            self.failed = True
             if isinstance(e, DistributedError):
                 raise
             detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
@@ -305,9 +310,19 @@ class DistGroup:
         return cls._current
 
     def close(self) -> None:
-        """Stop the watchdog and tear the process group down (also run at exit)."""
+        """Stop the watchdog and tear the process group down (also run at exit).
+
+        After a clean run every rank first meets at a barrier: rank 0 hosts the
+        rendezvous store, and leaving before the others have finished their last
+        collective would pull the store from under them. After a failure there is
+        no barrier (a peer may be gone)."""
         self.watchdog.stop()
         if self.owns_group and dist.is_initialized():
+            if not self.watchdog.failed:
+                try:
+                    dist.barrier()
+                except (RuntimeError, dist.DistError):
+                    pass
             dist.destroy_process_group()
         if DistGroup._current is self:
             DistGroup._current = None
