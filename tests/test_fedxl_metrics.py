@@ -67,3 +67,17 @@ def test_run_outputs_name_both_paucs(tmp_path):
         assert summary["best"][key] == max(float(r[key]) for r in rows)
     by = summary["communication"]["by_variable"]
     assert {"w", "pos_scores", "neg_scores"} == set(by)
+
+
+def test_metrics_rank_infinite_scores_and_give_nan_for_nan_scores():
+    """Overflowing logits (±inf) keep their order; a NaN score makes the metric NaN instead of crashing."""
+    import math
+
+    import numpy as np
+
+    from fedxrisk.metrics import auroc, average_precision
+
+    y = np.array([0, 1, 0, 1])
+    assert auroc(y, np.array([-np.inf, np.inf, 0.0, 5.0])) == 1.0
+    assert average_precision(y, np.array([-np.inf, np.inf, 0.0, 5.0])) == 1.0
+    assert math.isnan(auroc(y, np.array([0.0, np.nan, 1.0, 2.0])))

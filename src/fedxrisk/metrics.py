@@ -14,14 +14,25 @@ from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree
 
 
+def _rankable(scores: np.ndarray) -> np.ndarray | None:
+    """Scores scikit-learn accepts: ±inf kept in order as the largest finite values; None if any NaN."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if np.isnan(scores).any():
+        return None
+    big = np.finfo(np.float64).max
+    return np.nan_to_num(scores, posinf=big, neginf=-big)
+
+
 def auroc(y: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve; NaN when ``y`` holds a single class."""
-    return float(roc_auc_score(y, scores)) if 0 < y.sum() < len(y) else math.nan
+    """Area under the ROC curve; NaN when ``y`` holds a single class or a score is NaN."""
+    ranked = _rankable(scores)
+    return float(roc_auc_score(y, ranked)) if ranked is not None and 0 < y.sum() < len(y) else math.nan
 
 
 def average_precision(y: np.ndarray, scores: np.ndarray) -> float:
-    """Average precision (area under the precision-recall curve); NaN without positives."""
-    return float(average_precision_score(y, scores)) if y.sum() > 0 else math.nan
+    """Average precision (area under the precision-recall curve); NaN without positives or with NaN scores."""
+    ranked = _rankable(scores)
+    return float(average_precision_score(y, ranked)) if ranked is not None and y.sum() > 0 else math.nan
 
 
 PAUC_FPRS = {"pauc30": 0.3, "pauc50": 0.5}  # one-way partial AUROC, FPR ≤ max_fpr
