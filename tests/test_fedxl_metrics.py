@@ -75,9 +75,11 @@ def test_metrics_rank_infinite_scores_and_give_nan_for_nan_scores():
 
     import numpy as np
 
-    from fedxrisk.metrics import auroc, average_precision
+    from fedxrisk.metrics import auroc, average_precision, partial_auroc
 
     y = np.array([0, 1, 0, 1])
     assert auroc(y, np.array([-np.inf, np.inf, 0.0, 5.0])) == 1.0
     assert average_precision(y, np.array([-np.inf, np.inf, 0.0, 5.0])) == 1.0
     assert math.isnan(auroc(y, np.array([0.0, np.nan, 1.0, 2.0])))
+    assert partial_auroc(y, np.array([-np.inf, np.inf, 0.0, 5.0]), 0.3) == 1.0
+    assert math.isnan(partial_auroc(y, np.array([0.0, np.nan, 1.0, 2.0]), 0.3, mcclish=True))

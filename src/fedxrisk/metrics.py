@@ -39,7 +39,7 @@ PAUC_FPRS = {"pauc30": 0.3, "pauc50": 0.5}  # one-way partial AUROC, FPR ≤ max
 
 
 def partial_auroc(y: np.ndarray, scores: np.ndarray, max_fpr: float, mcclish: bool = False) -> float:
-    """One-way partial AUROC over FPR ∈ [0, max_fpr]; NaN when ``y`` holds a single class.
+    """One-way partial AUROC over FPR ∈ [0, max_fpr]; NaN when ``y`` holds a single class or a score is NaN.
 
     ``mcclish=False``: the normalized partial area (1/max_fpr)·∫₀^max_fpr TPR dFPR ∈ [0, 1]
     (the ROC curve interpolated linearly at max_fpr). ``mcclish=True``: scikit-learn's
@@ -47,7 +47,8 @@ def partial_auroc(y: np.ndarray, scores: np.ndarray, max_fpr: float, mcclish: bo
     """
     if not 0.0 < max_fpr <= 1.0:
         raise ValueError(f"max_fpr must lie in (0, 1], got {max_fpr}")
-    if not 0 < y.sum() < len(y):
+    scores = _rankable(scores)
+    if scores is None or not 0 < y.sum() < len(y):
         return math.nan
     if mcclish:
         return float(roc_auc_score(y, scores, max_fpr=max_fpr))
