@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Schedule
@@ -66,3 +67,9 @@ def assert_equal_across_clients(tree: Any, name: str = "", atol: float = 0.0) ->
 
 def torch_seed(seed: int = 0) -> None:
     torch.manual_seed(seed)
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """``array`` (uint8) encoded as an IDX file: magic 0x0008, its rank, big-endian sizes."""
+    header = bytes([0, 0, 0x08, array.ndim]) + np.array(array.shape, dtype=">i4").tobytes()
+    return header + array.astype(np.uint8).tobytes()

@@ -15,6 +15,7 @@ from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, PARTITIONS
 from fedxrisk.experiment import RunConfig, run_experiment, validate
 from fedxrisk.models import MODELS
+from helpers import idx_bytes
 
 tomllib = pytest.importorskip("tomllib")  # Python ≥ 3.11
 
@@ -147,8 +148,7 @@ def _mnist(root: Path) -> None:
         labels = np.repeat(np.arange(10), per_class).astype(np.uint8)
         images = rng.integers(0, 256, (len(labels), 28, 28), dtype=np.uint8)
         for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
-            header = bytes([0, 0, 0x08, array.ndim]) + np.array(array.shape, dtype=">i4").tobytes()
-            (root / f"{prefix}-{kind}-ubyte").write_bytes(header + array.tobytes())
+            (root / f"{prefix}-{kind}-ubyte").write_bytes(idx_bytes(array))
 
 
 def make_tiny(dataset: str, root: Path) -> None:

@@ -27,6 +27,7 @@ from fedxrisk.data.readers import (
     read_stl10,
     read_tabular_csv,
 )
+from helpers import idx_bytes
 
 RNG = np.random.default_rng(0)
 
@@ -126,11 +127,6 @@ def test_stl10_column_major_images_and_labels(tmp_path):
 
 
 # ---------------------------------------------------------------- IDX ------
-def _idx(array: np.ndarray) -> bytes:
-    header = bytes([0, 0, 0x08, array.ndim]) + np.array(array.shape, dtype=">i4").tobytes()
-    return header + array.astype(np.uint8).tobytes()
-
-
 def _write_mnist(root: Path, gz: bool) -> dict[str, np.ndarray]:
     arrays = {
         "train-images-idx3-ubyte": RNG.integers(0, 256, (4, 28, 28)),
@@ -140,7 +136,7 @@ def _write_mnist(root: Path, gz: bool) -> dict[str, np.ndarray]:
     }
     root.mkdir(parents=True, exist_ok=True)
     for name, a in arrays.items():
-        raw = _idx(a)
+        raw = idx_bytes(a)
         if gz and "images" in name:  # mixed: gzipped images, plain labels
             (root / (name + ".gz")).write_bytes(gzip.compress(raw))
         else:
@@ -165,10 +161,10 @@ def test_idx_errors(tmp_path):
     (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(b"\x01\x02\x03\x04")
     with pytest.raises(DataFileError, match="bad magic"):
         read_mnist(tmp_path)
-    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(np.array([5, 9]))[:-1])
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(np.array([5, 9]))[:-1])
     with pytest.raises(DataFileError, match="announces shape"):
         read_mnist(tmp_path)
-    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(np.array([5, 9, 1])))
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(np.array([5, 9, 1])))
     with pytest.raises(DataFileError, match="2 labels|with N labels"):
         read_mnist(tmp_path)
     (tmp_path / "t10k-labels-idx1-ubyte").unlink()

@@ -32,13 +32,12 @@ from fedxrisk.metrics import evaluate
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
 
+PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 HISTORY_FIELDS = (
-    "round", "step", "stage", "lr", "train_loss", "test_auroc", "test_ap",
-    "test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish",
+    "round", "step", "stage", "lr", "train_loss", "test_auroc", "test_ap", *PAUC_KEYS,
     "client_auroc_mean", "client_auroc_std", "bytes_up_per_client",
     "bytes_down_per_client", "wall_seconds",
 )  # fmt: skip
-PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 DEFAULT_LOCAL_STEPS = 8
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = 1
