@@ -160,3 +160,24 @@ class ClassSampler(ClientSampler):
         self.class_queues = [
             [np.asarray(q, dtype=np.int64).copy() for q in qs] for qs in state["class_queues"]
         ]
+
+
+def make_samplers(
+    shard_labels: list[np.ndarray],
+    batch_size: int,
+    positives: int,
+    seed: int,
+    clients: Sequence[int] | None = None,
+) -> tuple[ClientSampler, ClientSampler]:
+    """The training sampler (stream 0; class-aware when ``positives`` > 0, an algorithm's
+    ``positives_per_batch``) and the single-draw auxiliary sampler (stream 1) for
+    stage and round batches. Every engine builds its samplers here, so client k
+    draws the same positions wherever it runs."""
+    if positives:
+        train: ClientSampler = ClassSampler(
+            shard_labels, batch_size, positives, seed, stream=0, clients=clients
+        )
+    else:
+        train = ClientSampler([len(y) for y in shard_labels], batch_size, seed, stream=0, clients=clients)
+    aux = ClientSampler([len(y) for y in shard_labels], 1, seed, stream=1, clients=clients)
+    return train, aux

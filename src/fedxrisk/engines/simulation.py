@@ -26,7 +26,7 @@ from torch.func import vmap
 from fedxrisk.algorithms.base import Algorithm, ClientInfo, RoundContext, StepContext
 from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.data.federated import FederatedData
-from fedxrisk.data.sampler import ClassSampler, ClientSampler
+from fedxrisk.data.sampler import make_samplers
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.tree import Tree, index, is_finite, leaves, stack, tmap
 
@@ -273,14 +273,10 @@ class Simulation:
         self.local_data = (
             data if clients is None else FederatedData(data.data, [data.shards[k] for k in clients])
         )
-        sizes = self.local_data.shard_sizes
-        positives = getattr(algorithm, "positives_per_batch", 0)
-        if positives:  # class-aware batches: positives first, then negatives
-            labels = [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards]
-            self.sampler = ClassSampler(labels, batch_size, positives, seed, stream=0, clients=self.clients)
-        else:
-            self.sampler = ClientSampler(sizes, batch_size, seed, stream=0, clients=self.clients)
-        self.aux_sampler = ClientSampler(sizes, 1, seed, stream=1, clients=self.clients)
+        labels = [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards]
+        self.sampler, self.aux_sampler = make_samplers(
+            labels, batch_size, algorithm.positives_per_batch, seed, self.clients
+        )
         self.plans: list[RoundPlan] = list(schedule.plan())
         width = max(data.shard_sizes)
         infos = [ClientInfo(k, data.shard_sizes[k], data.client_pos_ratio(k), width) for k in self.clients]

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
-from fedxrisk.data.sampler import ClassSampler, ClientSampler
+from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.sitedata import SiteData, load_site
@@ -164,12 +164,9 @@ class SiteRunner:
         self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
         n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
-        positives = self.algorithm.positives_per_batch
-        if positives:
-            self.sampler = ClassSampler([self.site.y.numpy()], b, positives, seed, stream=0, clients=ids)
-        else:
-            self.sampler = ClientSampler([n], b, seed, stream=0, clients=ids)
-        self.aux_sampler = ClientSampler([n], 1, seed, stream=1, clients=ids)
+        self.sampler, self.aux_sampler = make_samplers(
+            [self.site.y.numpy()], b, self.algorithm.positives_per_batch, seed, ids
+        )
         if self.state is None:
             info = ClientInfo(client, n, float(self.site.y.mean()), max_samples)
             self.state = stack([self.algorithm.init(info)])
