@@ -138,3 +138,15 @@ def test_sampler_walks_permutations_without_replacement_and_is_seeded():
         assert sorted(client1[epoch * 7 : (epoch + 1) * 7].tolist()) == list(range(7))
     s2 = ClientSampler([5, 7], batch_size=5, seed=9)
     assert all(np.array_equal(r, s2.next()) for r in rows)
+
+
+def test_class_aware_samplers_need_labels_and_draw_positives_first():
+    from fedxrisk.data.sampler import make_samplers
+
+    with pytest.raises(ValueError, match="need the shards' labels"):
+        make_samplers([6], batch_size=4, seed=0, positives=2)
+    labels = [np.array([1, 0, 0, 1, 0, 0])]
+    train, aux = make_samplers([6], batch_size=4, seed=0, positives=2, shard_labels=labels)
+    batch = train.next()[0]
+    assert labels[0][batch].tolist() == [1, 1, 0, 0]
+    assert aux.sample(3).shape == (1, 3)

@@ -163,21 +163,23 @@ class ClassSampler(ClientSampler):
 
 
 def make_samplers(
-    shard_labels: list[np.ndarray],
+    shard_sizes: list[int],
     batch_size: int,
-    positives: int,
     seed: int,
     clients: Sequence[int] | None = None,
+    positives: int = 0,
+    shard_labels: list[np.ndarray] | None = None,
 ) -> tuple[ClientSampler, ClientSampler]:
     """The training sampler (stream 0; class-aware when ``positives`` > 0, an algorithm's
-    ``positives_per_batch``) and the single-draw auxiliary sampler (stream 1) for
-    stage and round batches. Every engine builds its samplers here, so client k
-    draws the same positions wherever it runs."""
+    ``positives_per_batch``, which needs ``shard_labels``) and the single-draw auxiliary
+    sampler (stream 1) for stage and round batches. Every engine builds its samplers
+    here, so client k draws the same positions wherever it runs."""
     if positives:
+        if shard_labels is None:
+            raise ValueError("class-aware batches (positives_per_batch > 0) need the shards' labels")
         train: ClientSampler = ClassSampler(
             shard_labels, batch_size, positives, seed, stream=0, clients=clients
         )
     else:
-        train = ClientSampler([len(y) for y in shard_labels], batch_size, seed, stream=0, clients=clients)
-    aux = ClientSampler([len(y) for y in shard_labels], 1, seed, stream=1, clients=clients)
-    return train, aux
+        train = ClientSampler(shard_sizes, batch_size, seed, stream=0, clients=clients)
+    return train, ClientSampler(shard_sizes, 1, seed, stream=1, clients=clients)

@@ -273,9 +273,12 @@ class Simulation:
         self.local_data = (
             data if clients is None else FederatedData(data.data, [data.shards[k] for k in clients])
         )
-        labels = [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards]
+        positives = algorithm.positives_per_batch
+        labels = (
+            [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards] if positives else None
+        )
         self.sampler, self.aux_sampler = make_samplers(
-            labels, batch_size, algorithm.positives_per_batch, seed, self.clients
+            self.local_data.shard_sizes, batch_size, seed, self.clients, positives, labels
         )
         self.plans: list[RoundPlan] = list(schedule.plan())
         width = max(data.shard_sizes)
@@ -283,7 +286,7 @@ class Simulation:
         self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in infos]))
         self.round = 0  # rounds completed
         self.engine.configure(self)
-        if getattr(algorithm, "begin_batch", False):  # before round 0; its bytes count in round 0
+        if algorithm.begin_batch:  # before round 0; its bytes count in round 0
             self.states = algorithm.begin(self.states, self._collective(), self._batch(self.sampler.next()))
 
     @property
@@ -296,7 +299,7 @@ class Simulation:
 
     def _batch(self, positions) -> dict[str, torch.Tensor]:
         batch = self.local_data.batch(positions, self.device)
-        extra = getattr(self.algorithm, "uniforms_per_step", 0)
+        extra = self.algorithm.uniforms_per_step
         if extra:
             batch["uniform"] = torch.from_numpy(self.sampler.uniforms(extra)).to(self.device)
         return batch
@@ -310,11 +313,11 @@ class Simulation:
             batch = self._batch(self.sampler.next())
             self.states = self.engine.local_steps(self.algorithm.local_step, ctx, self.states, batch)
         stage_batch = None
-        size = getattr(self.algorithm, "stage_batch_size", 0)
+        size = self.algorithm.stage_batch_size
         if size and plan.stage_end and next_plan is not None:
             stage_batch = self.local_data.batch(self.aux_sampler.sample(size), self.device)
         round_batch = None
-        round_size = getattr(self.algorithm, "round_batch_size", 0)
+        round_size = self.algorithm.round_batch_size
         if round_size:
             round_batch = self.local_data.batch(self.aux_sampler.sample(round_size), self.device)
         comm = self._collective()

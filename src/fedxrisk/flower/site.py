@@ -165,7 +165,7 @@ class SiteRunner:
         self.algorithm = self.cfg.build_algorithm(self.problem)
         n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
         self.sampler, self.aux_sampler = make_samplers(
-            [self.site.y.numpy()], b, self.algorithm.positives_per_batch, seed, ids
+            [n], b, seed, ids, self.algorithm.positives_per_batch, [self.site.y.numpy()]
         )
         if self.state is None:
             info = ClientInfo(client, n, float(self.site.y.mean()), max_samples)
