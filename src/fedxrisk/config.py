@@ -56,6 +56,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "batch_size",
         "allow_missing_class",
         "feature_shift",
+        "num_samples",
+        "positives_per_batch",
     ),  # fmt: skip
     "model": ("model", "buffer_policy"),
     "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
+from fedxrisk.classaware import owns_positives, use_class_aware_batches
 from fedxrisk.data import DATASETS, PARTITIONS, FederatedData, make_federated
 from fedxrisk.engines import ENGINE_NAMES, DistributedSimulation, NonFiniteLoss, Simulation
 from fedxrisk.engines.distributed import DEFAULT_TIMEOUT, check_launch
@@ -75,6 +76,8 @@ class RunConfig:
     allow_missing_class: bool = False
     feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
     data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
+    num_samples: int | None = None  # size of a generated dataset (mnist1d, synthetic); None: its default
+    positives_per_batch: int = 0  # > 0: class-aware batches for any algorithm (fedxrisk.classaware)
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
@@ -130,6 +133,7 @@ def validate(cfg: RunConfig) -> None:
         )
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {cfg.device!r} requested but CUDA is not available")
+    _validate_batches(cfg)
     known = ALGORITHMS[cfg.algorithm].hyperparameters()
     unknown = sorted(set(cfg.options) - set(known))
     if unknown:
@@ -140,6 +144,26 @@ def validate(cfg: RunConfig) -> None:
             check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+
+
+def _validate_batches(cfg: RunConfig) -> None:
+    """data.num_samples and class-aware batches (data.positives_per_batch), before any data."""
+    from fedxrisk.data.datasets import SIZED_DATASETS
+
+    if cfg.num_samples is not None and (cfg.dataset not in SIZED_DATASETS or cfg.num_samples < 100):
+        raise ConfigError(
+            f"num_samples sizes a generated dataset {list(SIZED_DATASETS)} and must be ≥ 100, "
+            f"got {cfg.num_samples} for {cfg.dataset!r}"
+        )
+    p, cls = cfg.positives_per_batch, ALGORITHMS[cfg.algorithm]
+    if "positives_per_batch" in cfg.options and not owns_positives(cls):
+        raise ConfigError(
+            f"positives_per_batch is a data setting for {cfg.algorithm}: use data.positives_per_batch "
+            "(--set data.positives_per_batch=N); it works for every algorithm"
+        )
+    own = cfg.options.get("positives_per_batch")
+    if p and own is not None and own != p:
+        raise ConfigError(f"positives_per_batch = {p} but the {cfg.algorithm} option says {own}; set one")
 
 
 @dataclass
@@ -160,7 +184,7 @@ def build(cfg: RunConfig) -> Setup:
         data = make_federated(
             cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
             cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
-            cfg.feature_shift,
+            cfg.feature_shift, cfg.num_samples,
         )  # fmt: skip
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
@@ -168,6 +192,7 @@ def build(cfg: RunConfig) -> Setup:
             model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
         )
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
+        use_class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
         schedule = Schedule.build(
             cfg.rounds,
             cfg.resolved_local_steps(),

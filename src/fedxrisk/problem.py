@@ -34,6 +34,9 @@ class Problem:
             ``local`` (the client's own ratio) or ``batch`` (the mini-batch's).
         num_labels: L; 1 (default) is a binary task with scalar logits ``[batch]``;
             L > 1 gives logits ``[batch, L]`` and per-label AUC variables a, b, α.
+        sampled_pos_ratio: r = P/B under class-aware batches (set by
+            :func:`fedxrisk.classaware.use_class_aware_batches`); the AUC losses
+            then use p = r in every mode (the derivation is in that module).
     """
 
     model: nn.Module
@@ -41,6 +44,7 @@ class Problem:
     buffer_policy: str = "average"
     pos_ratio_mode: str = "global"
     num_labels: int = 1
+    sampled_pos_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.buffer_policy not in BUFFER_POLICIES:
@@ -71,8 +75,13 @@ class Problem:
 
     def client_pos_ratio(self, local_ratio: float | list[float]) -> float | list[float]:
         """The p a client's AUC loss starts with (``batch`` mode overrides per step)."""
+        if self.sampled_pos_ratio is not None:
+            return self.sampled_pos_ratio
         return local_ratio if self.pos_ratio_mode == "local" else self.pos_ratio
 
     def batch_p(self, p_state: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """p for this mini-batch: the stored p, or the batch's ratio (per label) in ``batch`` mode."""
+        """p for this mini-batch: r = P/B under class-aware batches, else the stored p,
+        or the batch's ratio (per label) in ``batch`` mode."""
+        if self.sampled_pos_ratio is not None:
+            return torch.full_like(p_state, self.sampled_pos_ratio)
         return y.mean(0) if self.pos_ratio_mode == "batch" else p_state

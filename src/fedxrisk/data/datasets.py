@@ -141,12 +141,20 @@ DATASETS: dict[str, Callable[[], LabeledData]] = {
 
 
 FILE_DATASETS: set[str] = set()  # loaders that read files from a data_dir (fedxrisk.data.readers)
+SIZED_DATASETS = ("mnist1d", "synthetic")  # generated: their loader takes num_samples
 
 
-def load_dataset(name: str, data_dir: str | None = None) -> LabeledData:
-    """A bundled dataset by name, or a file dataset read from ``data_dir``."""
+def load_dataset(name: str, data_dir: str | None = None, num_samples: int | None = None) -> LabeledData:
+    """A bundled dataset by name, or a file dataset read from ``data_dir``; generated
+    datasets (:data:`SIZED_DATASETS`) take ``num_samples`` (None: their default size)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+    if num_samples is not None:
+        if name not in SIZED_DATASETS:
+            raise ValueError(
+                f"num_samples applies to generated datasets {list(SIZED_DATASETS)}, not {name!r}; drop it"
+            )
+        return DATASETS[name](num_samples=num_samples)  # type: ignore[call-arg]
     if name in FILE_DATASETS:
         return DATASETS[name](data_dir)  # type: ignore[call-arg]
     if data_dir is not None:

@@ -111,16 +111,18 @@ def make_federated(
     allow_missing_class: bool = False,
     data_dir: str | None = None,
     feature_shift: bool = False,
+    num_samples: int | None = None,
 ) -> FederatedData:
     """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
 
     ``data_dir`` is where file datasets are read from (see :mod:`fedxrisk.data.readers`);
-    ``feature_shift`` adds FeDXL's per-client Gaussian feature shift (``data.shift``).
+    ``feature_shift`` adds FeDXL's per-client Gaussian feature shift (``data.shift``);
+    ``num_samples`` sizes a generated dataset (mnist1d, synthetic) before its split.
     """
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        data = binarize(load_dataset(dataset, data_dir), positive_classes)
+        data = binarize(load_dataset(dataset, data_dir, num_samples), positive_classes)
     if data.y_train.dim() == 2 and imratio is not None:
         raise ValueError(
             f"{data.name} is multi-label: imratio applies to one binary label; set imratio = None (--imratio none)"

@@ -33,7 +33,7 @@ MNIST1D_ARGS = {
 
 
 @lru_cache(maxsize=2)
-def _generate(seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _generate(seed: int, num_samples: int = MNIST1D_ARGS["num_samples"]) -> tuple[np.ndarray, np.ndarray]:
     try:
         from mnist1d.data import make_dataset
         from mnist1d.utils import ObjectView
@@ -43,7 +43,7 @@ def _generate(seed: int) -> tuple[np.ndarray, np.ndarray]:
         ) from e
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
-        d = make_dataset(ObjectView(dict(MNIST1D_ARGS, seed=seed)))
+        d = make_dataset(ObjectView(dict(MNIST1D_ARGS, seed=seed, num_samples=num_samples)))
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
@@ -52,9 +52,12 @@ def _generate(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def load_mnist1d(seed: int = 42):
-    """5000 signals of length 40, 10 classes, split like the other bundled sets (70/30, stratified)."""
+def load_mnist1d(seed: int = 42, num_samples: int | None = None):
+    """``num_samples`` (default 5000, the package's) signals of length 40, 10 classes, split
+    like the other bundled sets (70/30, stratified); the same seed and size give the same data."""
     from fedxrisk.data.datasets import _split
 
-    x, y = _generate(seed)
+    if num_samples is not None and num_samples < 100:
+        raise ValueError(f"num_samples must be ≥ 100 for mnist1d, got {num_samples}")
+    x, y = _generate(seed, num_samples or MNIST1D_ARGS["num_samples"])
     return _split("mnist1d", x.copy(), y.copy(), 10)

@@ -36,6 +36,7 @@ class FlowerConfig:
     seed: int = 0
     buffer_policy: str = "average"
     pos_ratio_mode: str = "global"
+    positives_per_batch: int = 0  # > 0: class-aware batches for any algorithm (fedxrisk.classaware)
     allow_missing_class: bool = False
     eval_every: int = 1
     # trial sites (node config ``dataset`` + ``partition-id`` + ``num-partitions``)
@@ -142,7 +143,9 @@ class FlowerConfig:
                 f"unknown option(s) {unknown} for {self.algorithm}; "
                 f"allowed: {sorted(self.algorithm_class.hyperparameters())}"
             )
-        positives = self.options.get("positives_per_batch", self.algorithm_class.positives_per_batch)
+        positives = self.positives_per_batch or self.options.get(
+            "positives_per_batch", self.algorithm_class.positives_per_batch
+        )
         if isinstance(positives, int) and positives >= self.batch_size:
             raise ConfigError(
                 f"{self.algorithm} draws positives_per_batch = {positives} positives per batch, which "

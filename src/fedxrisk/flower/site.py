@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
+from fedxrisk.classaware import use_class_aware_batches
 from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.flower.config import FlowerConfig
@@ -163,6 +164,7 @@ class SiteRunner:
         model = build_model(self.cfg.model, self.site.input_shape, self.cfg.seed)
         self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
+        use_class_aware_batches(self.algorithm, self.cfg.positives_per_batch, self.cfg.batch_size)
         n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
         self.sampler, self.aux_sampler = make_samplers(
             [n], b, seed, ids, self.algorithm.positives_per_batch, [self.site.y.numpy()]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fedxrisk.models.cnn1d import CNN1D
 from fedxrisk.models.cnn28 import CNN28
 from fedxrisk.models.densenet import DenseNet, densenet121, densenet121_imagenet
 from fedxrisk.models.resnet import ResNet, resnet20
@@ -22,6 +23,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP,
     "cnn": SmallCNN,
     "cnn28": CNN28,
+    "cnn1d": CNN1D,
     "resnet20": resnet20,
     "densenet121": densenet121,
     "densenet121_imagenet": densenet121_imagenet,
@@ -40,6 +42,7 @@ def build_model(name: str, input_shape: tuple[int, ...], seed: int = 0, num_outp
 
 
 __all__ = [
+    "CNN1D",
     "CNN28",
     "MLP",
     "MODELS",
