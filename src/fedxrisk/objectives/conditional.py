@@ -179,6 +179,9 @@ def csg_estimate(
 # -- AUPRC: the average-precision surrogate (§5.3; ALGORITHMS.md §1.6) --------------------------
 
 
+SAME_BATCH = "same_batch"  # key in xi: eta's every row is the outer batch itself
+
+
 class APSurrogate(ConditionalObjective):
     """Online AP surrogate: ξ = a positive z⁺, η = a sample z of the client's data.
 
@@ -196,10 +199,13 @@ class APSurrogate(ConditionalObjective):
     def inner(self, problem, params, buffers, xi, eta):
         x_pos, x_in = xi["x"], eta["x"]  # [b, ...], [b, m, ...]
         b, m = x_in.shape[:2]
-        # one forward pass, so BatchNorm's batch statistics are shared by both score sets
-        flat = torch.cat([x_pos, x_in.reshape(b * m, *x_in.shape[2:])])
-        s = torch.sigmoid(problem.logits(params, buffers, flat)[0])
-        s_pos, s_in = s[:b], s[b:].reshape(b, m)
+        if SAME_BATCH in xi:  # from_batch: every row of eta is the outer batch, scored once (b = m)
+            s_pos = torch.sigmoid(problem.logits(params, buffers, x_pos)[0])
+            s_in = s_pos.unsqueeze(0).expand(b, m)
+        else:  # one forward pass, so BatchNorm's batch statistics are shared by both score sets
+            flat = torch.cat([x_pos, x_in.reshape(b * m, *x_in.shape[2:])])
+            s = torch.sigmoid(problem.logits(params, buffers, flat)[0])
+            s_pos, s_in = s[:b], s[b:].reshape(b, m)
         loss = torch.clamp(self.margin - s_pos[:, None] + s_in, min=0) ** 2
         return torch.stack([loss * eta["y"], loss], dim=-1)  # [b, m, 2]
 
@@ -217,11 +223,13 @@ class APSurrogate(ConditionalObjective):
 
     def from_batch(self, batch):
         """LibAUC's online form: the positives of the mini-batch are the outer samples
-        (``xi_weight`` = y) and the whole mini-batch is every positive's inner sample set."""
+        (``xi_weight`` = y) and the whole mini-batch is every positive's inner sample set.
+        ``xi[SAME_BATCH]`` tells :meth:`inner` so, which then scores the batch once instead
+        of b + b² times (the same scores, and the same BatchNorm batch statistics)."""
         x, y = batch["x"], batch["y"]
         n = x.shape[0]
         eta = {"x": x.unsqueeze(0).expand(n, *x.shape), "y": y.unsqueeze(0).expand(n, n)}
-        return {"xi": {"x": x}, "eta": eta, "xi_weight": y}
+        return {"xi": {"x": x, SAME_BATCH: y}, "eta": eta, "xi_weight": y}
 
 
 # -- invariant logistic regression (§5.1; ALGORITHMS.md §1.8) ---------------------------------

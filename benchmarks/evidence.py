@@ -1,0 +1,502 @@
+"""Where do the AUC methods beat cross-entropy? The evidence study of issue 15 (docs/evidence.md).
+
+Protocol (every method gets the same budget):
+
+1. Each client's training shard is split, per class, into 80 % training and
+   20 % validation (seeded); every run trains on the 80 % only. The union of
+   the 20 % parts is the validation set. The test set is never used to choose.
+2. Selection (seed 0): every method runs each learning rate of its grid
+   (``LR_GRIDS``: three values a factor 3 apart; no other knob is tuned) and
+   keeps the one with the best *validation* value of its own target metric
+   (AUROC; FeDXL2: pAUC(FPR ≤ 0.3); FCSG-M: AP). Learning rates are selected on
+   the class-heterogeneous partition of each imratio and reused for iid.
+3. Final: the selected learning rate on seeds 0, 1, 2 (seed 0 is the selection
+   run itself: same data, same training, its test metrics are read only here).
+   Test AUROC, AP, pAUC(FPR ≤ 0.3, normalized) as mean ± std, and per-seed
+   paired differences against CE FedAvg.
+4. Two-stage: the AUC method starts from the final model of CE FedAvg
+   (same regime, seed and selected CE learning rate) and runs half the steps.
+
+Results go to ``benchmarks/results/evidence.json`` after every run (resumable:
+finished cells are skipped); ``--render-only`` rebuilds the tables
+(``benchmarks/results/evidence*.md``) and figures (``docs/figures/evidence_*.png``).
+
+    nice -n 5 python benchmarks/evidence.py            # the study (hours on one core)
+    python benchmarks/evidence.py --render-only        # tables and figures from the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FIGURES = ROOT / "docs" / "figures"
+CACHE = ROOT / "runs" / "evidence_cache"  # pretrained CE models for two-stage runs (not committed)
+OUT = RESULTS / "evidence.json"  # merged from the parts evidence.<part>.json that workers write
+PART = {"name": "main"}
+
+CLIENTS, BATCH, LOCAL_STEPS, STAGES, LR_DECAY = 16, 32, 8, 3, 3.0
+POSITIVES = 8  # class-aware batches: r = 8/32 = 0.25 (LibAUC's DualSampler default rate is 0.2)
+VAL_FRACTION = 0.2
+EVAL_EVERY = 10  # rounds between validation evaluations (the curves)
+SEEDS = (0, 1, 2)
+# three learning rates a factor 3 apart per method (the same budget for all), placed around
+# each algorithm's default_lr; LocalSCGDAM's top is 0.1 because Alg. 1 needs α·η < 1 (α = 9)
+LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "ce": (0.1, 0.3, 1.0),
+    "ce_ca": (0.1, 0.3, 1.0),
+    "codasca_paper": (1.0, 3.0, 10.0),
+    "codasca_code": (1.0, 3.0, 10.0),
+    "localscgdam": (0.011, 0.033, 0.1),
+    "fedxl2": (0.5, 1.5, 5.0),
+    "fcsg_m": (0.1, 0.3, 1.0),
+}
+
+# name → (algorithm, options, positives per batch, target metric)
+METHODS: dict[str, tuple[str, dict[str, Any], int, str]] = {
+    "ce": ("localsgdm", {}, 0, "auroc"),
+    "ce_ca": ("localsgdm", {}, POSITIVES, "auroc"),
+    "codasca_paper": ("codasca", {"form": "paper"}, POSITIVES, "auroc"),
+    "codasca_code": ("codasca", {"form": "code"}, POSITIVES, "auroc"),
+    "localscgdam": ("localscgdam", {}, POSITIVES, "auroc"),
+    "fedxl2": ("fedxl2", {}, POSITIVES, "pauc"),
+    "fcsg_m": ("fcsg_m", {}, POSITIVES, "ap"),
+}
+LABELS = {
+    "ce": "CE FedAvg",
+    "ce_ca": "CE FedAvg, class-aware",
+    "codasca_paper": "CODASCA (paper)",
+    "codasca_code": "CODASCA (code)",
+    "localscgdam": "LocalSCGDAM",
+    "fedxl2": "FeDXL2 (pAUC)",
+    "fcsg_m": "FCSG-M (AP)",
+}
+TWO_STAGE = [m for m in METHODS if m not in ("ce",)]  # CE continued from CE is CE
+
+
+def mnist1d(imratio: float, partition: str) -> dict[str, Any]:
+    return {"dataset": "mnist1d", "num_samples": 20000, "model": "cnn1d", "imratio": imratio,
+            "partition": partition, "rounds": 100}  # fmt: skip
+
+
+# name → data/model settings; "select_on": the regime whose selected learning rates it reuses
+REGIMES: dict[str, dict[str, Any]] = {
+    "digits": {"dataset": "digits", "model": "mlp", "imratio": 0.1, "partition": "class", "rounds": 60},
+    "breast_cancer": {
+        "dataset": "breast_cancer",
+        "model": "mlp",
+        "imratio": None,
+        "partition": "iid",
+        "rounds": 60,
+    },  # fmt: skip
+    "mnist1d 0.1 class": mnist1d(0.1, "class"),
+    "mnist1d 0.02 class": mnist1d(0.02, "class"),
+    "mnist1d 0.02 iid": {**mnist1d(0.02, "iid"), "select_on": "mnist1d 0.02 class"},
+    "mnist1d 0.1 iid": {**mnist1d(0.1, "iid"), "select_on": "mnist1d 0.1 class"},
+    "mnist1d 0.005 class": mnist1d(0.005, "class"),
+}
+SANITY = ("digits", "breast_cancer")  # from scratch only
+
+
+# -- data ------------------------------------------------------------------------------------
+def split_validation(fed, seed: int):
+    """(train shards, validation indices): per client and class, VAL_FRACTION of the shard
+    (at least one sample of a class the client holds twice or more) becomes validation."""
+    y = fed.data.y_train.numpy()
+    train, val = [], []
+    for k, shard in enumerate(fed.shards):
+        rng = np.random.default_rng([seed, 15, k])
+        keep = []
+        for c in (0, 1):
+            members = rng.permutation(shard[y[shard] == c])
+            n_val = max(1, round(VAL_FRACTION * len(members))) if len(members) >= 2 else 0
+            val.append(members[:n_val])
+            keep.append(members[n_val:])
+        train.append(np.sort(np.concatenate(keep)))
+    return train, np.sort(np.concatenate(val))
+
+
+_DATA: dict[tuple, Any] = {}
+
+
+def regime_data(regime: str, seed: int):
+    """(FederatedData on the training parts, validation indices), cached per process."""
+    from fedxrisk.data import FederatedData, make_federated
+
+    key = (regime, seed)
+    if key not in _DATA:
+        r = REGIMES[regime]
+        fed = make_federated(
+            r["dataset"], CLIENTS, r["partition"], r["imratio"], seed,
+            allow_missing_class=True, num_samples=r.get("num_samples"),
+        )  # fmt: skip
+        shards, val = split_validation(fed, seed)
+        _DATA.clear()  # one regime at a time keeps memory small
+        _DATA[key] = (FederatedData(fed.data, shards), val)
+    return _DATA[key]
+
+
+# -- one run ---------------------------------------------------------------------------------
+def metrics_of(problem, params, buffers, x, y) -> dict[str, float]:
+    from fedxrisk.metrics import auroc, average_precision, partial_auroc, predict
+
+    s = predict(problem, params, buffers, x)
+    y = y.numpy()
+    return {"auroc": auroc(y, s), "ap": average_precision(y, s), "pauc": partial_auroc(y, s, 0.3)}
+
+
+def build_simulation(regime: str, method: str, lr: float, seed: int, rounds: int, init: Path | None):
+    """The Simulation of one cell; ``init``: a saved CE model the AUC method starts from (two-stage)."""
+    import torch
+
+    from fedxrisk.algorithms import ALGORITHMS, Schedule
+    from fedxrisk.classaware import use_class_aware_batches
+    from fedxrisk.engines import Simulation
+    from fedxrisk.models import build_model
+    from fedxrisk.problem import Problem
+
+    fed, val = regime_data(regime, seed)
+    r, (alg, options, positives, _) = REGIMES[regime], METHODS[method]
+    model = build_model(r["model"], fed.data.input_shape, seed)
+    if init is not None:
+        load_pretrained(model, init)
+    problem = Problem(model, fed.data.pos_ratio)
+    algorithm = ALGORITHMS[alg](problem, **options)
+    use_class_aware_batches(algorithm, positives, BATCH)
+    schedule = Schedule.build(rounds, LOCAL_STEPS, lr, STAGES, LR_DECAY, 1.0)
+    sim = Simulation(algorithm, fed, schedule, BATCH, seed, "vmap")
+    torch.manual_seed(seed)
+    return sim, problem, fed, val
+
+
+def load_pretrained(model, path: Path) -> None:
+    """Two-stage: the model's parameters and buffers become the saved CE model's, exactly."""
+    import torch
+
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict({**blob["params"], **blob["buffers"]})
+
+
+def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) -> dict[str, Any]:
+    """Train one cell; validation curve every EVAL_EVERY rounds, final val and test metrics."""
+    import torch
+
+    from fedxrisk.engines import NonFiniteLoss
+
+    rounds = REGIMES[regime]["rounds"] // (2 if two_stage else 1)
+    init = pretrained_path(regime, seed) if two_stage else None
+    start = time.perf_counter()
+    sim, problem, fed, val = build_simulation(regime, method, lr, seed, rounds, init)
+    data = fed.data
+    x_val, y_val = data.x_train[torch.from_numpy(val)], data.y_train[torch.from_numpy(val)]
+    curve, status = [], "ok"
+    try:
+        while not sim.done:
+            plan = sim.run_round()
+            if sim.round % EVAL_EVERY == 0 or sim.done:
+                m = metrics_of(problem, *sim.global_model(), x_val, y_val)
+                curve.append([plan.first_step + plan.window, m["auroc"], m["ap"], m["pauc"]])
+    except NonFiniteLoss:
+        status = "nan"
+    params, buffers = sim.global_model()
+    nan = {"auroc": math.nan, "ap": math.nan, "pauc": math.nan}
+    ok = status == "ok"
+    out = {
+        "regime": regime, "method": method, "two_stage": two_stage, "lr": lr, "seed": seed,
+        "status": status, "steps": rounds * LOCAL_STEPS,
+        "val": metrics_of(problem, params, buffers, x_val, y_val) if ok else nan,
+        "test": metrics_of(problem, params, buffers, data.x_test, data.y_test) if ok else nan,
+        "curve": curve, "seconds": round(time.perf_counter() - start, 1),
+    }  # fmt: skip
+    if method == "ce" and not two_stage and ok:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        blob = {"params": {k: v.detach().cpu() for k, v in params.items()},
+                "buffers": {k: v.detach().cpu() for k, v in buffers.items()}}  # fmt: skip
+        torch.save(blob, model_path(regime, seed, lr))
+    return out
+
+
+def model_path(regime: str, seed: int, lr: float) -> Path:
+    return CACHE / f"ce-{regime.replace(' ', '_')}-s{seed}-lr{lr:.6g}.pt"
+
+
+# -- the study -------------------------------------------------------------------------------
+def key(regime: str, method: str, two_stage: bool, lr: float, seed: int) -> str:
+    return f"{regime}|{method}|{'two' if two_stage else 'scratch'}|{lr:.6g}|{seed}"
+
+
+def part_path(name: str) -> Path:
+    return RESULTS / f"evidence.{name}.json"
+
+
+def load_results() -> dict[str, Any]:
+    """Every stored cell: the merged file and all worker parts."""
+    results: dict[str, Any] = {}
+    for path in [OUT, *sorted(RESULTS.glob("evidence.*.json"))]:
+        if path.exists():
+            results.update(json.loads(path.read_text()))
+    return results
+
+
+def save_results(results: dict[str, Any]) -> None:
+    """This worker's cells to its part file (atomic), so parallel workers never collide."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = part_path(PART["name"])
+    mine = json.loads(path.read_text()) if path.exists() else {}
+    mine.update({k: v for k, v in results.items() if v.get("part") == PART["name"]})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(mine, indent=1, allow_nan=True) + "\n")
+    os.replace(tmp, path)
+
+
+def merge_parts() -> None:
+    """Fold the worker parts into evidence.json (the committed raw results)."""
+    results = load_results()
+    OUT.write_text(json.dumps(dict(sorted(results.items())), indent=1, allow_nan=True) + "\n")
+    for path in RESULTS.glob("evidence.*.json"):
+        path.unlink()
+
+
+def lr_grid(method: str) -> list[float]:
+    return list(LR_GRIDS[method])
+
+
+def target(record: dict[str, Any]) -> float:
+    """The validation value a method is selected on (NaN / failed runs rank last)."""
+    value = record["val"][METHODS[record["method"]][3]]
+    return -math.inf if value is None or math.isnan(value) else value
+
+
+def selected_lr(results, regime: str, method: str, two_stage: bool) -> float | None:
+    """The grid learning rate with the best validation target on seed 0; None until all ran."""
+    source = REGIMES[regime].get("select_on", regime)
+    runs = [results.get(key(source, method, two_stage, lr, 0)) for lr in lr_grid(method)]
+    if any(r is None for r in runs):
+        return None
+    return max(runs, key=target)["lr"]
+
+
+def pretrained_path(regime: str, seed: int) -> Path:
+    lr = selected_lr(load_results(), regime, "ce", False)
+    if lr is None:
+        raise RuntimeError(f"two-stage on {regime} needs CE's selected learning rate first")
+    return model_path(regime, seed, lr)
+
+
+def ensure(results, regime, method, two_stage, lr, seed) -> None:
+    """Run one cell unless it is stored; two-stage cells first (re)build their CE model."""
+    k = key(regime, method, two_stage, lr, seed)
+    if k in results:
+        return
+    if two_stage:
+        ce_lr = selected_lr(results, regime, "ce", False)
+        if not model_path(regime, seed, ce_lr).exists():
+            results.pop(key(regime, "ce", False, ce_lr, seed), None)
+            ensure(results, regime, "ce", False, ce_lr, seed)
+    rec = run_cell(regime, method, lr, seed, two_stage)
+    rec["part"] = PART["name"]
+    results[k] = rec
+    save_results(results)
+    tag = "two-stage" if two_stage else "scratch"
+    print(f"{regime:20s} {method:14s} {tag:9s} lr={lr:<7g} seed={seed} val={rec['val']['auroc']:.4f} "
+          f"({rec['seconds']:.0f}s)", flush=True)  # fmt: skip
+
+
+def variants(regime: str) -> list[tuple[str, bool]]:
+    scratch = [(m, False) for m in METHODS]
+    return scratch if regime in SANITY else scratch + [(m, True) for m in TWO_STAGE]
+
+
+def run_study(regimes: list[str], seeds: tuple[int, ...]) -> None:
+    results = load_results()
+    for regime in regimes:
+        source = REGIMES[regime].get("select_on", regime)
+        for method, two in variants(regime):  # selection on seed 0 (CE first: two-stage needs it)
+            for lr in lr_grid(method):
+                ensure(results, source, method, two, lr, 0)
+        for seed in seeds:
+            for method, two in variants(regime):
+                ensure(results, regime, method, two, selected_lr(results, regime, method, two), seed)
+
+
+# -- rendering -------------------------------------------------------------------------------
+def final_runs(results, regime, method, two_stage) -> list[dict[str, Any]]:
+    lr = selected_lr(results, regime, method, two_stage)
+    if lr is None:
+        return []
+    runs = [results.get(key(regime, method, two_stage, lr, s)) for s in SEEDS]
+    return [r for r in runs if r is not None]
+
+
+def _ms(values: list[float]) -> str:
+    v = [x for x in values if x is not None and not math.isnan(x)]
+    if not v:
+        return "–"
+    return f"{np.mean(v):.3f} ± {np.std(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
+
+
+def _paired(runs, ce_runs, metric: str) -> str:
+    """mean ± std of per-seed differences against CE FedAvg, and wins/seeds."""
+    ce = {r["seed"]: r["test"][metric] for r in ce_runs}
+    d = [r["test"][metric] - ce[r["seed"]] for r in runs if r["seed"] in ce]
+    d = [x for x in d if not math.isnan(x)]
+    if not d:
+        return "–"
+    wins = sum(x > 0 for x in d)
+    return f"{np.mean(d):+.3f} ± {np.std(d):.3f} ({wins}/{len(d)})"
+
+
+def render(results) -> None:
+    lines = [
+        "| regime | method | start | lr | test AUROC | Δ vs CE | test AP | Δ vs CE | test pAUC₀.₃ | Δ vs CE | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for regime in REGIMES:
+        ce_runs = final_runs(results, regime, "ce", False)
+        for method, two in variants(regime):
+            runs = final_runs(results, regime, method, two)
+            if not runs:
+                continue
+            lr = runs[0]["lr"]
+            cols = []
+            for metric in ("auroc", "ap", "pauc"):
+                cols.append(_ms([r["test"][metric] for r in runs]))
+                cols.append("" if method == "ce" and not two else _paired(runs, ce_runs, metric))
+            start = "CE model" if two else "scratch"
+            lines.append(
+                f"| {regime} | {LABELS[method]} | {start} | {lr:g} | "
+                + " | ".join(cols)
+                + f" | {len(runs)} |"
+            )
+    header = (
+        "Test metrics at the learning rate selected on validation (seed 0), mean ± std over seeds; "
+        "Δ = per-seed paired difference against CE FedAvg (mean ± std, wins/seeds). "
+        "pAUC₀.₃ = normalized partial AUROC at FPR ≤ 0.3.\n\n"
+    )
+    (RESULTS / "evidence.md").write_text(header + "\n".join(lines) + "\n")
+    render_selection(results)
+    plot(results)
+
+
+def render_selection(results) -> None:
+    """Every selection run's validation target, so the choice can be checked."""
+    lines = ["| regime | method | start | lr 1 | lr 2 | lr 3 | selected lr |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for regime in REGIMES:
+        if "select_on" in REGIMES[regime]:
+            continue
+        for method, two in variants(regime):
+            cells = []
+            for lr in lr_grid(method):
+                r = results.get(key(regime, method, two, lr, 0))
+                cells.append(
+                    "–"
+                    if r is None
+                    else f"{lr:g}: {target(r):.3f}"
+                    if target(r) > -math.inf
+                    else f"{lr:g}: NaN"
+                )
+            sel = selected_lr(results, regime, method, two)
+            start = "CE model" if two else "scratch"
+            metric = METHODS[method][3]
+            lines.append(
+                f"| {regime} | {LABELS[method]} ({metric}) | {start} | "
+                + " | ".join(cells)
+                + f" | {sel if sel is not None else '–'} |"
+            )
+    head = "Validation target (seed 0) for each learning rate of the grid (lr: value); the test set is not read.\n\n"
+    (RESULTS / "evidence_selection.md").write_text(head + "\n".join(lines) + "\n")
+
+
+def plot(results) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    regimes = [r for r in REGIMES if final_runs(results, r, "ce", False)]
+    if not regimes:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(15, 0.5 + 0.45 * len(regimes) * 2.2), sharey=True)
+    offsets = {}
+    variants_all = [(m, False) for m in METHODS] + [(m, True) for m in TWO_STAGE]
+    for i, v in enumerate(variants_all):
+        offsets[v] = (i - len(variants_all) / 2) * 0.06
+    colors = plt.get_cmap("tab10")
+    for ax, metric, title in zip(
+        axes, ("auroc", "ap", "pauc"), ("test AUROC", "test AP", "test pAUC (FPR ≤ 0.3)")
+    ):
+        for j, regime in enumerate(regimes):
+            for (method, two), off in offsets.items():
+                runs = final_runs(results, regime, method, two)
+                vals = [r["test"][metric] for r in runs if not math.isnan(r["test"][metric])]
+                if not vals:
+                    continue
+                c = colors(list(METHODS).index(method))
+                ax.errorbar(np.mean(vals), j + off, xerr=np.std(vals), fmt="s" if two else "o", color=c,
+                            mfc="none" if two else c, ms=5,
+                            label=f"{LABELS[method]}{' (two-stage)' if two else ''}" if j == 0 else None)  # fmt: skip
+        ax.set_yticks(range(len(regimes)), regimes)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].invert_yaxis()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(FIGURES / "evidence_metrics.png", dpi=110)
+    plt.close(fig)
+    # CE's validation curves (selection runs, seed 0, every lr): does CE plateau?
+    sel = [r for r in REGIMES if "select_on" not in REGIMES[r]]
+    fig, axes = plt.subplots(1, len(sel), figsize=(3.2 * len(sel), 3), sharey=False)
+    for ax, regime in zip(np.atleast_1d(axes), sel):
+        for lr in lr_grid("ce"):
+            r = results.get(key(regime, "ce", False, lr, 0))
+            if r and r["curve"]:
+                c = np.array(r["curve"])
+                ax.plot(c[:, 0], c[:, 1], label=f"lr {lr:g}")
+        ax.set_title(regime, fontsize=9)
+        ax.set_xlabel("local step")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("CE FedAvg validation AUROC")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(FIGURES / "evidence_ce_curve.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--render-only", action="store_true", help="tables and figures from evidence.json")
+    parser.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regime names")
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    parser.add_argument("--part", default="main", help="this worker's results file evidence.<part>.json")
+    parser.add_argument("--merge", action="store_true", help="fold the worker parts into evidence.json")
+    args = parser.parse_args(argv)
+    PART["name"] = args.part
+    if args.merge:
+        merge_parts()
+    if not args.render_only and not args.merge:
+        import torch
+
+        torch.set_num_threads(1)
+        regimes = [r.strip() for r in args.regimes.split(",")]
+        unknown = [r for r in regimes if r not in REGIMES]
+        if unknown:
+            sys.exit(f"unknown regime(s) {unknown}; choose from {list(REGIMES)}")
+        run_study(regimes, tuple(int(s) for s in args.seeds.split(",")))
+    render(load_results())
+
+
+if __name__ == "__main__":
+    main()
