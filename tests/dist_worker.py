@@ -43,6 +43,22 @@ def build(alg, clients, per_rank, steps, stages, model, policy, rounds=ROUNDS, s
     return DistributedSimulation(algorithm, data, schedule, 8, seed, clients_per_rank=per_rank, timeout=60)
 
 
+def class_aware_probe():
+    """tests/test_classaware.py's probe on 4 clients over 2 ranks: 3 positives per batch of 8."""
+    from fedxrisk.classaware import use_class_aware_batches
+    from helpers import PositivesProbe
+
+    data = make_federated("digits", 4, "iid", 0.1, 0)
+    probe = PositivesProbe(Problem(build_model("linear", data.data.input_shape, 0), data.data.pos_ratio))
+    use_class_aware_batches(probe, 3, 8)
+    sim = DistributedSimulation(
+        probe, data, Schedule.build(3, 2, 0.1, 1), 8, 0, clients_per_rank=2, timeout=60
+    )
+    while not sim.done:
+        sim.run_round()
+    return sim.state_dict()["states"]
+
+
 class Counter:
     """Wraps torch.distributed's collectives to count calls."""
 
@@ -132,6 +148,7 @@ def main(out: Path) -> None:
         ]
     )
     results["gather_ledger_equal"] = dist_ledger.summary() == sim_ledger.summary()
+    results["class_aware_probe"] = class_aware_probe()
     if group.rank == 0:
         torch.save(results, out / "results.pt")
 

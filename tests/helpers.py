@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedxrisk.algorithms import ALGORITHMS, Schedule
+from fedxrisk.algorithms import ALGORITHMS, Algorithm, ClientInfo, Schedule
+from fedxrisk.classaware import use_class_aware_batches
 from fedxrisk.data import make_federated
 from fedxrisk.engines import Simulation
 from fedxrisk.models import build_model
@@ -32,12 +33,15 @@ def make_sim(
     buffer_policy: str = "average",
     pos_ratio_mode: str = "global",
     options: dict[str, Any] | None = None,
+    positives: int = 0,
 ) -> Simulation:
-    """A small simulation with every piece built from ``seed``."""
+    """A small simulation with every piece built from ``seed``; ``positives`` > 0:
+    class-aware batches (:func:`fedxrisk.classaware.use_class_aware_batches`)."""
     data = make_federated(dataset, clients, partition, imratio, seed)
     net = build_model(model, data.data.input_shape, seed)
     problem = Problem(net, data.data.pos_ratio, buffer_policy, pos_ratio_mode)
     alg = ALGORITHMS[algorithm](problem, **(options or {}))
+    use_class_aware_batches(alg, positives, batch_size)
     schedule = Schedule.build(rounds, local_steps, lr, stages)
     return Simulation(alg, data, schedule, batch_size, seed, engine)
 
@@ -73,3 +77,34 @@ def idx_bytes(array: np.ndarray) -> bytes:
     """``array`` (uint8) encoded as an IDX file: magic 0x0008, its rank, big-endian sizes."""
     header = bytes([0, 0, 0x08, array.ndim]) + np.array(array.shape, dtype=">i4").tobytes()
     return header + array.astype(np.uint8).tobytes()
+
+
+class PositivesProbe(Algorithm):
+    """Counts what the engine feeds it: positives and samples seen, and the p the AUC losses
+    would use on each batch (``problem.batch_p``); no learning, no communication."""
+
+    name = "positives_probe"
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+    def init(self, client: ClientInfo):
+        w, buffers = self.problem.init_model()
+        zero = torch.zeros(())
+        p = torch.tensor(self.problem.client_pos_ratio(client.pos_ratio), dtype=torch.float32)
+        return {"w": w, "buffers": buffers, "p": p, "pos": zero, "seen": zero, "p_min": zero + 2, "p_max": zero - 2,
+                "batch_pos_min": zero + 1e9, "batch_pos_max": zero - 1, "loss": zero}  # fmt: skip
+
+    def local_step(self, state, batch, ctx):
+        y = batch["y"].float()
+        p = self.problem.batch_p(state["p"], batch["y"])
+        return {
+            **state,
+            "pos": state["pos"] + y.sum(), "seen": state["seen"] + y.numel(),
+            "p_min": torch.minimum(state["p_min"], p), "p_max": torch.maximum(state["p_max"], p),
+            "batch_pos_min": torch.minimum(state["batch_pos_min"], y.sum()),
+            "batch_pos_max": torch.maximum(state["batch_pos_max"], y.sum()),
+        }  # fmt: skip
+
+    def communicate(self, state, comm, ctx):
+        return state

@@ -69,6 +69,14 @@ def test_distributed_matches_loop_engine_for_every_family(worker_results):
         assert max_abs_diff({"p": lp, "b": lb}, {"p": dp, "b": db}) < 1e-5, r["spec"]
 
 
+def test_class_aware_probe(worker_results):
+    """Class-aware batches on 2 ranks: exactly 3 positives in every batch of 8, p = 3/8 (test_classaware)."""
+    from test_classaware import assert_exact_class_aware
+
+    _, results, _ = worker_results
+    assert_exact_class_aware(results["class_aware_probe"], 4)
+
+
 def test_one_packed_all_reduce_per_round(worker_results):
     _, results, _ = worker_results
     for r in results["scenarios"]:
