@@ -82,6 +82,9 @@ class RunConfig:
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
     tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
+    init_from: str | None = None  # start from a run folder's model.pt or a state dict file (init_from.py)
+    reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
+    pretrain: dict[str, Any] | None = None  # a first stage's settings (pipeline.py); None: one stage
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -144,6 +147,12 @@ def validate(cfg: RunConfig) -> None:
             check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if cfg.init_from is not None and not Path(cfg.init_from).exists():
+        raise ConfigError(f"model.init_from: {cfg.init_from!r} does not exist")
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import check_pretrain
+
+        check_pretrain(cfg)
 
 
 def _validate_batches(cfg: RunConfig) -> None:
@@ -175,19 +184,32 @@ class Setup:
     problem: Problem
     algorithm: Algorithm
     simulation: Simulation
+    init: dict[str, Any] | None = None  # where the weights came from (init_from.load_weights)
 
 
-def build(cfg: RunConfig) -> Setup:
-    """Validate and build everything; raises :class:`ConfigError` before any output exists."""
+def build(cfg: RunConfig, init_path: str | Path | None = None, data: FederatedData | None = None) -> Setup:
+    """Validate and build everything; raises :class:`ConfigError` before any output exists.
+
+    The model starts from ``init_path`` if given, else from ``cfg.init_from`` (a
+    two-stage config's ``init_from`` belongs to its first stage); ``data`` skips loading.
+    """
     validate(cfg)
+    if init_path is None and cfg.pretrain is None:
+        init_path = cfg.init_from
     try:
-        data = make_federated(
-            cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
-            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
-            cfg.feature_shift, cfg.num_samples,
-        )  # fmt: skip
+        if data is None:
+            data = make_federated(
+                cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
+                cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
+                cfg.feature_shift, cfg.num_samples,
+            )  # fmt: skip
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
+        init = None
+        if init_path is not None or cfg.reset_head:
+            from fedxrisk.init_from import load_weights
+
+            init = load_weights(model, cfg.model, init_path, cfg.reset_head)
         problem = Problem(
             model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
         )
@@ -210,7 +232,7 @@ def build(cfg: RunConfig) -> Setup:
             sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim)
+    return Setup(cfg, data, problem, algorithm, sim, init)
 
 
 def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
@@ -301,22 +323,29 @@ def run_experiment(
     so far is kept, the summary records ``status: failed`` and the round, and
     :class:`NonFiniteLoss` is raised.
     """
+    out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import run_two_stage
+
+        return run_two_stage(cfg, out, callback)
+    setup = build(cfg)
+    if setup.simulation.is_primary:  # distributed: only rank 0 writes
+        start_run_folder(cfg, out)
+    return _train(setup, out, callback, None)
+
+
+def start_run_folder(cfg: RunConfig, out: Path) -> None:
+    """Refuse a folder holding a run, else create it and write ``config.toml``."""
     from fedxrisk.config import config_to_toml
 
-    setup = build(cfg)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
-    if setup.simulation.is_primary:  # distributed: only rank 0 writes
-        if (out / "summary.json").exists():
-            raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
-        if (out / CHECKPOINT).exists():
-            raise ConfigError(
-                f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`"
-            )
-        out.mkdir(parents=True, exist_ok=True)
-        header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
-        text = config_to_toml(cfg, header)
-        _replace_atomic(out / "config.toml", lambda f: f.write(text))
-    return _train(setup, out, callback, None)
+    if (out / "summary.json").exists():
+        raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
+    if (out / CHECKPOINT).exists():
+        raise ConfigError(f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`")
+    out.mkdir(parents=True, exist_ok=True)
+    header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
+    text = config_to_toml(cfg, header)
+    _replace_atomic(out / "config.toml", lambda f: f.write(text))
 
 
 def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> RunResult:
@@ -343,6 +372,10 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
         cfg = load_config(out / "config.toml")
     else:
         raise ConfigError(f"{out} holds neither {CHECKPOINT} nor config.toml: not a fedxrisk run folder")
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import resume_two_stage
+
+        return resume_two_stage(cfg, out, ckpt, callback)
     setup = build(cfg)
     if ckpt is not None:
         setup.simulation.load_state_dict(ckpt["simulation"])
@@ -388,6 +421,12 @@ def _train(setup: Setup, out: Path, callback: Callback | None, ckpt: dict[str, A
     if callback and sim.round:
         callback(history[-1] if history else {}, sim.round, total)
     tb = _tensorboard(out, cfg, sim.round) if primary else None
+    if primary and setup.init is not None and ckpt is None:  # the starting weights' metrics
+        history.append(_initial_row(setup))
+        best = history[0]
+        _replace_atomic(out / "history.csv", write_rows)
+        if callback:
+            callback(history[0], 0, total)
     failure: NonFiniteLoss | None = None
     with open(out / "history.csv" if primary else os.devnull, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
@@ -490,6 +529,17 @@ def _better(new: float, old: float) -> bool:
     return not math.isnan(new) and (math.isnan(old) or new > old)
 
 
+def _initial_row(setup: Setup) -> dict[str, Any]:
+    """Round 0: the metrics of the starting model, before any training step."""
+    sim, first = setup.simulation, setup.simulation.plans[0]
+    params, buffers = sim.global_model()
+    metrics = evaluate(setup.problem, params, buffers, setup.data)
+    return {
+        "round": 0, "step": 0, "stage": first.stage, "lr": first.lr, "train_loss": math.nan, **metrics,
+        "bytes_up_per_client": 0, "bytes_down_per_client": 0, "wall_seconds": 0.0,
+    }  # fmt: skip
+
+
 def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
     sim = setup.simulation
     params, buffers = sim.global_model()
@@ -537,6 +587,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
                 "client_counts": setup.data.client_counts(),
             },
             "hyperparameters": _hparams(setup.algorithm),
+            **({"init": setup.init} if setup.init is not None else {}),
             "config": cfg.to_dict(),
             "torch_version": torch.__version__,
         }

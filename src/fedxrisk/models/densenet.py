@@ -48,6 +48,8 @@ class Transition(nn.Sequential):
 class DenseNet(nn.Module):
     """ImageNet-style DenseNet (7×7 stem, max-pool, four dense blocks, BatchNorm-ReLU-pool head)."""
 
+    head_name = "classifier"  # the classifier head (``model.reset_head``)
+
     def __init__(
         self, input_shape: tuple[int, ...], num_outputs: int = 1, blocks: tuple[int, ...] = BLOCKS_121
     ):

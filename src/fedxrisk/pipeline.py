@@ -1,0 +1,199 @@
+"""Two-stage runs: a ``[pretrain]`` stage, then the main (AUC) stage from its model.
+
+The FDAM chest X-ray protocol (Yuan et al. 2021, §6.2) and LibAUC's practice:
+train with cross-entropy first, then continue from that network with an AUC
+loss (``model.reset_head = true`` discards the cross-entropy classifier).
+
+Config::
+
+    [pretrain]
+    algorithm = "localsgdm"   # default: cross-entropy FedAvg; "centralized": one client, all data
+    rounds = 20               # keys not given take the main stage's value, except
+    lr = 0.1                  # algorithm, lr, local_steps and hyperparameters (the
+    momentum = 0.9            # pretrain algorithm's defaults) and reset_head (false)
+
+Data, model, seed and engine are shared; ``model.init_from`` is where the *first*
+stage starts. Run folder::
+
+    RUN/config.toml           the whole two-stage config (re-runnable)
+    RUN/pretrain/             a complete run folder of stage 1 (config.toml, history.csv,
+                              summary.json, model.pt; checkpoint.pt while unfinished)
+    RUN/history.csv, summary.json, model.pt   the main stage; its history starts with a
+                              round-0 row (the pretrained model's metrics) and its
+                              summary's ``init`` records the source and stage 1's summary
+
+``fedxrisk run --resume RUN`` continues whichever stage was interrupted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fedxrisk.algorithms import ALGORITHMS
+from fedxrisk.experiment import (
+    ConfigError,
+    RunConfig,
+    RunResult,
+    _train,
+    build,
+    resume_experiment,
+    start_run_folder,
+    validate,
+)
+
+PRETRAIN_DIR = "pretrain"
+PRETRAIN_ALGORITHM = "localsgdm"  # cross-entropy FedAvg with local momentum
+CENTRALIZED = "centralized"  # PRETRAIN_ALGORITHM on one client holding all training data
+STAGE_KEYS = (
+    "algorithm", "rounds", "lr", "local_steps", "batch_size", "stages", "lr_decay", "window_growth",
+    "eval_every", "checkpoint_every", "reset_head",
+)  # fmt: skip
+INHERITED = ("rounds", "batch_size", "stages", "lr_decay", "window_growth", "eval_every", "checkpoint_every")
+SUMMARY_KEYS = ("status", "algorithm", "rounds", "final", "best", "wall_seconds", "communication")
+Callback = Callable[[dict[str, Any], int, int], None]
+
+
+def _algorithm_name(name: str) -> str:
+    return PRETRAIN_ALGORITHM if name == CENTRALIZED else name
+
+
+def pretrain_from_table(table: Any) -> dict[str, Any]:
+    """Type-check a ``[pretrain]`` table (stage keys plus the algorithm's hyperparameters)."""
+    from fedxrisk.config import _check, _fields, _unknown, hyperparameter_types
+
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[pretrain] must be a table of keys, got {table!r}")
+    name = table.get("algorithm", PRETRAIN_ALGORITHM)
+    if name != CENTRALIZED and name not in ALGORITHMS:
+        raise ConfigError(
+            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
+        )
+    fields, hparams = _fields(), hyperparameter_types(_algorithm_name(name))
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in STAGE_KEYS:
+            out[key] = _check(f"pretrain.{key}", value, fields[key])
+        elif key in hparams:
+            out[key] = _check(f"pretrain.{key}", value, hparams[key])
+        else:
+            raise _unknown(
+                f"pretrain.{key}", [*STAGE_KEYS, *hparams], f"[pretrain] with algorithm = {name!r}"
+            )
+    return out
+
+
+def pretrain_config(cfg: RunConfig) -> RunConfig:
+    """The first stage's RunConfig: ``cfg`` with the ``[pretrain]`` settings applied."""
+    if cfg.pretrain is None:
+        raise ValueError("this config has no [pretrain] section")
+    p = dict(cfg.pretrain)
+    name = p.pop("algorithm", PRETRAIN_ALGORITHM)
+    stage = {k: p.pop(k) for k in STAGE_KEYS if k in p}
+    changes: dict[str, Any] = {k: stage[k] for k in INHERITED if k in stage}
+    changes |= {
+        "algorithm": _algorithm_name(name),
+        "lr": stage.get("lr"),
+        "local_steps": stage.get("local_steps"),
+        "options": p,  # what is left: the pretrain algorithm's hyperparameters
+        "reset_head": stage.get("reset_head", False),
+        "pretrain": None,
+    }
+    if name == CENTRALIZED:
+        changes |= {"clients": 1, "partition": "iid", "clients_per_rank": 1}
+    return dataclasses.replace(cfg, **changes)
+
+
+def check_pretrain(cfg: RunConfig) -> None:
+    """Validate the first stage as a run of its own; messages name ``pretrain.KEY``."""
+    from fedxrisk.config import qualify
+
+    if not isinstance(cfg.pretrain, Mapping):
+        raise ConfigError(f"pretrain must be a dict of settings or None, got {cfg.pretrain!r}")
+    unknown = set(cfg.pretrain) - set(STAGE_KEYS)
+    name = cfg.pretrain.get("algorithm", PRETRAIN_ALGORITHM)
+    if name != CENTRALIZED and name not in ALGORITHMS:
+        raise ConfigError(
+            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
+        )
+    unknown -= set(ALGORITHMS[_algorithm_name(name)].hyperparameters())
+    if unknown:
+        raise ConfigError(
+            f"unknown pretrain key(s) {sorted(unknown)}; allowed: {[*STAGE_KEYS]} and hyperparameters"
+        )
+    if name == CENTRALIZED and cfg.engine == "distributed":
+        raise ConfigError(
+            "pretrain.algorithm: 'centralized' runs in one process; use engine loop, vmap or compile"
+        )
+    try:
+        validate(pretrain_config(cfg))
+    except ConfigError as e:
+        names = dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
+        raise ConfigError(qualify(str(e), names)) from None
+
+
+def _summary_of(folder: Path) -> dict[str, Any]:
+    summary = json.loads((folder / "summary.json").read_text())
+    if summary.get("status") != "completed":
+        raise ConfigError(
+            f"{folder} (the pretrain stage) ended with status {summary.get('status')!r}: "
+            f"{summary.get('error')}; the main stage needs its model.pt"
+        )
+    return summary
+
+
+def _main_stage(
+    cfg: RunConfig, out: Path, callback: Callback | None, data: Any, ckpt: dict[str, Any] | None
+) -> RunResult:
+    """Build the main stage from ``out/pretrain/model.pt`` (or its checkpoint) and train it."""
+    pre = _summary_of(out / PRETRAIN_DIR)
+    setup = build(cfg, init_path=out / PRETRAIN_DIR, data=data)
+    setup.init = {
+        **(setup.init or {}),
+        "from": PRETRAIN_DIR,
+        "pretrain": {k: pre.get(k) for k in SUMMARY_KEYS},
+    }
+    if ckpt is not None:
+        setup.simulation.load_state_dict(ckpt["simulation"])
+    return _train(setup, out, callback, ckpt)
+
+
+def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -> RunResult:
+    """Stage 1 in ``out/pretrain``, then the main stage in ``out`` from its model.
+
+    Both stages are built (data loaded, ``init_from`` read) before anything is written.
+    """
+    main = build(cfg)  # validates the main stage and loads its data
+    pcfg = pretrain_config(cfg)
+    shared = cfg.pretrain.get("algorithm") != CENTRALIZED  # type: ignore[union-attr]
+    pre = build(pcfg, data=main.data if shared else None)
+    data = main.data
+    del main  # its client states; the main stage is rebuilt from the pretrained model
+    if pre.simulation.is_primary:
+        if (out / PRETRAIN_DIR).exists():
+            raise ConfigError(
+                f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`"
+            )
+        start_run_folder(cfg, out)
+        start_run_folder(pcfg, out / PRETRAIN_DIR)
+    _train(pre, out / PRETRAIN_DIR, callback, None)
+    return _main_stage(cfg, out, callback, data, None)
+
+
+def resume_two_stage(
+    cfg: RunConfig, out: Path, ckpt: dict[str, Any] | None, callback: Callback | None = None
+) -> RunResult:
+    """Continue a killed two-stage run: finish stage 1 if needed, then the main stage."""
+    folder = out / PRETRAIN_DIR
+    if ckpt is None and not (folder / "summary.json").exists():
+        if (folder / "config.toml").exists():
+            resume_experiment(folder, callback)
+        else:  # killed before stage 1 wrote anything
+            pre = build(pretrain_config(cfg))
+            if pre.simulation.is_primary:
+                start_run_folder(pre.config, folder)
+            _train(pre, folder, callback, None)
+    return _main_stage(cfg, out, callback, None, ckpt)
