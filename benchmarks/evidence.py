@@ -180,11 +180,11 @@ def build_simulation(regime: str, method: str, lr: float, seed: int, rounds: int
 
 
 def load_pretrained(model, path: Path) -> None:
-    """Two-stage: the model's parameters and buffers become the saved CE model's, exactly."""
-    import torch
+    """Two-stage: the model's parameters and buffers become the saved CE model's, exactly
+    (the library's ``init_from`` loader, as ``fedxrisk run --init-from`` uses it)."""
+    from fedxrisk.init_from import load_weights
 
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict({**blob["params"], **blob["buffers"]})
+    load_weights(model, "pretrained CE model", path)
 
 
 def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) -> dict[str, Any]:
