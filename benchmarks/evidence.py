@@ -296,6 +296,8 @@ def pretrained_path(regime: str, seed: int) -> Path:
 def ensure(results, regime, method, two_stage, lr, seed) -> None:
     """Run one cell unless it is stored; two-stage cells first (re)build their CE model."""
     k = key(regime, method, two_stage, lr, seed)
+    if k not in results:
+        results.update(load_results())  # another worker may have run it meanwhile
     if k in results:
         return
     if two_stage:
