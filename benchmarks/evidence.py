@@ -320,15 +320,19 @@ def variants(regime: str) -> list[tuple[str, bool]]:
 
 
 def run_study(regimes: list[str], seeds: tuple[int, ...]) -> None:
+    """Per regime: from-scratch selection (CE first: two-stage needs its model) and finals, then
+    two-stage selection and finals, so a run cut short still has every from-scratch seed."""
     results = load_results()
     for regime in regimes:
         source = REGIMES[regime].get("select_on", regime)
-        for method, two in variants(regime):  # selection on seed 0 (CE first: two-stage needs it)
-            for lr in lr_grid(method):
-                ensure(results, source, method, two, lr, 0)
-        for seed in seeds:
-            for method, two in variants(regime):
-                ensure(results, regime, method, two, selected_lr(results, regime, method, two), seed)
+        for two in (False, True):
+            todo = [(m, t) for m, t in variants(regime) if t == two]
+            for method, t in todo:  # selection on seed 0
+                for lr in lr_grid(method):
+                    ensure(results, source, method, t, lr, 0)
+            for seed in seeds:
+                for method, t in todo:
+                    ensure(results, regime, method, t, selected_lr(results, regime, method, t), seed)
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -386,8 +390,54 @@ def render(results) -> None:
         "pAUC₀.₃ = normalized partial AUROC at FPR ≤ 0.3.\n\n"
     )
     (RESULTS / "evidence.md").write_text(header + "\n".join(lines) + "\n")
+    render_summary(results)
     render_selection(results)
     plot(results)
+    for doc in (ROOT / "docs" / "evidence.md", ROOT / "README.md"):
+        fill_regions(doc)
+
+
+def fill_regions(doc: Path) -> None:
+    """Replace each ``<!-- BEGIN GENERATED benchmarks/results/evidence*.md -->`` region of ``doc``
+    with that file's current content (the COMMON.md convention)."""
+    import re
+
+    if not doc.exists():
+        return
+    pattern = re.compile(
+        r"(<!-- BEGIN GENERATED (benchmarks/results/evidence[\w.-]*\.md) -->\n).*?(<!-- END GENERATED -->)",
+        re.S,
+    )
+    text = pattern.sub(lambda m: m.group(1) + (ROOT / m.group(2)).read_text() + m.group(3), doc.read_text())
+    doc.write_text(text)
+
+
+SUMMARY = [  # (column, method, two-stage, metric): each AUC method on its own target metric
+    ("CE AUROC", "ce", False, "auroc"),
+    ("CE class-aware AUROC", "ce_ca", False, "auroc"),
+    ("CODASCA (code) AUROC", "codasca_code", False, "auroc"),
+    ("CODASCA (code) two-stage AUROC", "codasca_code", True, "auroc"),
+    ("LocalSCGDAM AUROC", "localscgdam", False, "auroc"),
+    ("CE pAUC₀.₃", "ce", False, "pauc"),
+    ("FeDXL2 pAUC₀.₃", "fedxl2", False, "pauc"),
+    ("CE AP", "ce", False, "ap"),
+    ("FCSG-M AP", "fcsg_m", False, "ap"),
+]
+
+
+def render_summary(results) -> None:
+    """The README's short table: test means over seeds; the full table is evidence.md."""
+    lines = ["| regime | " + " | ".join(c for c, *_ in SUMMARY) + " |", "|---|" + "---|" * len(SUMMARY)]
+    for regime in REGIMES:
+        cells = []
+        for _, method, two, metric in SUMMARY:
+            runs = final_runs(results, regime, method, two) if (two is False or regime not in SANITY) else []
+            vals = [r["test"][metric] for r in runs if not math.isnan(r["test"][metric])]
+            cells.append(f"{np.mean(vals):.3f}" if vals else "–")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {regime} | " + " | ".join(cells) + " |")
+    head = "Test means over the seeds run (see docs/evidence.md for ± std, seeds and paired differences).\n\n"
+    (RESULTS / "evidence_summary.md").write_text(head + "\n".join(lines) + "\n")
 
 
 def render_selection(results) -> None:
