@@ -109,6 +109,7 @@ def test_every_bundled_model_names_its_last_linear_layer_as_head():
         "densenet121_imagenet": None,
         "resnet20": (3, 8, 8),
         "cnn28": (1, 28, 28),
+        "cnn1d": (40,),
     }
     for name in MODELS:
         shape = shapes.get(name, (1, 8, 8))

@@ -15,6 +15,8 @@ from torch import nn
 class CNN1D(nn.Module):
     """Input ``[B, L]`` or ``[B, C, L]``; output ``[B, num_outputs]`` logits."""
 
+    head_name = "head"  # the classifier head (``model.reset_head``)
+
     def __init__(self, input_shape: tuple[int, ...], num_outputs: int = 1, channels: int = 32):
         super().__init__()
         if len(input_shape) not in (1, 2):
