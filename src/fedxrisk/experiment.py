@@ -153,15 +153,20 @@ class Setup:
     simulation: Simulation
 
 
+def build_data(cfg: RunConfig) -> FederatedData:
+    """The run's training shards and test set, exactly as training sees them (``fedxrisk evaluate`` too)."""
+    return make_federated(
+        cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
+        cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
+        cfg.feature_shift,
+    )  # fmt: skip
+
+
 def build(cfg: RunConfig) -> Setup:
     """Validate and build everything; raises :class:`ConfigError` before any output exists."""
     validate(cfg)
     try:
-        data = make_federated(
-            cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
-            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
-            cfg.feature_shift,
-        )  # fmt: skip
+        data = build_data(cfg)
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
         problem = Problem(
