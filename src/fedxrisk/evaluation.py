@@ -415,10 +415,9 @@ def console_tables(result: dict[str, Any]) -> list[Any]:
     tables = [overall]
     if result["groups"]:
         multi = len(result["labels"]) > 1
-        per = Table(
-            title=f"per {result['group_kind']}" + (" (mean over labels)" if multi else ""),
-            box=box.SIMPLE_HEAD,
-        )
+        kind = result["group_kind"]
+        title = f"per {kind}" + (" (on its training shard)" if kind == "client" else "")
+        per = Table(title=title + (", mean over labels" if multi else ""), box=box.SIMPLE_HEAD)
         for name in (result["group_kind"], "n+/n−", "AUROC", "95% CI", "AP", "pAUC30"):
             per.add_column(name, justify="left" if name in (result["group_kind"], "95% CI") else "right")
         for g, labels in result["groups"].items():
