@@ -14,7 +14,7 @@ is the percentile interval of the resampled values.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -57,14 +57,26 @@ def weighted_partial_auroc(
     return np.sum((a1 - a0) * (t0 + t_end) / 2, axis=1) / max_fpr
 
 
-def stratified_counts(y: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """``[B, N]`` draw counts: m positives drawn from the positives, n negatives from the negatives."""
+def stratified_counts(
+    y: np.ndarray, resamples: int, rngs: tuple[np.random.Generator, np.random.Generator]
+) -> np.ndarray:
+    """``[B, N]`` draw counts: m positives drawn from the positives, n negatives from the negatives.
+
+    ``rngs`` = (positives' stream, negatives' stream): draws in blocks of any size
+    continue the same two streams, so the result does not depend on the block size.
+    """
     out = np.zeros((resamples, len(y)), dtype=np.int32)
     rows = np.arange(resamples)[:, None]
-    for members in (np.flatnonzero(y), np.flatnonzero(~y)):
+    for members, rng in zip((np.flatnonzero(y), np.flatnonzero(~y)), rngs):
         draws = members[rng.integers(0, len(members), size=(resamples, len(members)))]
         np.add.at(out, (np.broadcast_to(rows, draws.shape), draws), 1)
     return out
+
+
+def class_streams(seed: int | Sequence[int]) -> tuple[np.random.Generator, np.random.Generator]:
+    """Independent generators for the positives' and the negatives' draws, from ``seed``."""
+    pos, neg = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(pos), np.random.default_rng(neg)
 
 
 def bootstrap_intervals(
@@ -72,24 +84,24 @@ def bootstrap_intervals(
     scores: np.ndarray,
     metrics: dict[str, Metric],
     resamples: int,
-    seed: int,
+    seed: int | Sequence[int],
     level: float = 0.95,
     chunk: int = 0,
 ) -> dict[str, tuple[float, float]]:
     """Percentile ``level`` interval of each metric over ``resamples`` stratified resamples.
 
-    Same ``seed`` → same intervals. NaN intervals when a class is missing or a score is NaN.
+    Same ``seed`` → same intervals, whatever ``chunk``. NaN intervals when a class is missing or a score is NaN.
     ``chunk``: resamples per vectorized block (default: about 2·10⁷ cells).
     """
     y = np.asarray(y).astype(bool)
     scores = np.asarray(scores, dtype=np.float64)
     if resamples < 1 or y.all() or not y.any() or np.isnan(scores).any():
         return {k: (np.nan, np.nan) for k in metrics}
-    rng = np.random.default_rng(seed)
+    rngs = class_streams(seed)
     chunk = chunk or max(1, 20_000_000 // len(y))
     values: dict[str, list[np.ndarray]] = {k: [] for k in metrics}
     for start in range(0, resamples, chunk):
-        counts = stratified_counts(y, min(chunk, resamples - start), rng)
+        counts = stratified_counts(y, min(chunk, resamples - start), rngs)
         for name, fn in metrics.items():
             values[name].append(fn(y, scores, counts))
     tail = (1 - level) / 2 * 100
