@@ -8,7 +8,7 @@
 | a folder of images (recursively, sorted) | ``path`` (relative to the folder) | one per image |
 | a folder holding ``manifest.csv``, or a ``.csv`` with a ``path`` (or ``Path``) column | ``row``, ``path`` (+ ``id`` if present) | one per CSV row |
 | an ``.npz`` (array ``x``, else ``x_test``, else its only array) | ``index`` | one per sample |
-| another ``.csv``: numeric feature columns (``label``, ``source``, ``split``, ``patient`` ignored) | ``id`` if present, else ``row`` | one per CSV row |
+| another ``.csv``: numeric feature columns (``label``, ``source`` ignored, as in training) | ``id`` if present, else ``row`` | one per CSV row |
 
 ``row`` counts data rows from 0. Each batch holds raw inputs: images decoded as
 in training (model's channels and size, [0, 1]); features as written.
@@ -30,7 +30,7 @@ from fedxrisk.data.readers.images import IMAGE_SUFFIXES, load_image
 from fedxrisk.inference import InputError
 
 PATH_COLUMNS = ("path", "Path")
-NON_FEATURES = ("label", "source", "split", "patient", "id")
+NON_FEATURES = ("label", "source", "id")  # the tabular reader uses every other column
 FORMATS = "an image folder, a .csv (a manifest with a 'path' column, or numeric features), or an .npz"
 
 
@@ -163,7 +163,7 @@ def _npz(path: Path, input_shape: tuple[int, ...]) -> Input:
             chunks = _npy_rows(path, key, shape, dtype, row_bytes, batch_size)
         start = 0
         for x in chunks:
-            yield Batch([(start + j,) for j in range(len(x))], np.asarray(x, dtype=np.float32))
+            yield Batch([(start + j,) for j in range(len(x))], np.array(x, dtype=np.float32))
             start += len(x)
 
     return Input(path, "npz", int(shape[0]), ("index",), [], read)
