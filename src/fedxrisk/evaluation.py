@@ -360,10 +360,17 @@ def _plot(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Pa
                 ax.plot(fpr, tpr, label=f"{label}AUROC {_num(m['auroc'])} {_ci(m['auroc_ci'])}")
             else:
                 precision, recall, _ = precision_recall_curve(y, s)
-                ax.plot(recall, precision, drawstyle="steps-post", label=f"{label}AP {_num(m['ap'])}")
+                ax.plot(
+                    recall,
+                    precision,
+                    drawstyle="steps-post",
+                    label=f"{label}AP {_num(m['ap'])} {_ci(m['ap_ci'])}",
+                )
         if kind == "roc":
             ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
-            ax.axvline(PAUC_FPR, color="grey", linestyle="--", linewidth=0.8)
+            ax.axvline(
+                PAUC_FPR, color="grey", linestyle="--", linewidth=0.8, label=f"FPR {PAUC_FPR} (pAUC30)"
+            )
             ax.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC")
         else:
             ax.set(xlabel="recall", ylabel="precision", title="precision-recall")
