@@ -143,7 +143,7 @@ def test_manifest_evaluation_per_site_equals_direct_computation(runs, tmp_path):
 
 
 def test_predict_npz_equals_model_outputs(runs, tmp_path):
-    x = build_data(RunConfig(**TINY)).data.x_test.numpy()
+    x = build_data(RunConfig(**TINY))[0].data.x_test.numpy()
     np.savez_compressed(tmp_path / "x.npz", x=x)  # read member-wise from the compressed stream
     one = fedxrisk.predict(
         runs / "digits", tmp_path / "x.npz", tmp_path / "one.csv", batch_size=len(x), scores="both"

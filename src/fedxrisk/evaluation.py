@@ -106,7 +106,7 @@ def _run_data(trained: TrainedModel) -> Scored:
     from fedxrisk.experiment import build_data
 
     try:
-        fed = build_data(trained.config)
+        fed, _ = build_data(trained.config)
     except ValueError as e:
         raise InputError(f"{trained.run_dir}: cannot rebuild the run's data ({e})") from e
     y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(trained.model_logits(fed.data.x_train))
