@@ -119,6 +119,11 @@ def test_per_site_and_per_label_table_from_a_dataset_split_fits_80_columns(runs,
     assert all(list(g) == ["label0", "label1"] for g in saved["groups"].values())
     assert [g["label0"]["n"] for g in saved["groups"].values()] == [30, 30, 30]
     assert "| site 2 / label1 |" in (tmp_path / "evaluation.md").read_text()
+    arrays = np.load(runs / "ml.npz")  # read lazily (memory-mapped member) by evaluate; here directly
+    direct = _direct(runs / "ml", arrays["x_train"])
+    assert saved["overall"]["label1"]["auroc"] == pytest.approx(
+        auroc(arrays["y_train"][:, 1], direct[:, 1]), abs=1e-12
+    )
 
 
 def test_manifest_evaluation_per_site_equals_direct_computation(runs, tmp_path):

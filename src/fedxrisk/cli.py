@@ -411,6 +411,7 @@ def plot(run_dirs: tuple[str, ...], out: str | None) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap seed")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--batch-size", type=int, default=256, show_default=True, help="--manifest: images per batch")
+@click.option("--workers", type=int, default=None, help="processes decoding files (default: half the cores)")
 @click.option(
     "--out", type=click.Path(file_okay=False), default=None, help="output folder (default: RUN_DIR)"
 )
@@ -450,6 +451,7 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
 )
 @click.option("--scores", default="prob", show_default=True, help="prob (sigmoid) | logit | both")
 @click.option("--batch-size", type=int, default=256, show_default=True)
+@click.option("--workers", type=int, default=None, help="processes decoding images (default: half the cores)")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--overwrite", is_flag=True, help="replace --out if it exists")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")

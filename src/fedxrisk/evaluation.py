@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fedxrisk.inference import InputError, TrainedModel, load_trained
+from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
 
 PAUC_FPR = 0.3
 LEVEL = 0.95
@@ -62,12 +62,14 @@ def evaluate(
     out: str | Path | None = None,
     overwrite: bool = False,
     batch_size: int = 256,
+    workers: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Evaluate the final model of ``run_dir``; write evaluation.json/.md, roc.png, pr.png into ``out``.
 
     ``out`` defaults to the run folder; existing evaluation files there are refused
-    unless ``overwrite``. Raises :class:`~fedxrisk.inference.InputError` before
+    unless ``overwrite``. File data is read lazily and decoded in ``workers`` processes
+    (default: half the cores). Raises :class:`~fedxrisk.inference.InputError` before
     anything is written when the run, the data or an option is bad.
     """
     if manifest is not None and (dataset is not None or data_dir is not None):
@@ -83,10 +85,11 @@ def evaluate(
     if taken and not overwrite:
         raise InputError(f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or --out")
     trained = load_trained(run_dir, device)
+    workers = resolve_workers(workers)
     if manifest is not None:
-        data = _manifest_data(trained, manifest, batch_size, progress)
+        data = _manifest_data(trained, manifest, batch_size, workers, progress)
     elif dataset is not None:
-        data = _dataset_data(trained, dataset, data_dir, split)
+        data = _dataset_data(trained, dataset, data_dir, split, workers)
     else:
         data = _run_data(trained)
     result = _report(trained, data, bootstrap, seed)
@@ -118,16 +121,18 @@ def _run_data(trained: TrainedModel) -> Scored:
     )  # fmt: skip
 
 
-def _dataset_data(trained: TrainedModel, dataset: str, data_dir: str | None, split: str) -> Scored:
-    import torch
-
+def _dataset_data(
+    trained: TrainedModel, dataset: str, data_dir: str | None, split: str, workers: int
+) -> Scored:
+    """A registered reader's split, read lazily (file datasets) and decoded chunk by chunk."""
     from fedxrisk.data import DATASETS
     from fedxrisk.data.datasets import binarize, load_dataset
+    from fedxrisk.data.lazy import is_lazy
 
     if dataset not in DATASETS:
         raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
     try:
-        data = binarize(load_dataset(dataset, data_dir), trained.config.positive_classes)
+        data = binarize(load_dataset(dataset, data_dir, lazy=True), trained.config.positive_classes)
     except ValueError as e:
         raise InputError(str(e)) from e
     if data.input_shape != trained.input_shape or data.num_labels != trained.num_labels:
@@ -136,17 +141,21 @@ def _dataset_data(trained: TrainedModel, dataset: str, data_dir: str | None, spl
             f"{list(trained.input_shape)} with {trained.num_labels}"
         )
     x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
-    y, s = _columns(y.numpy()), _columns(trained.model_logits(torch.as_tensor(x)))
+    if is_lazy(x):
+        x.attach(workers=workers)
+    y, s = _columns(y.numpy()), _columns(trained.model_logits(x))
     sites = data.groups_train.get("source") if split == "train" else None
     groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
     where = f" in {data_dir}" if data_dir else ""
     return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups)
 
 
-def _manifest_data(trained: TrainedModel, manifest: str | Path, batch_size: int, progress) -> Scored:
+def _manifest_data(
+    trained: TrainedModel, manifest: str | Path, batch_size: int, workers: int, progress
+) -> Scored:
     from fedxrisk.inputs import open_input
 
-    source = open_input(manifest, trained.input_shape)
+    source = open_input(manifest, trained.input_shape, workers)
     if source.kind != "manifest":
         raise InputError(
             f"{manifest}: --manifest expects a CSV (or a folder with manifest.csv) with a 'path' column"

@@ -60,6 +60,15 @@ class TrainedModel:
         return predict(self.problem, self.params, self.buffers, x)  # type: ignore[arg-type]
 
 
+def resolve_workers(workers: int | None) -> int:
+    """Decoding processes: ``workers``, or by default half the cores (``data.stream.default_workers``)."""
+    from fedxrisk.data.stream import default_workers
+
+    if workers is not None and workers < 0:
+        raise InputError(f"workers must be ≥ 0, got {workers}")
+    return default_workers() if workers is None else workers
+
+
 def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     """The model of a finished run folder, on ``device``; :class:`InputError` when it is not one."""
     from fedxrisk.config import load_config

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from fedxrisk.data.readers.base import DataFileError, images_to_float
-from fedxrisk.data.readers.images import IMAGE_SUFFIXES, load_image
+from fedxrisk.data.readers.base import DataFileError
+from fedxrisk.data.readers.images import IMAGE_SUFFIXES
 from fedxrisk.inference import InputError
 
 PATH_COLUMNS = ("path", "Path")
@@ -56,16 +56,18 @@ class Input:
         return self._reader(batch_size)
 
 
-def open_input(path: str | Path, input_shape: tuple[int, ...]) -> Input:
-    """Recognise and check ``path`` for a model taking ``[*input_shape]`` inputs (see the module table)."""
+def open_input(path: str | Path, input_shape: tuple[int, ...], workers: int = 0) -> Input:
+    """Recognise and check ``path`` for a model taking ``[*input_shape]`` inputs (see the module table).
+
+    ``workers``: processes decoding images ahead (0: in this process)."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: input not found")
     if p.is_dir():
         return (
-            _manifest(p / "manifest.csv", input_shape)
+            _manifest(p / "manifest.csv", input_shape, workers)
             if (p / "manifest.csv").is_file()
-            else _folder(p, input_shape)
+            else _folder(p, input_shape, workers)
         )
     suffix = p.suffix.lower()
     if suffix == ".npz":
@@ -74,10 +76,10 @@ def open_input(path: str | Path, input_shape: tuple[int, ...]) -> Input:
         with open(p, newline="") as f:
             header = next(csv.reader(f), [])
         if any(c in header for c in PATH_COLUMNS):
-            return _manifest(p, input_shape)
+            return _manifest(p, input_shape, workers)
         return _tabular(p, header, input_shape)
     if suffix in IMAGE_SUFFIXES:
-        return _images(p.parent, [p], input_shape, "images")
+        return _images(p.parent, [p], input_shape, "images", workers)
     raise InputError(f"{p}: unknown input format {suffix or p.name!r}; expected {FORMATS}")
 
 
@@ -89,16 +91,28 @@ def _image_geometry(input_shape: tuple[int, ...], where: Path) -> tuple[int, str
 
 
 def _images(
-    root: Path, files: list[Path], input_shape: tuple[int, ...], kind: str, ids=None, rows=None
+    root: Path, files: list[Path], input_shape: tuple[int, ...], kind: str, workers: int, ids=None, rows=None
 ) -> Input:
+    """Image files decoded through :class:`~fedxrisk.data.lazy.ImageFiles` (the training readers'
+    decoding), chunk by chunk in ``workers`` DataLoader processes (:func:`~fedxrisk.data.stream.input_chunks`)."""
+    from fedxrisk.data.lazy import ImageFiles, LazySamples
+
     size, mode = _image_geometry(input_shape, root)
+    samples = LazySamples(ImageFiles(files, size, mode)).attach(workers=workers)
     ids = ids if ids is not None else [(str(f.relative_to(root)),) for f in files]
 
     def read(batch_size: int) -> Iterator[Batch]:
+        from fedxrisk.data.stream import BadFileError, input_chunks
+
+        chunks = input_chunks(samples, batch_size)
         for i in range(0, len(files), batch_size):
-            chunk = files[i : i + batch_size]
-            x = images_to_float(np.stack([load_image(f, size, mode) for f in chunk]))
-            yield Batch(ids[i : i + batch_size], x)
+            try:
+                x = next(chunks)
+            except BadFileError:  # its message speaks of training: name the file as the reader does
+                for j in range(i, min(i + batch_size, len(files))):
+                    samples.sample(j)
+                raise
+            yield Batch(ids[i : i + batch_size], x.numpy())
 
     columns = (
         ("row", "path", *(("id",) if rows and "id" in rows[0] else ())) if kind == "manifest" else ("path",)
@@ -106,14 +120,14 @@ def _images(
     return Input(root, kind, len(files), columns, rows or [], read)
 
 
-def _folder(root: Path, input_shape: tuple[int, ...]) -> Input:
+def _folder(root: Path, input_shape: tuple[int, ...], workers: int) -> Input:
     files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise InputError(f"{root}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) and no manifest.csv")
-    return _images(root, files, input_shape, "images")
+    return _images(root, files, input_shape, "images", workers)
 
 
-def _manifest(path: Path, input_shape: tuple[int, ...]) -> Input:
+def _manifest(path: Path, input_shape: tuple[int, ...], workers: int) -> Input:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     column = next((c for c in PATH_COLUMNS if rows and c in rows[0]), None)
@@ -127,7 +141,7 @@ def _manifest(path: Path, input_shape: tuple[int, ...]) -> Input:
     if missing:
         raise InputError(f"{path}: {len(missing)} image(s) not found: {', '.join(missing[:20])}")
     ids = [(i, r[column], *((r["id"],) if "id" in r else ())) for i, r in enumerate(rows)]
-    source = _images(path.parent, files, input_shape, "manifest", ids, rows)
+    source = _images(path.parent, files, input_shape, "manifest", workers, ids, rows)
     source.path = path
     return source
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fedxrisk.inference import InputError, load_trained
+from fedxrisk.inference import InputError, load_trained, resolve_workers
 from fedxrisk.inputs import open_input
 
 SCORE_KINDS = ("prob", "logit", "both")
@@ -66,11 +66,13 @@ def predict(
     scores: str = "prob",
     batch_size: int = 256,
     device: str = "cpu",
+    workers: int | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> Predictions:
     """Score ``input`` with the final model of ``run_dir``; write ``out`` (CSV) when given.
 
+    ``workers``: processes decoding images ahead (default: half the cores; 0: none).
     Raises :class:`~fedxrisk.inference.InputError` (a ``ConfigError``) for a bad run
     folder, input or ``out`` before anything is written.
     """
@@ -80,7 +82,7 @@ def predict(
         raise InputError(f"batch_size must be ≥ 1, got {batch_size}")
     check_out(out, overwrite)
     trained = load_trained(run_dir, device)
-    source = open_input(input, trained.input_shape)
+    source = open_input(input, trained.input_shape, resolve_workers(workers))
     ids: list[tuple[Any, ...]] = []
     logits: list[np.ndarray] = []
     for batch in source.batches(batch_size):
