@@ -219,6 +219,9 @@ def test_bad_input_exact_messages_exit_2_nothing_written(runs, tmp_path):
     (tmp_path / "narrow.csv").write_text("f0,f1,label\n1,2,0\n")
     _refused(_cli(["predict", runs / "tab", tmp_path / "narrow.csv", "--out", out]),
              f"{tmp_path / 'narrow.csv'}: 2 feature column(s) ['f0', 'f1']; the model expects 4", out)  # fmt: skip
+    if not torch.cuda.is_available():
+        _refused(_cli(["evaluate", runs / "ml", "--device", "cuda", "--out", tmp_path / "ev"]),
+                 "device 'cuda' requested but CUDA is not available", tmp_path / "ev")  # fmt: skip
     np.savez(tmp_path / "wide.npz", x=np.zeros((3, 7), np.float32))
     _refused(_cli(["predict", runs / "ml", tmp_path / "wide.npz", "--out", out]),
              f"{tmp_path / 'wide.npz'}: array 'x' holds samples of shape [7]; the model expects [6]", out)  # fmt: skip

@@ -483,8 +483,14 @@ def _rows_progress(description: str) -> Iterator[Any]:
         TextColumn(description), BarColumn(), TextColumn("{task.completed}/{task.total} rows"),
         TimeElapsedColumn(), TimeRemainingColumn(), console=console,
     ) as progress:  # fmt: skip
-        task = progress.add_task(description, total=None)
-        yield lambda done, total: progress.update(task, completed=done, total=total)
+        tasks: list[Any] = []  # added at the first batch: a refused input shows no bar
+
+        def update(done: int, total: int) -> None:
+            if not tasks:
+                tasks.append(progress.add_task(description, total=total))
+            progress.update(tasks[0], completed=done, total=total)
+
+        yield update
 
 
 if __name__ == "__main__":
