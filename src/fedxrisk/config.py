@@ -60,6 +60,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "feature_shift",
         "num_samples",
         "positives_per_batch",
+        "stream",
+        "workers",
+        "memory_budget",
+        "on_bad_file",
     ),  # fmt: skip
     "model": ("model", "buffer_policy", "init_from", "reset_head"),
     "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),
