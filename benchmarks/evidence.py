@@ -196,7 +196,12 @@ def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) ->
     rounds = REGIMES[regime]["rounds"] // (2 if two_stage else 1)
     init = pretrained_path(regime, seed) if two_stage else None
     start = time.perf_counter()
-    sim, problem, fed, val = build_simulation(regime, method, lr, seed, rounds, init)
+    try:
+        sim, problem, fed, val = build_simulation(regime, method, lr, seed, rounds, init)
+    except ValueError as e:  # e.g. LocalSCGDAM's αη < 1 refuses this lr
+        nan = {"auroc": math.nan, "ap": math.nan, "pauc": math.nan}
+        return {"regime": regime, "method": method, "two_stage": two_stage, "lr": lr, "seed": seed,
+                "status": f"refused: {e}", "steps": 0, "val": nan, "test": nan, "curve": [], "seconds": 0.0}  # fmt: skip
     data = fed.data
     x_val, y_val = data.x_train[torch.from_numpy(val)], data.y_train[torch.from_numpy(val)]
     curve, status = [], "ok"
@@ -277,10 +282,33 @@ def target(record: dict[str, Any]) -> float:
     return -math.inf if value is None or math.isnan(value) else value
 
 
+def extra_lr(results, source: str, method: str, two_stage: bool) -> float | None:
+    """One more learning rate, a factor 3 beyond the grid's edge, when the best of the grid sits
+    on that edge (the same rule for every method; an lr the algorithm refuses counts as failed)."""
+    grid = lr_grid(method)
+    runs = [results.get(key(source, method, two_stage, lr, 0)) for lr in grid]
+    if any(r is None for r in runs):
+        return None
+    best = grid.index(max(runs, key=target)["lr"])
+    if target(runs[best]) == -math.inf:
+        return None
+    if best == 0:
+        return float(f"{grid[0] / 3:.4g}")
+    return float(f"{grid[-1] * 3:.4g}") if best == len(grid) - 1 else None
+
+
+def candidates(results, source: str, method: str, two_stage: bool) -> list[float]:
+    extra = extra_lr(results, source, method, two_stage)
+    return lr_grid(method) + ([extra] if extra is not None else [])
+
+
 def selected_lr(results, regime: str, method: str, two_stage: bool) -> float | None:
-    """The grid learning rate with the best validation target on seed 0; None until all ran."""
+    """The candidate learning rate with the best validation target on seed 0; None until all ran."""
     source = REGIMES[regime].get("select_on", regime)
-    runs = [results.get(key(source, method, two_stage, lr, 0)) for lr in lr_grid(method)]
+    runs = [
+        results.get(key(source, method, two_stage, lr, 0))
+        for lr in candidates(results, source, method, two_stage)
+    ]
     if any(r is None for r in runs):
         return None
     return max(runs, key=target)["lr"]
@@ -330,6 +358,9 @@ def run_study(regimes: list[str], seeds: tuple[int, ...]) -> None:
             for method, t in todo:  # selection on seed 0
                 for lr in lr_grid(method):
                     ensure(results, source, method, t, lr, 0)
+                extra = extra_lr(results, source, method, t)
+                if extra is not None:
+                    ensure(results, source, method, t, extra, 0)
             for seed in seeds:
                 for method, t in todo:
                     ensure(results, regime, method, t, selected_lr(results, regime, method, t), seed)
@@ -442,14 +473,18 @@ def render_summary(results) -> None:
 
 def render_selection(results) -> None:
     """Every selection run's validation target, so the choice can be checked."""
-    lines = ["| regime | method | start | lr 1 | lr 2 | lr 3 | selected lr |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| regime | method | start | lr 1 | lr 2 | lr 3 | edge extension | selected lr |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for regime in REGIMES:
         if "select_on" in REGIMES[regime]:
             continue
         for method, two in variants(regime):
             cells = []
-            for lr in lr_grid(method):
+            extra = extra_lr(results, regime, method, two)
+            for lr in [*lr_grid(method), extra]:
+                if lr is None:
+                    cells.append("")
+                    continue
                 r = results.get(key(regime, method, two, lr, 0))
                 cells.append(
                     "–"
