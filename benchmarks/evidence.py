@@ -60,6 +60,7 @@ LR_GRIDS: dict[str, tuple[float, ...]] = {
     "localscgdam": (0.011, 0.033, 0.1),
     "fedxl2": (0.5, 1.5, 5.0),
     "fcsg_m": (0.1, 0.3, 1.0),
+    "codasca_plain": (1.0, 3.0, 10.0),
 }
 
 # name → (algorithm, options, positives per batch, target metric)
@@ -71,7 +72,9 @@ METHODS: dict[str, tuple[str, dict[str, Any], int, str]] = {
     "localscgdam": ("localscgdam", {}, POSITIVES, "auroc"),
     "fedxl2": ("fedxl2", {}, POSITIVES, "pauc"),
     "fcsg_m": ("fcsg_m", {}, POSITIVES, "ap"),
+    "codasca_plain": ("codasca", {"form": "paper"}, 0, "auroc"),  # the default run's batches
 }
+SANITY_ONLY = ("codasca_plain",)  # `fedxrisk run`'s default pipeline: plain batches, data's p
 LABELS = {
     "ce": "CE FedAvg",
     "ce_ca": "CE FedAvg, class-aware",
@@ -80,8 +83,9 @@ LABELS = {
     "localscgdam": "LocalSCGDAM",
     "fedxl2": "FeDXL2 (pAUC)",
     "fcsg_m": "FCSG-M (AP)",
+    "codasca_plain": "CODASCA (paper), plain batches",
 }
-TWO_STAGE = [m for m in METHODS if m not in ("ce",)]  # CE continued from CE is CE
+TWO_STAGE = [m for m in METHODS if m not in ("ce", *SANITY_ONLY)]  # CE continued from CE is CE
 
 
 def mnist1d(imratio: float, partition: str) -> dict[str, Any]:
@@ -343,7 +347,7 @@ def ensure(results, regime, method, two_stage, lr, seed) -> None:
 
 
 def variants(regime: str) -> list[tuple[str, bool]]:
-    scratch = [(m, False) for m in METHODS]
+    scratch = [(m, False) for m in METHODS if m not in SANITY_ONLY or regime in SANITY]
     return scratch if regime in SANITY else scratch + [(m, True) for m in TWO_STAGE]
 
 
