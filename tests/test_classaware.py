@@ -7,6 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -156,3 +157,20 @@ def test_two_stage_starts_from_exactly_the_pretrained_model(tmp_path):
     scratch, *_ = evidence.build_simulation("digits", "codasca_code", 1.0, 0, 3, None)
     assert max_abs_diff(scratch.global_model()[0], params) > 1e-2
     assert json.dumps(evidence.lr_grid("ce")) == "[0.1, 0.3, 1.0]"
+
+
+def test_study_validation_comes_from_the_clients_training_shards(tmp_path):
+    """benchmarks/evidence.py: validation ⊂ training shards, disjoint from what trains, 20 % per class."""
+    spec = importlib.util.spec_from_file_location("evidence", ROOT / "benchmarks" / "evidence.py")
+    evidence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evidence)
+    fed = make_federated("digits", 4, "iid", 0.3, 0)
+    train, val = evidence.split_validation(fed, 0)
+    whole = set(np.concatenate(fed.shards).tolist())
+    assert set(val.tolist()) <= whole and not set(val.tolist()) & set(np.concatenate(train).tolist())
+    assert sum(map(len, train)) + len(val) == len(whole)
+    y = fed.data.y_train.numpy()
+    for shard, kept in zip(fed.shards, train):
+        for c in (0, 1):
+            n = int((y[shard] == c).sum())
+            assert n - int((y[kept] == c).sum()) == max(1, round(0.2 * n))
