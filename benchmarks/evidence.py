@@ -191,13 +191,16 @@ def load_pretrained(model, path: Path) -> None:
     load_weights(model, "pretrained CE model", path)
 
 
-def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) -> dict[str, Any]:
-    """Train one cell; validation curve every EVAL_EVERY rounds, final val and test metrics."""
+def run_cell(
+    regime: str, method: str, lr: float, seed: int, two_stage: bool, stretch: int = 1
+) -> dict[str, Any]:
+    """Train one cell; validation curve every EVAL_EVERY rounds, final val and test metrics.
+    ``stretch``: train that many times longer (CE's horizon check, not part of any table)."""
     import torch
 
     from fedxrisk.engines import NonFiniteLoss
 
-    rounds = REGIMES[regime]["rounds"] // (2 if two_stage else 1)
+    rounds = REGIMES[regime]["rounds"] * stretch // (2 if two_stage else 1)
     init = pretrained_path(regime, seed) if two_stage else None
     start = time.perf_counter()
     try:
@@ -227,7 +230,7 @@ def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) ->
         "test": metrics_of(problem, params, buffers, data.x_test, data.y_test) if ok else nan,
         "curve": curve, "seconds": round(time.perf_counter() - start, 1),
     }  # fmt: skip
-    if method == "ce" and not two_stage and ok:
+    if method == "ce" and not two_stage and ok and stretch == 1:
         CACHE.mkdir(parents=True, exist_ok=True)
         blob = {"params": {k: v.detach().cpu() for k, v in params.items()},
                 "buffers": {k: v.detach().cpu() for k, v in buffers.items()}}  # fmt: skip
@@ -556,6 +559,10 @@ def plot(results) -> None:
             if r and r["curve"]:
                 c = np.array(r["curve"])
                 ax.plot(c[:, 0], c[:, 1], label=f"lr {lr:g}")
+        long = results.get(long_key(regime))
+        if long and long["curve"]:
+            c = np.array(long["curve"])
+            ax.plot(c[:, 0], c[:, 1], "k--", lw=1, label=f"lr {long['lr']:g}, 2× steps")
         ax.set_title(regime, fontsize=9)
         ax.set_xlabel("local step")
         ax.grid(alpha=0.3)
@@ -566,6 +573,29 @@ def plot(results) -> None:
     plt.close(fig)
 
 
+def long_key(regime: str) -> str:
+    return f"{regime}|ce|long|{LONG_STRETCH}|0"
+
+
+LONG_STRETCH = 2
+
+
+def run_long(regime: str) -> None:
+    """CE FedAvg at its selected lr for LONG_STRETCH× the steps (seed 0, validation curve only):
+    how far the study's horizon is from CE's plateau."""
+    results = load_results()
+    if long_key(regime) in results:
+        return
+    rec = run_cell(regime, "ce", selected_lr(results, regime, "ce", False), 0, False, LONG_STRETCH)
+    rec["part"] = PART["name"]
+    results[long_key(regime)] = rec
+    save_results(results)
+    print(
+        f"{regime} CE ×{LONG_STRETCH} steps: val {rec['val']['auroc']:.4f} ({rec['seconds']:.0f}s)",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--render-only", action="store_true", help="tables and figures from evidence.json")
@@ -573,6 +603,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     parser.add_argument("--part", default="main", help="this worker's results file evidence.<part>.json")
     parser.add_argument("--merge", action="store_true", help="fold the worker parts into evidence.json")
+    parser.add_argument("--long", action="store_true", help=f"CE at {LONG_STRETCH}× the steps (the regimes')")
     args = parser.parse_args(argv)
     PART["name"] = args.part
     if args.merge:
@@ -585,7 +616,11 @@ def main(argv: list[str] | None = None) -> None:
         unknown = [r for r in regimes if r not in REGIMES]
         if unknown:
             sys.exit(f"unknown regime(s) {unknown}; choose from {list(REGIMES)}")
-        run_study(regimes, tuple(int(s) for s in args.seeds.split(",")))
+        if args.long:
+            for regime in regimes:
+                run_long(regime)
+        else:
+            run_study(regimes, tuple(int(s) for s in args.seeds.split(",")))
     render(load_results())
 
 
