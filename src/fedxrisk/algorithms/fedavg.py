@@ -35,6 +35,7 @@ class LocalSGDM(Algorithm):
 
     name = "localsgdm"
     communicates = ("w", "m")
+    default_lr = 0.3  # selected on validation in docs/evidence.md (digits, MNIST-1D; 1.0 diverges)
 
     problem: Problem
     momentum: float = 0.9
