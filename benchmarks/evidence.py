@@ -559,10 +559,11 @@ def plot(results) -> None:
             if r and r["curve"]:
                 c = np.array(r["curve"])
                 ax.plot(c[:, 0], c[:, 1], label=f"lr {lr:g}")
-        long = results.get(long_key(regime))
-        if long and long["curve"]:
-            c = np.array(long["curve"])
-            ax.plot(c[:, 0], c[:, 1], "k--", lw=1, label=f"lr {long['lr']:g}, 2× steps")
+        for lr, style in zip(lr_grid("ce"), ("k:", "k--", "k-.")):
+            long = results.get(long_key(regime, lr))
+            if long and long["curve"]:
+                c = np.array(long["curve"])
+                ax.plot(c[:, 0], c[:, 1], style, lw=1, label=f"lr {lr:g}, {LONG_STRETCH}× steps")
         ax.set_title(regime, fontsize=9)
         ax.set_xlabel("local step")
         ax.grid(alpha=0.3)
@@ -573,8 +574,8 @@ def plot(results) -> None:
     plt.close(fig)
 
 
-def long_key(regime: str) -> str:
-    return f"{regime}|ce|long|{LONG_STRETCH}|0"
+def long_key(regime: str, lr: float) -> str:
+    return f"{regime}|ce|long{LONG_STRETCH}|{lr:.6g}|0"
 
 
 LONG_STRETCH = 2
