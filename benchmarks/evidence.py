@@ -582,19 +582,19 @@ LONG_STRETCH = 2
 
 
 def run_long(regime: str) -> None:
-    """CE FedAvg at its selected lr for LONG_STRETCH× the steps (seed 0, validation curve only):
-    how far the study's horizon is from CE's plateau."""
+    """CE FedAvg at its selected lr and the grid's next lower one for LONG_STRETCH× the steps
+    (seed 0, validation curve only): how far the study's horizon is from CE's plateau."""
     results = load_results()
-    if long_key(regime) in results:
-        return
-    rec = run_cell(regime, "ce", selected_lr(results, regime, "ce", False), 0, False, LONG_STRETCH)
-    rec["part"] = PART["name"]
-    results[long_key(regime)] = rec
-    save_results(results)
-    print(
-        f"{regime} CE ×{LONG_STRETCH} steps: val {rec['val']['auroc']:.4f} ({rec['seconds']:.0f}s)",
-        flush=True,
-    )
+    best = selected_lr(results, regime, "ce", False)
+    grid = lr_grid("ce")
+    for lr in [best] + grid[max(0, grid.index(best) - 1) : grid.index(best)]:
+        if long_key(regime, lr) in results:
+            continue
+        rec = run_cell(regime, "ce", lr, 0, False, LONG_STRETCH)
+        rec["part"] = PART["name"]
+        results[long_key(regime, lr)] = rec
+        save_results(results)
+        print(f"{regime} CE lr {lr:g} ×{LONG_STRETCH} steps: val {rec['val']['auroc']:.4f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
