@@ -229,6 +229,7 @@ def run_cell(
         "val": metrics_of(problem, params, buffers, x_val, y_val) if ok else nan,
         "test": metrics_of(problem, params, buffers, data.x_test, data.y_test) if ok else nan,
         "curve": curve, "seconds": round(time.perf_counter() - start, 1),
+        "samples": len(data.y_train) + len(data.y_test),  # train (after imbalance) + test
     }  # fmt: skip
     if method == "ce" and not two_stage and ok and stretch == 1:
         CACHE.mkdir(parents=True, exist_ok=True)

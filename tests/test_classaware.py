@@ -119,6 +119,8 @@ def test_mnist1d_size_is_configurable_and_seeded_and_cnn1d_reads_both_layouts():
     a, b = load_mnist1d(num_samples=300), load_mnist1d(num_samples=300)
     assert (len(a.y_train), len(a.y_test)) == (210, 90)
     assert (a.x_train == b.x_train).all() and (a.y_test == b.y_test).all()
+    fed = make_federated("mnist1d", 2, "iid", None, 0, num_samples=300)  # through the federated builder
+    assert len(fed.data.y_train) + len(fed.data.y_test) == 300
     with pytest.raises(ConfigError, match="num_samples sizes a generated dataset"):
         validate(RunConfig(num_samples=500))  # digits is not generated
     net = build_model("cnn1d", (40,), 0)

@@ -130,7 +130,7 @@ def make_federated(
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        data = binarize(load_dataset(dataset, data_dir, num_samples), positive_classes)
+        data = binarize(load_dataset(dataset, data_dir, num_samples=num_samples), positive_classes)
     if data.y_train.dim() == 2 and imratio is not None:
         raise ValueError(
             f"{data.name} is multi-label: imratio applies to one binary label; set imratio = None (--imratio none)"
