@@ -355,14 +355,25 @@ def variants(regime: str) -> list[tuple[str, bool]]:
     return scratch if regime in SANITY else scratch + [(m, True) for m in TWO_STAGE]
 
 
+# cells in priority order (a study cut short keeps complete seeds for the earlier groups):
+# the cheap from-scratch methods, LibAUC's two-stage practice (CE → class-aware CE, CE → AUCM),
+# then LocalSCGDAM (3× the cost of a CE step: exact Hessian-vector products), then the rest
+PRIORITY: list[tuple[bool, tuple[str, ...]]] = [
+    (False, ("ce", "ce_ca", "codasca_paper", "codasca_code", "fedxl2", "fcsg_m", "codasca_plain")),
+    (True, ("ce_ca", "codasca_code")),
+    (False, ("localscgdam",)),
+    (True, ("codasca_paper", "fedxl2", "fcsg_m", "localscgdam")),
+]
+
+
 def run_study(regimes: list[str], seeds: tuple[int, ...]) -> None:
-    """Per regime: from-scratch selection (CE first: two-stage needs its model) and finals, then
-    two-stage selection and finals, so a run cut short still has every from-scratch seed."""
+    """Per regime and priority group: selection on seed 0 (CE first: two-stage needs its model),
+    then the selected learning rate on every seed."""
     results = load_results()
     for regime in regimes:
         source = REGIMES[regime].get("select_on", regime)
-        for two in (False, True):
-            todo = [(m, t) for m, t in variants(regime) if t == two]
+        for two, group in PRIORITY:
+            todo = [(m, t) for m, t in variants(regime) if t == two and m in group]
             for method, t in todo:  # selection on seed 0
                 for lr in lr_grid(method):
                     ensure(results, source, method, t, lr, 0)
