@@ -90,7 +90,7 @@ TWO_STAGE = [m for m in METHODS if m not in ("ce", *SANITY_ONLY)]  # CE continue
 
 def mnist1d(imratio: float, partition: str) -> dict[str, Any]:
     return {"dataset": "mnist1d", "num_samples": 20000, "model": "cnn1d", "imratio": imratio,
-            "partition": partition, "rounds": 100}  # fmt: skip
+            "partition": partition, "rounds": 200}  # fmt: skip
 
 
 # name → data/model settings; "select_on": the regime whose selected learning rates it reuses
