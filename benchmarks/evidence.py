@@ -202,6 +202,8 @@ def run_cell(
 
     rounds = REGIMES[regime]["rounds"] * stretch // (2 if two_stage else 1)
     init = pretrained_path(regime, seed) if two_stage else None
+    if init is not None and not init.exists():
+        raise RuntimeError(f"two-stage {regime} seed {seed}: the CE model {init} is missing")
     start = time.perf_counter()
     try:
         sim, problem, fed, val = build_simulation(regime, method, lr, seed, rounds, init)
@@ -338,9 +340,11 @@ def ensure(results, regime, method, two_stage, lr, seed) -> None:
         return
     if two_stage:
         ce_lr = selected_lr(results, regime, "ce", False)
-        if not model_path(regime, seed, ce_lr).exists():
-            results.pop(key(regime, "ce", False, ce_lr, seed), None)
-            ensure(results, regime, "ce", False, ce_lr, seed)
+        if not model_path(regime, seed, ce_lr).exists():  # (re)train the CE model it starts from
+            ce = run_cell(regime, "ce", ce_lr, seed, False)
+            ce["part"] = PART["name"]
+            results[key(regime, "ce", False, ce_lr, seed)] = ce
+            save_results(results)
     rec = run_cell(regime, method, lr, seed, two_stage)
     rec["part"] = PART["name"]
     results[k] = rec
@@ -413,6 +417,22 @@ def _paired(runs, ce_runs, metric: str) -> str:
 
 
 def render(results) -> None:
+    (RESULTS / "evidence.md").write_text(results_table(results))
+    short = RESULTS / "evidence_800steps.json"
+    if short.exists():  # the first pass at half the mnist1d horizon (CE had not plateaued)
+        head = ("MNIST-1D at 800 local steps (half the final horizon), same protocol, from scratch only "
+                "(its two-stage cells were lost to a missing CE model file). ")  # fmt: skip
+        table = results_table(json.loads(short.read_text()), two_stage=False)
+        (RESULTS / "evidence_800steps.md").write_text(head + table)
+    render_summary(results)
+    render_selection(results)
+    plot(results)
+    for doc in (ROOT / "docs" / "evidence.md", ROOT / "README.md"):
+        fill_regions(doc)
+
+
+def results_table(results, two_stage: bool = True) -> str:
+    """Markdown: per regime and method, test metrics over seeds and paired differences vs CE."""
     lines = [
         "| regime | method | start | lr | test AUROC | Δ vs CE | test AP | Δ vs CE | test pAUC₀.₃ | Δ vs CE | seeds |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -421,7 +441,7 @@ def render(results) -> None:
         ce_runs = final_runs(results, regime, "ce", False)
         for method, two in variants(regime):
             runs = final_runs(results, regime, method, two)
-            if not runs:
+            if not runs or (two and not two_stage):
                 continue
             lr = runs[0]["lr"]
             cols = []
@@ -439,12 +459,7 @@ def render(results) -> None:
         "Δ = per-seed paired difference against CE FedAvg (mean ± std, wins/seeds). "
         "pAUC₀.₃ = normalized partial AUROC at FPR ≤ 0.3.\n\n"
     )
-    (RESULTS / "evidence.md").write_text(header + "\n".join(lines) + "\n")
-    render_summary(results)
-    render_selection(results)
-    plot(results)
-    for doc in (ROOT / "docs" / "evidence.md", ROOT / "README.md"):
-        fill_regions(doc)
+    return header + "\n".join(lines) + "\n"
 
 
 def fill_regions(doc: Path) -> None:
