@@ -359,32 +359,38 @@ def variants(regime: str) -> list[tuple[str, bool]]:
     return scratch if regime in SANITY else scratch + [(m, True) for m in TWO_STAGE]
 
 
-# cells in priority order (a study cut short keeps complete seeds for the earlier groups):
-# the cheap from-scratch methods, LibAUC's two-stage practice (CE → class-aware CE, CE → AUCM),
-# then LocalSCGDAM (3× the cost of a CE step: exact Hessian-vector products), then the rest
-PRIORITY: list[tuple[bool, tuple[str, ...]]] = [
-    (False, ("ce", "ce_ca", "codasca_paper", "codasca_code", "fedxl2", "fcsg_m", "codasca_plain")),
-    (True, ("ce_ca", "codasca_code")),
-    (False, ("localscgdam",)),
-    (True, ("codasca_paper", "fedxl2", "fcsg_m", "localscgdam")),
+# (two-stage?, methods, select on seed 0?, run every seed?) in priority order, so a study cut short
+# keeps the most informative cells: all from-scratch selections, CE on every seed (the paired
+# baseline and the two-stage start), LibAUC's practice CE → AUCM (CODASCA code form), FeDXL2,
+# CE → class-aware CE, the other from-scratch finals, then LocalSCGDAM (3× a CE step: exact
+# Hessian-vector products) and the other two-stage variants
+SCRATCH = ("ce", "ce_ca", "codasca_paper", "codasca_code", "fedxl2", "fcsg_m", "codasca_plain")
+PRIORITY: list[tuple[bool, tuple[str, ...], bool, bool]] = [
+    (False, SCRATCH, True, False),
+    (False, ("ce",), False, True),
+    (True, ("codasca_code",), True, True),
+    (False, ("fedxl2",), False, True),
+    (True, ("ce_ca",), True, True),
+    (False, SCRATCH, False, True),
+    (False, ("localscgdam",), True, True),
+    (True, ("codasca_paper", "fedxl2", "fcsg_m", "localscgdam"), True, True),
 ]
 
 
 def run_study(regimes: list[str], seeds: tuple[int, ...]) -> None:
-    """Per regime and priority group: selection on seed 0 (CE first: two-stage needs its model),
-    then the selected learning rate on every seed."""
+    """Per regime, the PRIORITY steps: selection on seed 0, then the selected lr on every seed."""
     results = load_results()
     for regime in regimes:
         source = REGIMES[regime].get("select_on", regime)
-        for two, group in PRIORITY:
+        for two, group, select, final in PRIORITY:
             todo = [(m, t) for m, t in variants(regime) if t == two and m in group]
-            for method, t in todo:  # selection on seed 0
+            for method, t in todo if select else ():
                 for lr in lr_grid(method):
                     ensure(results, source, method, t, lr, 0)
                 extra = extra_lr(results, source, method, t)
                 if extra is not None:
                     ensure(results, source, method, t, extra, 0)
-            for seed in seeds:
+            for seed in seeds if final else ():
                 for method, t in todo:
                     ensure(results, regime, method, t, selected_lr(results, regime, method, t), seed)
 
