@@ -377,13 +377,14 @@ PRIORITY: list[tuple[bool, tuple[str, ...], bool, bool]] = [
 ]
 
 
-def run_study(regimes: list[str], seeds: tuple[int, ...]) -> None:
-    """Per regime, the PRIORITY steps: selection on seed 0, then the selected lr on every seed."""
+def run_study(regimes: list[str], seeds: tuple[int, ...], methods: tuple[str, ...] = tuple(METHODS)) -> None:
+    """Per regime, the PRIORITY steps: selection on seed 0, then the selected lr on every seed
+    (``methods``: only these, e.g. to finish a subset first)."""
     results = load_results()
     for regime in regimes:
         source = REGIMES[regime].get("select_on", regime)
         for two, group, select, final in PRIORITY:
-            todo = [(m, t) for m, t in variants(regime) if t == two and m in group]
+            todo = [(m, t) for m, t in variants(regime) if t == two and m in group and m in methods]
             for method, t in todo if select else ():
                 for lr in lr_grid(method):
                     ensure(results, source, method, t, lr, 0)
@@ -635,6 +636,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--render-only", action="store_true", help="tables and figures from evidence.json")
     parser.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regime names")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated method names")
     parser.add_argument("--part", default="main", help="this worker's results file evidence.<part>.json")
     parser.add_argument("--merge", action="store_true", help="fold the worker parts into evidence.json")
     parser.add_argument("--long", action="store_true", help=f"CE at {LONG_STRETCH}× the steps (the regimes')")
@@ -654,7 +656,8 @@ def main(argv: list[str] | None = None) -> None:
             for regime in regimes:
                 run_long(regime)
         else:
-            run_study(regimes, tuple(int(s) for s in args.seeds.split(",")))
+            methods = tuple(m.strip() for m in args.methods.split(","))
+            run_study(regimes, tuple(int(s) for s in args.seeds.split(",")), methods)
     render(load_results())
 
 
