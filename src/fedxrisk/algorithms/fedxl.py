@@ -282,7 +282,7 @@ class FeDXL2(FeDXL1):
 
     name = "fedxl2"
     communicates = ("w", "m", "pool_pos", "pool_neg", "pool_u", "count_pos", "count_neg")
-    default_lr = 0.5
+    default_lr = 1.5  # the median of the rates selected on validation in docs/evidence.md (0.5–5)
 
     beta: float = 0.1
     lam: float = 1.0  # λ (code: 1)
