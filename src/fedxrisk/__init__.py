@@ -1,28 +1,42 @@
-"""fedxrisk: federated learning of AUC-type risks (AUROC, pAUC, AP) on imbalanced data."""
+"""fedxrisk: federated learning of AUC-type risks (AUROC, pAUC, AP) on imbalanced data.
 
-from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
-from fedxrisk.compare import compare_experiments
-from fedxrisk.config import load_config
-from fedxrisk.data import make_federated
-from fedxrisk.engines import Simulation
-from fedxrisk.experiment import RunConfig, load_run, resume_experiment, run_experiment
-from fedxrisk.plots import plot_runs
-from fedxrisk.problem import Problem
+The public names below are imported on first use (PEP 562), so that
+``import fedxrisk`` and the command line start without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ALGORITHMS",
-    "Algorithm",
-    "Problem",
-    "RunConfig",
-    "Schedule",
-    "Simulation",
-    "compare_experiments",
-    "load_config",
-    "load_run",
-    "make_federated",
-    "plot_runs",
-    "resume_experiment",
-    "run_experiment",
-]
+_WHERE = {
+    "ALGORITHMS": "fedxrisk.algorithms",
+    "Algorithm": "fedxrisk.algorithms",
+    "Schedule": "fedxrisk.algorithms",
+    "compare_experiments": "fedxrisk.compare",
+    "load_config": "fedxrisk.config",
+    "make_federated": "fedxrisk.data",
+    "Simulation": "fedxrisk.engines",
+    "RunConfig": "fedxrisk.runconfig",
+    "load_run": "fedxrisk.experiment",
+    "resume_experiment": "fedxrisk.experiment",
+    "run_experiment": "fedxrisk.experiment",
+    "plot_runs": "fedxrisk.plots",
+    "Problem": "fedxrisk.problem",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'fedxrisk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

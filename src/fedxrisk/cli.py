@@ -16,13 +16,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.config import apply_override, config_from_sections, parse_value, read_config_file, section_of
-from fedxrisk.data import DATASETS, PARTITIONS
-from fedxrisk.engines import ENGINE_NAMES, DistributedError, NonFiniteLoss
-from fedxrisk.engines.distributed import launched_rank
-from fedxrisk.experiment import ConfigError, RunConfig, default_out_dir, resume_experiment, run_experiment
-from fedxrisk.models import MODELS
+# Only torch-free modules here: `fedxrisk --help`, `fedxrisk list` and argument errors must not
+# import torch (benchmarks/startup.py); commands import what they need when they run.
+from fedxrisk.runconfig import ConfigError, RunConfig
 
 console = Console(stderr=True)
 DEFAULTS = RunConfig()
@@ -54,6 +50,8 @@ def _config_errors() -> Iterator[None]:
 
 def _parse_option(text: str) -> tuple[str, Any]:
     """``key=value`` with value parsed as a TOML value (number, bool, list, "none") or kept as text."""
+    from fedxrisk.config import parse_value
+
     if "=" not in text:
         raise ConfigError(f"--option expects KEY=VALUE, got {text!r}")
     key, raw = text.split("=", 1)
@@ -69,6 +67,8 @@ def _resolve(
     config_file: str | None, flags: dict[str, Any], options: tuple[str, ...], overrides: tuple[str, ...]
 ) -> dict[str, Any]:
     """Config file, then flags typed on the command line, then ``--option``, then ``--set``."""
+    from fedxrisk.config import apply_override, read_config_file, section_of
+
     doc = read_config_file(config_file) if config_file else {}
     for key, value in flags.items():
         doc.setdefault(section_of(key), {})[key] = value
@@ -201,6 +201,11 @@ def run(
 
     Settings come from --config FILE, then the flags typed here, then --set.
     """
+    from fedxrisk.config import config_from_sections
+    from fedxrisk.engines import DistributedError, NonFiniteLoss
+    from fedxrisk.engines.distributed import launched_rank
+    from fedxrisk.experiment import default_out_dir, resume_experiment, run_experiment
+
     given = _given(click.get_current_context(), flags)
     with _config_errors():
         if resume is not None:
@@ -293,19 +298,20 @@ def _print_summary(s: dict[str, Any], out: Any) -> None:
 @main.command(name="list")
 def list_() -> None:
     """Algorithms (with hyperparameters), datasets, partitions, models and engines."""
+    from fedxrisk.catalog import load
+
+    catalog = load()  # generated from the registries; no torch import
     table = Table(title="algorithms")
     table.add_column("name")
     table.add_column("communicates")
     table.add_column("hyperparameters (defaults)")
-    for name, cls in ALGORITHMS.items():
-        hp = ", ".join(f"{k}={v}" for k, v in cls.hyperparameters().items())
-        table.add_row(name, ", ".join(cls.communicates), hp)
+    for name, entry in catalog["algorithms"].items():
+        hp = ", ".join(f"{k}={v}" for k, v in entry["hyperparameters"].items())
+        table.add_row(name, ", ".join(entry["communicates"]), hp)
     out = Console()
     out.print(table)
-    out.print("datasets:   " + ", ".join(DATASETS))
-    out.print("partitions: " + ", ".join(PARTITIONS))
-    out.print("models:     " + ", ".join(MODELS))
-    out.print("engines:    " + ", ".join(ENGINE_NAMES))
+    for key in ("datasets", "partitions", "models", "engines"):
+        out.print(f"{key + ':':<11} " + ", ".join(catalog[key]))
 
 
 def _comma_list(text: str | None, cast: type) -> list[Any] | None:

@@ -16,7 +16,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,11 @@ import torch
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.data import DATASETS, PARTITIONS, FederatedData, make_federated
 from fedxrisk.engines import ENGINE_NAMES, DistributedSimulation, NonFiniteLoss, Simulation
-from fedxrisk.engines.distributed import DEFAULT_TIMEOUT, check_launch
+from fedxrisk.engines.distributed import check_launch
 from fedxrisk.metrics import evaluate
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
+from fedxrisk.runconfig import DEFAULT_LOCAL_STEPS, ConfigError, RunConfig  # noqa: F401  (re-exported)
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 HISTORY_FIELDS = (
@@ -38,63 +39,8 @@ HISTORY_FIELDS = (
     "client_auroc_mean", "client_auroc_std", "bytes_up_per_client",
     "bytes_down_per_client", "wall_seconds",
 )  # fmt: skip
-DEFAULT_LOCAL_STEPS = 8
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = 1
-
-
-class ConfigError(ValueError):
-    """An invalid experiment setting; the message names the setting."""
-
-
-@dataclass
-class RunConfig:
-    """Everything that defines a run. ``options`` holds the algorithm's hyperparameters."""
-
-    algorithm: str = "codasca"
-    dataset: str = "digits"
-    clients: int = 8
-    imratio: float | None = 0.1
-    partition: str = "class"
-    dirichlet_alpha: float = 0.5
-    positive_classes: list[int] | None = None
-    model: str = "mlp"
-    rounds: int = 100
-    local_steps: int | None = None  # None: the algorithm's fixed window, else 8
-    batch_size: int = 32
-    lr: float | None = None  # None: the algorithm's default_lr
-    stages: int = 3
-    lr_decay: float = 3.0
-    window_growth: float = 1.0
-    seed: int = 0
-    engine: str = "vmap"
-    device: str = "cpu"
-    eval_every: int = 5
-    buffer_policy: str = "average"
-    pos_ratio_mode: str = "global"
-    allow_missing_class: bool = False
-    feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
-    data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
-    clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
-    dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
-    checkpoint_every: int = 10  # rounds between checkpoints; 0: none
-    tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def resolved_local_steps(self) -> int:
-        fixed = ALGORITHMS[self.algorithm].fixed_window if self.algorithm in ALGORITHMS else None
-        return self.local_steps if self.local_steps is not None else (fixed or DEFAULT_LOCAL_STEPS)
-
-    def resolved_lr(self) -> float:
-        if self.lr is not None:
-            return self.lr
-        return ALGORITHMS[self.algorithm].default_lr if self.algorithm in ALGORITHMS else 0.1
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["local_steps"] = self.resolved_local_steps()
-        out["lr"] = self.resolved_lr()
-        return out
 
 
 def _choice(name: str, value: Any, allowed) -> None:

@@ -49,10 +49,10 @@ from fedxrisk.algorithms.schedule import Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.simulation import LoopEngine, Simulation, VmapEngine
+from fedxrisk.runconfig import DEFAULT_TIMEOUT
 from fedxrisk.tree import Tree, index, is_finite, leaves, tmap
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
-DEFAULT_TIMEOUT = 300.0  # seconds; must exceed the slowest round (local steps + rank 0's evaluation)
 HEARTBEAT_SECONDS = 1.0
 WATCHDOG_EXIT_CODE = 3
 
