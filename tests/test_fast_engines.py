@@ -12,6 +12,9 @@ from fedxrisk.engines.simulation import AutoEngine, CompiledEngine, VmapEngine, 
 from fedxrisk.experiment import RunConfig, validate
 from helpers import make_sim, max_abs_diff, run_all
 
+# torch.compile's own internals call torch.jit.script_method; nothing of ours does
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
 
 def _agree(alg: str, engine: str, engine_options=None, **kw) -> tuple:
     loop = run_all(make_sim(alg, "loop", **kw))

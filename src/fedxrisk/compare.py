@@ -40,6 +40,7 @@ from fedxrisk.experiment import (
     run_experiment,
     write_json_atomic,
 )
+from fedxrisk.names import resolve
 from fedxrisk.plots import Group, plot_groups, variant_labels
 
 TABLE_FIELDS = (
@@ -93,9 +94,7 @@ def build_variants(
     base = {s: dict(t) for s, t in base.items()}
     algorithm_table = base.setdefault("algorithm", {})
     algorithms = list(algorithms or [algorithm_table.get("algorithm", RunConfig.algorithm)])
-    for name in algorithms:
-        if name not in ALGORITHMS:
-            raise ConfigError(f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
+    algorithms = [resolve(name, ALGORITHMS) for name in algorithms]  # paper spellings → registry keys
     if len(set(algorithms)) < len(algorithms):
         raise ConfigError(f"an algorithm is listed twice: {algorithms}")
     hyper = {name: hyperparameter_types(name) for name in algorithms}

@@ -36,6 +36,7 @@ from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.experiment import ConfigError, RunConfig, validate
+from fedxrisk.names import resolve
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -182,11 +183,12 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
                 values[key] = _check(f"{section}.{key}", value, fields[key])
             elif section != "algorithm":
                 raise _unknown(f"{section}.{key}", section_keys(section), f"[{section}]")
-    algorithm = values.get("algorithm", RunConfig.algorithm)
-    if algorithm not in ALGORITHMS:
-        raise ConfigError(
-            f"algorithm.algorithm: unknown algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}"
-        )
+    rounds = values.get("rounds", RunConfig.rounds)
+    if "stages" not in values and 1 <= rounds < RunConfig.stages:  # --rounds 2: one stage per round
+        values["stages"] = rounds
+    algorithm = values["algorithm"] = resolve(  # "CODA+" → codaplus: the key is what gets recorded
+        values.get("algorithm", RunConfig.algorithm), ALGORITHMS, "algorithm.algorithm"
+    )
     hparams = hyperparameter_types(algorithm)
     options = {}
     for key, value in doc.get("algorithm", {}).items():
