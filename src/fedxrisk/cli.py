@@ -244,23 +244,35 @@ def run(
 
 
 class _Bar:
-    """A progress callback: one bar per run, showing the round, test AUROC and ETA."""
+    """A progress callback: one bar per run, showing the round, test AUROC and ETA.
 
-    def __init__(self, progress: Progress, description: str | None = None):
+    A bar appears with the first round reported, so a run that fails its checks, or that a
+    comparison reads back finished, leaves no empty "round 0/None" line."""
+
+    def __init__(self, progress: Progress, description: str = ""):
         self.progress = progress
-        self.task = None if description is None else self.start(description)
+        self.description, self.task = description, None
 
-    def start(self, description: str) -> Any:
-        self.task = self.progress.add_task(description, total=None, auroc="   -  ")
-        return self.task
+    def start(self, description: str) -> None:
+        self.description, self.task = description, None
 
     def __call__(self, row: dict[str, Any], done: int, total: int) -> None:
+        if self.task is None:
+            if not self.progress.live.is_started:
+                self.progress.start()
+            self.task = self.progress.add_task(self.description, total=total, auroc="   -  ")
         auroc = f"{row['test_auroc']:.4f}" if row else None
         self.progress.update(self.task, completed=done, total=total, **({"auroc": auroc} if auroc else {}))
 
 
-def _progress() -> Progress:
-    return Progress(
+@contextmanager
+def _progress() -> Iterator[Progress]:
+    """Progress bars on stderr, drawn from the first bar on (see :class:`_Bar`).
+
+    Lines stay two columns short of the terminal: the "^C" a terminal echoes after Ctrl-C then
+    does not wrap the line, which left a second copy of it on screen."""
+    width = max(20, console.width - 2)
+    progress = Progress(
         TextColumn("{task.description}"),
         TextColumn("round {task.completed}/{task.total}"),
         BarColumn(),
@@ -268,8 +280,13 @@ def _progress() -> Progress:
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
-        console=console,
+        console=Console(file=console.file, width=width, force_terminal=console.is_terminal or None),
     )
+    try:
+        yield progress
+    finally:
+        if progress.live.is_started:
+            progress.stop()
 
 
 def _fmt(x: Any) -> str:

@@ -255,6 +255,21 @@ def sections_from_flat(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return doc
 
 
+def flat_unchecked(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's ``config.toml`` as the flat dict ``RunConfig.to_dict()`` gives, NOT validated:
+    reading a run folder (``fedxrisk plot``) must not depend on this machine (CUDA, torchrun's
+    variables of a distributed run)."""
+    fields, flat, options = _fields(), {}, {}
+    for section, table in doc.items():
+        for key, value in (table if isinstance(table, Mapping) else {}).items():
+            if key in fields:
+                coerced = _coerce(value, fields[key])
+                flat[key] = value if coerced is _MISMATCH else coerced
+            elif section == "algorithm":
+                options[key] = value
+    return {**flat, "options": options}
+
+
 def config_from_flat(flat: Mapping[str, Any]) -> RunConfig:
     return config_from_sections(sections_from_flat(flat))
 

@@ -200,11 +200,14 @@ class RunResult:
     out_dir: Path
 
     def table(self) -> Any:
-        """The history as a pandas DataFrame, one row per evaluation (needs pandas)."""
+        """The history as a pandas DataFrame, one row per evaluation (extra: ``fedxrisk[pandas]``)."""
         try:
             import pandas as pd
         except ImportError as e:
-            raise ImportError("RunResult.table() needs pandas; RunResult.history has the same rows") from e
+            raise ImportError(
+                'RunResult.table() needs pandas: pip install "fedxrisk[pandas]"; '
+                "RunResult.history has the same rows as a list of dicts"
+            ) from e
         return pd.DataFrame(self.history, columns=list(HISTORY_FIELDS))
 
 
@@ -395,9 +398,9 @@ def load_run(run_dir: str | Path) -> RunResult:
     if (out / "summary.json").exists():
         summary = json.loads((out / "summary.json").read_text())
     elif (out / "config.toml").exists():
-        from fedxrisk.config import load_config
+        from fedxrisk.config import flat_unchecked, read_config_file
 
-        summary = {"status": "unfinished", "config": load_config(out / "config.toml").to_dict()}
+        summary = {"status": "unfinished", "config": flat_unchecked(read_config_file(out / "config.toml"))}
     else:
         raise ConfigError(f"{out} is not a run folder (no summary.json or config.toml)")
     history = []

@@ -23,7 +23,7 @@ def require_dir(data_dir: str | Path | None, dataset: str, layout: str) -> Path:
     """``data_dir`` as a folder that exists, or an error describing ``layout``."""
     if data_dir is None:
         raise MissingDataError(
-            f"dataset {dataset!r} reads files: set data_dir (--data-dir / --set data_dir=...) "
+            f"dataset {dataset!r} reads files: set data_dir (--data-dir DIR, or --set data.data_dir=DIR) "
             f"to a folder laid out as:\n{layout}"
         )
     root = Path(data_dir).expanduser()
