@@ -14,7 +14,7 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 # Only torch-free modules here: `fedxrisk --help`, `fedxrisk list` and argument errors must not
 # import torch (benchmarks/startup.py); commands import what they need when they run.
@@ -272,14 +272,18 @@ def _progress() -> Iterator[Progress]:
     Lines stay two columns short of the terminal: the "^C" a terminal echoes after Ctrl-C then
     does not wrap the line, which left a second copy of it on screen."""
     width = max(20, console.width - 2)
+    bar = max(5, min(40, width - 90))  # the columns after the label take 55 characters
+    whole = lambda width: Column(no_wrap=True, min_width=width)  # numbers are never cut; a long label is
     progress = Progress(
-        TextColumn("{task.description}"),
-        TextColumn("round {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("test AUROC {task.fields[auroc]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
+        TextColumn(
+            "{task.description}", table_column=Column(no_wrap=True, max_width=max(8, width - 56 - bar))
+        ),
+        TextColumn("round {task.completed}/{task.total}", table_column=whole(len("round 1000/1000"))),
+        BarColumn(bar_width=bar),
+        TextColumn("test AUROC {task.fields[auroc]}", table_column=whole(len("test AUROC 0.0000"))),
+        TimeElapsedColumn(table_column=whole(7)),
+        TextColumn("ETA", table_column=whole(3)),
+        TimeRemainingColumn(table_column=whole(7)),
         console=Console(file=console.file, width=width, force_terminal=console.is_terminal or None),
     )
     try:
@@ -290,23 +294,22 @@ def _progress() -> Iterator[Progress]:
 
 
 def _fmt(x: Any) -> str:
+    if isinstance(x, list):  # per-label metrics
+        return ", ".join(map(_fmt, x))
     return f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
 def _print_summary(s: dict[str, Any], out: Any) -> None:
-    table = Table(
-        title=f"{s['algorithm']} on {s['dataset']}: K={s['num_clients']}, I={s['local_steps']}, {s['rounds']} rounds"
-    )
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for k, v in s["final"].items():
-        table.add_row(f"final {k}", _fmt(v))
-    table.add_row("best test_auroc", f"{_fmt(s['best']['test_auroc'])} (round {s['best']['round']})")
+    from fedxrisk.tables import fit_table
+
+    title = f"{s['algorithm']} on {s['dataset']}: K={s['num_clients']}, I={s['local_steps']}, {s['rounds']} rounds"
+    rows = [(f"final {k}", _fmt(v)) for k, v in s["final"].items()]
+    rows.append(("best test_auroc", f"{_fmt(s['best']['test_auroc'])} (round {s['best']['round']})"))
     comm = s["communication"]
-    table.add_row("bytes up / client", f"{comm['bytes_up_per_client']:,}")
-    table.add_row("bytes down / client", f"{comm['bytes_down_per_client']:,}")
-    table.add_row("wall seconds", _fmt(s["wall_seconds"]))
-    Console().print(table)
+    rows.append(("bytes up / client", f"{comm['bytes_up_per_client']:,}"))
+    rows.append(("bytes down / client", f"{comm['bytes_down_per_client']:,}"))
+    rows.append(("wall seconds", _fmt(s["wall_seconds"])))
+    Console().print(fit_table(title, ["metric", "value"], rows, Console().width))
     if s.get("resumed_at_rounds"):
         Console().print(f"resumed at round(s) {', '.join(map(str, s['resumed_at_rounds']))}")
     Console().print(f"written to [bold]{out}[/bold] (summary.json, history.csv, config.toml, model.pt)")
@@ -372,6 +375,7 @@ def compare(
     curves.csv, and one run folder per variant and seed.
     """
     from fedxrisk.compare import build_variants, display_rows, parse_vary, run_comparison
+    from fedxrisk.tables import fit_table
 
     with _config_errors():
         base = _resolve(config_file, {}, (), overrides)
@@ -389,12 +393,9 @@ def compare(
         click.echo(str(result.out_dir))
         return
     header, cells = display_rows(result.rows)
-    table = Table(title=f"comparison: {result.groups[0].label if len(result.groups) == 1 else 'variants'}")
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in cells:
-        table.add_row(*row)
-    Console().print(table)
+    title = f"comparison: {result.groups[0].label if len(result.groups) == 1 else 'variants'}"
+    out = Console()
+    out.print(fit_table(title, header, cells, out.width))
     names = ", ".join(p.name for p in result.files)
     Console().print(f"written to [bold]{result.out_dir}[/bold] ({names})")
 

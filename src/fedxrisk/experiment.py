@@ -106,7 +106,7 @@ def build(cfg: RunConfig) -> Setup:
         data = make_federated(
             cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
             cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
-            cfg.feature_shift,
+            cfg.feature_shift, one_class_ok=not ALGORITHMS[cfg.algorithm].needs_both_classes,
         )  # fmt: skip
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)

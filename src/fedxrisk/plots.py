@@ -104,21 +104,35 @@ def config_key(cfg: dict[str, Any]) -> str:
     )
 
 
+def _default(cfg: dict[str, Any], key: str) -> Any:
+    alg = ALGORITHMS.get(cfg.get("algorithm"))
+    return alg.hyperparameters().get(key) if alg else None
+
+
 def variant_labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     """One label per config: the algorithm plus the settings that differ between configs.
 
-    The seed is left out (runs differing only in it form one line), and so is
-    the learning rate when every config uses its algorithm's default."""
+    A run setting is named when it differs between configs; a hyperparameter when
+    it differs between configs of its algorithm, or from its default (a default
+    written out explicitly is not named). The seed is left out (runs
+    differing only in it form one line), and so is the learning rate when every
+    config uses its algorithm's default."""
     flats = [_flat(c) for c in configs]
-    keys = list(dict.fromkeys(k for f in flats for k in f))
-    differing = [
-        k
-        for k in keys
-        if k not in (*NOT_COMPARED, "algorithm")
-        and len({repr(f.get(k)) for f in flats}) > 1
-        and not (k == "lr" and all(f["lr"] == ALGORITHMS[f["algorithm"]].default_lr for f in flats))
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    keys = [k for k in dict.fromkeys(k for f in flats for k in f) if k not in (*NOT_COMPARED, "algorithm")]
+    differs = {k: len({repr(f.get(k)) for f in flats}) > 1 for k in keys if k in fields}
+    if all(f["lr"] == getattr(ALGORITHMS.get(f["algorithm"]), "default_lr", None) for f in flats):
+        differs["lr"] = False
+
+    def named(k: str, f: dict[str, Any]) -> bool:
+        if k in fields:
+            return differs[k]
+        same_algorithm = {repr(g[k]) for g in flats if g["algorithm"] == f["algorithm"] and k in g}
+        return len(same_algorithm) > 1 or repr(f[k]) != repr(_default(f, k))
+
+    return [
+        " ".join([f["algorithm"], *(setting(k, f[k]) for k in keys if k in f and named(k, f))]) for f in flats
     ]
-    return [" ".join([f["algorithm"], *(setting(k, f[k]) for k in differing if k in f)]) for f in flats]
 
 
 def group_runs(runs: Sequence[RunResult]) -> list[Group]:

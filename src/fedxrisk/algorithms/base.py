@@ -105,6 +105,9 @@ class Algorithm:
             client lacking a class fills those slots from the other class).
         begin_batch: when True, the engine calls :meth:`begin` once before the
             first round with one regular batch per client (FeDXL seeds its pools).
+        needs_both_classes: the objective needs positives and negatives on every
+            client (AUC-type risks); False for cross-entropy, where a client holding
+            one class is ordinary (no ``allow_missing_class`` needed).
     """
 
     name: ClassVar[str] = ""
@@ -116,6 +119,7 @@ class Algorithm:
     uniforms_per_step: ClassVar[int] = 0
     positives_per_batch: int = 0
     begin_batch: ClassVar[bool] = False
+    needs_both_classes: ClassVar[bool] = True
 
     problem: Problem
 

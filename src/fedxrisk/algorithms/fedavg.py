@@ -34,6 +34,7 @@ class LocalSGDM(Algorithm):
     """FedAvg with local momentum SGD on binary cross-entropy."""
 
     name = "localsgdm"
+    needs_both_classes = False  # cross-entropy: one-class clients are ordinary
     communicates = ("w", "m")
 
     problem: Problem

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
 from fedxrisk.flower.config import FlowerConfig
 
@@ -171,7 +172,7 @@ def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
             "(a folder with train.npz or train.csv) or, for a trial, "
             "'dataset=\"digits\" partition-id=0 num-partitions=2'"
         )
-    site.check_classes(cfg.allow_missing_class)
+    site.check_classes(cfg.allow_missing_class or not ALGORITHMS[cfg.algorithm].needs_both_classes)
     return site
 
 
