@@ -102,7 +102,10 @@ def main() -> None:
         "--update", action="store_true", help="rerun only these settings inside an existing --out"
     )
     ap.add_argument("--ablation", action="store_true", help="LocalSCGDAM variants at the tuned step, p = 8")
+    ap.add_argument("--render-only", action="store_true", help="write the .md tables from --out, run nothing")
     args = ap.parse_args()
+    if args.render_only:
+        return render(json.loads(args.out.read_text()), args.out)
     torch.set_num_threads(1)
     if args.ablation:
         return ablation(args)
@@ -168,7 +171,20 @@ def main() -> None:
     results["wall_seconds"] = results.get("wall_seconds", 0) + round(time.perf_counter() - start, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(table(results))
+    render(results, args.out)
+
+
+def render(results: dict, raw: Path) -> None:
+    """``<raw>.md``: imratio 0.1 (the paper's Table 1); ``<raw>_imratios.md``: the other ratios."""
+    main_rows = [r for r in results["runs"] if r["imratio"] == 0.1]
+    others = [r for r in results["runs"] if r["imratio"] != 0.1]
+    for path, runs in (
+        (raw.with_suffix(".md"), main_rows),
+        (raw.with_name(raw.stem + "_imratios.md"), others),
+    ):
+        if runs:
+            path.write_text(table({**results, "runs": runs}) + "\n")
+            print(path.read_text())
 
 
 ABLATIONS = {
