@@ -25,6 +25,8 @@ _WHERE = {
     "run_experiment": "fedxrisk.experiment",
     "plot_runs": "fedxrisk.plots",
     "Problem": "fedxrisk.problem",
+    "evaluate": "fedxrisk.evaluation",
+    "predict": "fedxrisk.prediction",
 }
 
 __all__ = sorted(_WHERE)

@@ -48,6 +48,10 @@ class RunConfig:
     allow_missing_class: bool = False
     feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
     data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
+    stream: bool | str = "auto"  # file datasets: decode from disk while training (data/stream.py)
+    workers: int | None = None  # decoding worker processes when streaming; None: half the cores
+    memory_budget: int | str | None = None  # "auto" streams above it, e.g. "4GB"; None: ¼ of RAM
+    on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
