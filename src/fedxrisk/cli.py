@@ -273,7 +273,7 @@ def _progress() -> Iterator[Progress]:
     does not wrap the line, which left a second copy of it on screen."""
     width = max(20, console.width - 2)
     bar = max(5, min(40, width - 90))  # the columns after the label take 55 characters
-    whole = lambda width: Column(no_wrap=True, min_width=width)  # numbers are never cut; a long label is
+    whole = lambda chars: Column(no_wrap=True, min_width=chars)  # numbers are never cut; a long label is
     progress = Progress(
         TextColumn(
             "{task.description}", table_column=Column(no_wrap=True, max_width=max(8, width - 56 - bar))
