@@ -44,13 +44,15 @@ METRICS = ("test_auroc", "test_ap", "test_pauc30_norm", "client_auroc_mean")
 def fedxrisk(args: list[str], out: Path) -> dict[str, float]:
     """Run ``fedxrisk ARGS --out OUT -q`` from the repository root; its wall and CPU seconds."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    load = os.getloadavg()[0]
     before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "fedxrisk.cli", *args, "--out", str(out), "-q"], env=env, check=True
     )
     wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return {"wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1)}
+    load = max(load, os.getloadavg()[0])  # runnable processes on the machine (1-minute average)
+    return {"wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1), "load": round(load, 1)}
 
 
 def _run_numbers(folder: Path) -> dict:
@@ -112,6 +114,14 @@ def _number(text: str):
             return text
 
 
+def _load(timed: dict) -> str:
+    return (
+        f" shared with other jobs (load average up to {timed['load']:g})"
+        if timed.get("load", 0) > 2.5
+        else ""
+    )
+
+
 def render(raw: dict) -> None:
     from fedxrisk.compare import write_markdown
 
@@ -123,8 +133,8 @@ def render(raw: dict) -> None:
     lines.append(f"| bytes down / client | {d['bytes_down_per_client']:,} |")
     timing = (
         f"`{d['command']}` took {d['wall_seconds']:.0f} s of wall time and {d['cpu_seconds']:.0f} s of CPU time "
-        f"on a {cpus}-CPU machine ({d['train_seconds']:.0f} s in the training loop; the rest is start-up "
-        "and data); wall time grows with other load on the machine."
+        f"on a {cpus}-CPU machine{_load(d)} ({d['train_seconds']:.0f} s in the training loop; the rest is "
+        "start-up and data); wall time grows with other load on the machine."
     )
     (RESULTS / "quick_default.md").write_text("\n".join(lines) + f"\n\n{timing}\n")
     (RESULTS / "quick_default_time.md").write_text(timing + "\n")
@@ -134,7 +144,7 @@ def render(raw: dict) -> None:
     n = sum(int(r["seeds"]) for r in rows)
     note = (
         f"The {n} runs took {c['wall_seconds']:.0f} s of wall time and {c['cpu_seconds']:.0f} s of CPU time "
-        f"on a {cpus}-CPU machine (`{c['command']}`)."
+        f"on a {cpus}-CPU machine{_load(c)} (`{c['command']}`)."
     )
     (RESULTS / "quick_compare.md").write_text(table + f"\n{note}\n")
 

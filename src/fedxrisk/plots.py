@@ -27,7 +27,7 @@ from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.experiment import ConfigError, RunConfig, RunResult, load_run
 
 # Settings that do not change the numbers (or are the repetition itself).
-NOT_COMPARED = ("seed", "checkpoint_every", "tensorboard")
+NOT_COMPARED = ("seed", "checkpoint_every", "tensorboard", "dist_timeout")
 SHORT = {"local_steps": "I", "clients": "K"}
 CURVE_FIELDS = ("label", "seed", "round", "bytes_per_client", "test_auroc", "test_ap", "run_dir")
 PLOTS = ("auroc_vs_rounds.png", "auroc_vs_bytes.png")
@@ -150,7 +150,7 @@ def group_runs(runs: Sequence[RunResult]) -> list[Group]:
 
 
 def title_suffix(groups: Sequence[Group]) -> str:
-    """The settings all groups share, e.g. ``digits, imratio=0.1, K=8, I=8 (mean ± std over 3 seeds)``."""
+    """The settings all groups share, e.g. ``digits, imratio=0.1, K=8, I=8 (mean ± std over the n seeds of each line)``."""
     configs = [g.config for g in groups]
     parts = []
     for key in ("dataset", "imratio", "clients", "local_steps"):
