@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ TOLERANCE = 5e-3  # across machines; the writing machine reproduces the numbers 
 def _docs_module():
     spec = importlib.util.spec_from_file_location("bench_docs", ROOT / "benchmarks" / "docs.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
