@@ -115,6 +115,9 @@ def load_weights(
     if path is None:  # reset_head alone: the fresh model already has a freshly initialised head
         return {"from": None, "reset_head": reset_head, "head": head}
     state, saved_model = read_state(path)
+    adapt = getattr(model, "adapt_state_dict", None)  # a model's own key renames (DenseNet: torchvision's)
+    if adapt is not None:
+        state = adapt(state)
     missing = [
         f"{k} {_shape(v)}"
         for k, v in own.items()
