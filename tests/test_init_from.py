@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -274,10 +273,37 @@ def test_two_stage_resumes_from_either_stage(uninterrupted, tmp_path, call):
     assert [r["round"] for r in resumed.history] == [0, 1, 2, 3]
 
 
-def test_cli_pretrain_rounds_runs_both_stages(tmp_path):
-    result, out = _cli(tmp_path, "--pretrain-rounds", "1", "--reset-head", "--eval-every", "1")
+def test_bundled_two_stage_config_runs_from_one_command(tmp_path):
+    config = Path(__file__).resolve().parents[1] / "configs" / "two_stage.toml"
+    result, out = _cli(tmp_path, "--config", str(config), "--pretrain-rounds", "2", "--eval-every", "1")
     assert result.exit_code == 0, result.output
-    summary = load_run(out).summary
-    assert summary["init"]["pretrain"]["rounds"] == 1 and summary["init"]["reset_head"] is True
-    assert not math.isnan(load_run(out).history[0]["test_auroc"])
-    assert dataclasses.asdict(load_config(out / "config.toml"))["pretrain"] == {"rounds": 1}
+    run, pre = load_run(out), load_run(out / PRETRAIN_DIR)
+    assert (pre.summary["algorithm"], pre.summary["rounds"], pre.summary["status"]) == (
+        "localsgdm",
+        2,
+        "completed",
+    )
+    assert run.summary["init"]["pretrain"]["rounds"] == 2 and run.summary["init"]["reset_head"] is True
+    assert [r["round"] for r in run.history] == [0, 1] and run.summary["algorithm"] == "codasca"
+    expected = {
+        "algorithm": "localsgdm",
+        "rounds": 2,
+        "local_steps": 8,
+        "lr": 0.1,
+        "stages": 1,
+        "momentum": 0.9,
+    }
+    assert load_config(out / "config.toml").pretrain == expected
+
+
+def test_torchvision_densenet_file_with_old_key_names_loads_with_a_fresh_head(tmp_path):
+    imagenet = build_model("densenet121", (3, 32, 32), 1, 1000).state_dict()
+    old = {k.replace("norm1", "norm.1").replace("conv2", "conv.2"): v for k, v in imagenet.items()}
+    assert "features.denseblock1.denselayer1.norm.1.weight" in old
+    torch.save(old, tmp_path / "densenet121-a639ec97.pth")
+    model = build_model("densenet121", (3, 32, 32), 0, 5)
+    info = load_weights(model, "densenet121", tmp_path / "densenet121-a639ec97.pth", reset_head=True)
+    assert info["head"] == "classifier" and model.classifier.weight.shape == (5, 1024)
+    for k, v in model.state_dict().items():
+        if not k.startswith("classifier."):
+            assert torch.equal(v, imagenet[k]), k
