@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from fedxrisk import pipeline
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.cli import main
 from fedxrisk.config import config_to_toml, load_config
@@ -205,10 +206,21 @@ PRE = {"rounds": 2, "lr": 0.05}
 
 @pytest.fixture(scope="module")
 def two_stage(tmp_path_factory):
-    return run_experiment(RunConfig(**TWO, pretrain=PRE), tmp_path_factory.mktemp("two") / "run")
+    """The run, and each stage's starting models (all clients) as training began."""
+    starts, train = [], pipeline._train
+
+    def spy(setup, out, callback, ckpt):
+        starts.append({k: v.clone() for k, v in _start(setup).items()})
+        return train(setup, out, callback, ckpt)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "_train", spy)
+        result = run_experiment(RunConfig(**TWO, pretrain=PRE), tmp_path_factory.mktemp("two") / "run")
+    return result, starts
 
 
 def test_two_stage_main_stage_starts_from_exactly_the_pretrained_model(two_stage):
+    two_stage, (_, main_start) = two_stage
     out = two_stage.out_dir
     pre = load_run(out / PRETRAIN_DIR)
     assert pre.summary["algorithm"] == "localsgdm" and pre.summary["rounds"] == 2
@@ -216,10 +228,13 @@ def test_two_stage_main_stage_starts_from_exactly_the_pretrained_model(two_stage
     assert two_stage.summary["init"]["pretrain"]["final"] == pre.summary["final"]
     for key in METRICS:  # round 0 of the AUC stage evaluates the pretrained model
         assert two_stage.history[0][key] == pre.summary["final"][key], key
-    cfg = RunConfig(**TWO, pretrain=PRE)
-    start, saved = _start(build(cfg, init_path=out / PRETRAIN_DIR)), _weights(out / PRETRAIN_DIR)
+    saved = _weights(out / PRETRAIN_DIR)
+    assert set(main_start) == set(saved)
+    for k, v in saved.items():  # every client of the AUC stage starts from stage 1's model.pt
+        assert torch.equal(main_start[k], v.expand_as(main_start[k])), k
+    resumed = _start(build(RunConfig(**TWO, pretrain=PRE), init=out / PRETRAIN_DIR))  # the resume path
     for k, v in saved.items():
-        assert torch.equal(start[k], v.expand_as(start[k])), k
+        assert torch.equal(resumed[k], v.expand_as(resumed[k])), k
 
 
 def test_two_stage_config_round_trips_and_names_bad_pretrain_keys(tmp_path):

@@ -163,15 +163,18 @@ class Setup:
     init: dict[str, Any] | None = None  # where the weights came from (init_from.load_weights)
 
 
-def build(cfg: RunConfig, init_path: str | Path | None = None, data: FederatedData | None = None) -> Setup:
+def build(
+    cfg: RunConfig, init: str | Path | dict[str, Any] | None = None, data: FederatedData | None = None
+) -> Setup:
     """Validate and build everything; raises :class:`ConfigError` before any output exists.
 
-    The model starts from ``init_path`` if given, else from ``cfg.init_from`` (a
-    two-stage config's ``init_from`` belongs to its first stage); ``data`` skips loading.
+    The model starts from ``init`` (a path, or a state dict in memory) if given, else from
+    ``cfg.init_from`` (a two-stage config's ``init_from`` belongs to its first stage);
+    ``data`` skips loading.
     """
     validate(cfg)
-    if init_path is None and cfg.pretrain is None:
-        init_path = cfg.init_from
+    if init is None and cfg.pretrain is None:
+        init = cfg.init_from
     try:
         if data is None:
             data = make_federated(
@@ -181,11 +184,11 @@ def build(cfg: RunConfig, init_path: str | Path | None = None, data: FederatedDa
             )  # fmt: skip
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
-        init = None
-        if init_path is not None or cfg.reset_head:
+        source = None
+        if init is not None or cfg.reset_head:
             from fedxrisk.init_from import load_weights
 
-            init = load_weights(model, cfg.model, init_path, cfg.reset_head)
+            source = load_weights(model, cfg.model, init, cfg.reset_head)
         problem = Problem(
             model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
         )
@@ -207,7 +210,7 @@ def build(cfg: RunConfig, init_path: str | Path | None = None, data: FederatedDa
             sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim, init)
+    return Setup(cfg, data, problem, algorithm, sim, source)
 
 
 def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:

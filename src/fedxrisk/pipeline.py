@@ -35,12 +35,14 @@ from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.experiment import (
+    CHECKPOINT,
     ConfigError,
     RunConfig,
     RunResult,
+    Setup,
     _train,
     build,
-    resume_experiment,
+    load_checkpoint,
     start_run_folder,
     validate,
 )
@@ -145,12 +147,27 @@ def _summary_of(folder: Path) -> dict[str, Any]:
     return summary
 
 
+def _finish_stage1(setup: Setup, folder: Path, callback: Callback | None, ckpt: dict[str, Any] | None):
+    """Train stage 1 to its end; its summary and final network, in memory (under torchrun every
+    rank holds it, so no rank waits for rank 0 to write ``model.pt``)."""
+    result = _train(setup, folder, callback, ckpt)
+    params, buffers = setup.simulation.global_model()
+    return result.summary, {**params, **buffers}
+
+
 def _main_stage(
-    cfg: RunConfig, out: Path, callback: Callback | None, data: Any, ckpt: dict[str, Any] | None
+    cfg: RunConfig,
+    out: Path,
+    callback: Callback | None,
+    ckpt: dict[str, Any] | None,
+    data: Any = None,
+    stage1: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> RunResult:
-    """Build the main stage from ``out/pretrain/model.pt`` (or its checkpoint) and train it."""
-    pre = _summary_of(out / PRETRAIN_DIR)
-    setup = build(cfg, init_path=out / PRETRAIN_DIR, data=data)
+    """Build the main stage from stage 1's network (``stage1``, else ``out/pretrain``) and train it."""
+    if stage1 is None:
+        stage1 = _summary_of(out / PRETRAIN_DIR), None
+    pre, weights = stage1
+    setup = build(cfg, init=weights if weights is not None else out / PRETRAIN_DIR, data=data)
     setup.init = {
         **(setup.init or {}),
         "from": PRETRAIN_DIR,
@@ -162,7 +179,7 @@ def _main_stage(
 
 
 def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -> RunResult:
-    """Stage 1 in ``out/pretrain``, then the main stage in ``out`` from its model.
+    """Stage 1 in ``out/pretrain``, then the main stage in ``out`` from its network.
 
     Both stages are built (data loaded, ``init_from`` read) before anything is written.
     """
@@ -171,7 +188,7 @@ def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -
     shared = cfg.pretrain.get("algorithm") != CENTRALIZED  # type: ignore[union-attr]
     pre = build(pcfg, data=main.data if shared else None)
     data = main.data
-    del main  # its client states; the main stage is rebuilt from the pretrained model
+    del main  # its client states; the main stage is rebuilt from the pretrained network
     if pre.simulation.is_primary:
         if (out / PRETRAIN_DIR).exists():
             raise ConfigError(
@@ -179,8 +196,8 @@ def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -
             )
         start_run_folder(cfg, out)
         start_run_folder(pcfg, out / PRETRAIN_DIR)
-    _train(pre, out / PRETRAIN_DIR, callback, None)
-    return _main_stage(cfg, out, callback, data, None)
+    stage1 = _finish_stage1(pre, out / PRETRAIN_DIR, callback, None)
+    return _main_stage(cfg, out, callback, None, data, stage1)
 
 
 def resume_two_stage(
@@ -188,12 +205,13 @@ def resume_two_stage(
 ) -> RunResult:
     """Continue a killed two-stage run: finish stage 1 if needed, then the main stage."""
     folder = out / PRETRAIN_DIR
+    stage1 = None
     if ckpt is None and not (folder / "summary.json").exists():
-        if (folder / "config.toml").exists():
-            resume_experiment(folder, callback)
-        else:  # killed before stage 1 wrote anything
-            pre = build(pretrain_config(cfg))
-            if pre.simulation.is_primary:
-                start_run_folder(pre.config, folder)
-            _train(pre, folder, callback, None)
-    return _main_stage(cfg, out, callback, None, ckpt)
+        pre = build(pretrain_config(cfg))
+        pre_ckpt = load_checkpoint(folder / CHECKPOINT) if (folder / CHECKPOINT).exists() else None
+        if pre_ckpt is not None:
+            pre.simulation.load_state_dict(pre_ckpt["simulation"])
+        elif pre.simulation.is_primary:  # killed before stage 1's first checkpoint
+            start_run_folder(pre.config, folder)
+        stage1 = _finish_stage1(pre, folder, callback, pre_ckpt)
+    return _main_stage(cfg, out, callback, ckpt, stage1=stage1)
