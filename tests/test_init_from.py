@@ -253,6 +253,12 @@ def test_two_stage_config_round_trips_and_names_bad_pretrain_keys(tmp_path):
         load_config(tmp_path / "c.toml", ["pretrain.momentun=0.5"])
     with pytest.raises(ConfigError, match=r"^pretrain.rounds must be ≥ 1, got 0$"):
         load_config(tmp_path / "c.toml", ["pretrain.rounds=0"])
+    with pytest.raises(ConfigError, match=r"^pretrain.momentum must lie in \[0, 1\), got 1.5 \(localsgdm\)$"):
+        load_config(tmp_path / "c.toml", ["pretrain.momentum=1.5"])
+    with pytest.raises(
+        ConfigError, match=r"^pretrain.algorithm: unknown algorithm 'sgd'; choose 'centralized' or one of "
+    ):
+        load_config(tmp_path / "c.toml", ["pretrain.algorithm='sgd'"])
 
 
 def _interrupt_at(call: int):

@@ -63,6 +63,13 @@ def _algorithm_name(name: str) -> str:
     return PRETRAIN_ALGORITHM if name == CENTRALIZED else name
 
 
+def _check_algorithm(name: Any) -> None:
+    if name != CENTRALIZED and name not in ALGORITHMS:
+        raise ConfigError(
+            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
+        )
+
+
 def pretrain_from_table(table: Any) -> dict[str, Any]:
     """Type-check a ``[pretrain]`` table (stage keys plus the algorithm's hyperparameters)."""
     from fedxrisk.config import _check, _fields, _unknown, hyperparameter_types
@@ -70,10 +77,7 @@ def pretrain_from_table(table: Any) -> dict[str, Any]:
     if not isinstance(table, Mapping):
         raise ConfigError(f"[pretrain] must be a table of keys, got {table!r}")
     name = table.get("algorithm", PRETRAIN_ALGORITHM)
-    if name != CENTRALIZED and name not in ALGORITHMS:
-        raise ConfigError(
-            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
-        )
+    _check_algorithm(name)
     fields, hparams = _fields(), hyperparameter_types(_algorithm_name(name))
     out: dict[str, Any] = {}
     for key, value in table.items():
@@ -117,10 +121,7 @@ def check_pretrain(cfg: RunConfig) -> None:
         raise ConfigError(f"pretrain must be a dict of settings or None, got {cfg.pretrain!r}")
     unknown = set(cfg.pretrain) - set(STAGE_KEYS)
     name = cfg.pretrain.get("algorithm", PRETRAIN_ALGORITHM)
-    if name != CENTRALIZED and name not in ALGORITHMS:
-        raise ConfigError(
-            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
-        )
+    _check_algorithm(name)
     unknown -= set(ALGORITHMS[_algorithm_name(name)].hyperparameters())
     if unknown:
         raise ConfigError(
@@ -130,11 +131,17 @@ def check_pretrain(cfg: RunConfig) -> None:
         raise ConfigError(
             "pretrain.algorithm: 'centralized' runs in one process; use engine loop, vmap or compile"
         )
+    stage, names = pretrain_config(cfg), dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
     try:
-        validate(pretrain_config(cfg))
+        validate(stage)
     except ConfigError as e:
-        names = dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
         raise ConfigError(qualify(str(e), names)) from None
+    try:  # the algorithm's own range checks, before any data is loaded
+        ALGORITHMS[stage.algorithm](None, **stage.options)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ConfigError(f"{qualify(str(e), names)} ({stage.algorithm})") from None
+    except Exception:  # the constructor needs a real problem: checked when the stage is built
+        pass
 
 
 def _summary_of(folder: Path) -> dict[str, Any]:
