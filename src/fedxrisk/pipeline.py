@@ -159,7 +159,7 @@ def _finish_stage1(setup: Setup, folder: Path, callback: Callback | None, ckpt: 
     rank holds it, so no rank waits for rank 0 to write ``model.pt``)."""
     result = _train(setup, folder, callback, ckpt)
     params, buffers = setup.simulation.global_model()
-    return result.summary, {**params, **buffers}
+    return result.summary, {k: v.detach().clone() for k, v in {**params, **buffers}.items()}  # no views
 
 
 def _main_stage(
@@ -204,6 +204,7 @@ def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -
         start_run_folder(cfg, out)
         start_run_folder(pcfg, out / PRETRAIN_DIR)
     stage1 = _finish_stage1(pre, out / PRETRAIN_DIR, callback, None)
+    del pre  # stage 1's client states
     return _main_stage(cfg, out, callback, None, data, stage1)
 
 
@@ -221,4 +222,5 @@ def resume_two_stage(
         elif pre.simulation.is_primary:  # killed before stage 1's first checkpoint
             start_run_folder(pre.config, folder)
         stage1 = _finish_stage1(pre, folder, callback, pre_ckpt)
+        del pre, pre_ckpt  # stage 1's client states
     return _main_stage(cfg, out, callback, ckpt, stage1=stage1)
