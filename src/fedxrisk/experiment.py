@@ -143,8 +143,6 @@ def validate(cfg: RunConfig) -> None:
             check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    if cfg.init_from is not None and not Path(cfg.init_from).exists():
-        raise ConfigError(f"model.init_from: {cfg.init_from!r} does not exist")
     if cfg.pretrain is not None:
         from fedxrisk.pipeline import check_pretrain
 
