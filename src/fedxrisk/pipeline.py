@@ -167,14 +167,14 @@ def _main_stage(
     out: Path,
     callback: Callback | None,
     ckpt: dict[str, Any] | None,
-    data: Any = None,
+    data_from: Setup | None = None,
     stage1: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> RunResult:
     """Build the main stage from stage 1's network (``stage1``, else ``out/pretrain``) and train it."""
     if stage1 is None:
         stage1 = _summary_of(out / PRETRAIN_DIR), None
     pre, weights = stage1
-    setup = build(cfg, init=weights if weights is not None else out / PRETRAIN_DIR, data=data)
+    setup = build(cfg, init=weights if weights is not None else out / PRETRAIN_DIR, data_from=data_from)
     setup.init = {
         **(setup.init or {}),
         "from": PRETRAIN_DIR,
@@ -193,9 +193,8 @@ def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -
     main = build(cfg)  # validates the main stage and loads its data
     pcfg = pretrain_config(cfg)
     shared = cfg.pretrain.get("algorithm") != CENTRALIZED  # type: ignore[union-attr]
-    pre = build(pcfg, data=main.data if shared else None)
-    data = main.data
-    del main  # its client states; the main stage is rebuilt from the pretrained network
+    pre = build(pcfg, data_from=main if shared else None)
+    main.simulation = main.algorithm = main.problem = None  # type: ignore[assignment]  # keep only the data
     if pre.simulation.is_primary:
         if (out / PRETRAIN_DIR).exists():
             raise ConfigError(
@@ -205,7 +204,7 @@ def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -
         start_run_folder(pcfg, out / PRETRAIN_DIR)
     stage1 = _finish_stage1(pre, out / PRETRAIN_DIR, callback, None)
     del pre  # stage 1's client states
-    return _main_stage(cfg, out, callback, None, data, stage1)
+    return _main_stage(cfg, out, callback, None, main, stage1)
 
 
 def resume_two_stage(
