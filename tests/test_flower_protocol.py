@@ -342,3 +342,21 @@ def test_new_app_writes_every_run_config_key(tmp_path):
     assert (cfg.algorithm, cfg.rounds, cfg.options) == ("localsgdm", 4, {})
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         write_app(tmp_path / "bad", {"algorithm": "nope"})
+
+
+def test_init_from_starts_every_site_from_the_file_as_the_loop_engine(tmp_path):
+    from fedxrisk.experiment import RunConfig, build
+    from fedxrisk.models import build_model
+
+    torch.save(build_model("mlp", (1, 8, 8), 7).state_dict(), tmp_path / "w.pt")
+    rc = run_config("codasca", tmp_path / "out", **{"init-from": str(tmp_path / "w.pt"), "reset-head": True})
+    run_local(rc, trial_nodes())
+    cfg = RunConfig(
+        algorithm="codasca", engine="loop", clients=K, rounds=3, local_steps=2, batch_size=8, lr=0.1, stages=2,
+        init_from=str(tmp_path / "w.pt"), reset_head=True, **SPLIT,
+    )  # fmt: skip
+    sim = build(cfg).simulation
+    while not sim.done:
+        sim.run_round()
+    params, _ = sim.global_model()
+    assert max_abs_diff(torch.load(tmp_path / "out" / "model.pt")["params"], params) < 1e-6

@@ -37,7 +37,6 @@ from fedxrisk.flower.site import BEGIN, site_setup, site_step
 from fedxrisk.flower.sitedata import load_holdout
 from fedxrisk.flower.wire import Packet, clone_packet, flatten, unflatten
 from fedxrisk.metrics import auroc, average_precision, predict
-from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, stack, tmap
 
@@ -146,7 +145,7 @@ class Coordinator:
         self.sites, self.by_node = sites, {s.node: s for s in sites}
         self.pos_ratio = sum(s.positives for s in sites) / sum(s.samples for s in sites)
         self.max_samples = max(s.samples for s in sites)  # ClientInfo.max_samples, as in simulation
-        model = build_model(self.cfg.model, sites[0].input_shape, self.cfg.seed)
+        model = self.cfg.build_model(sites[0].input_shape)
         self.problem = Problem(model, self.pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.holdout = load_holdout(self.cfg.test_data, self.cfg)
         self.log(

@@ -45,7 +45,6 @@ from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.sitedata import SiteData, load_site
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
-from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, index, is_finite, stack, tmap
 
@@ -160,7 +159,7 @@ class SiteRunner:
         """
         self.client, self.num_clients, self.pos_ratio = client, num_clients, pos_ratio
         self.max_samples = max_samples
-        model = build_model(self.cfg.model, self.site.input_shape, self.cfg.seed)
+        model = self.cfg.build_model(self.site.input_shape)
         self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
         n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
