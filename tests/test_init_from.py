@@ -22,7 +22,7 @@ from fedxrisk.experiment import (
     run_experiment,
 )
 from fedxrisk.init_from import head_name, load_weights
-from fedxrisk.models import MODELS, build_model
+from fedxrisk.models import MODELS, DenseNet, build_model
 from fedxrisk.pipeline import PRETRAIN_DIR, pretrain_config
 
 # BatchNorm model: buffers must travel with the weights
@@ -318,13 +318,16 @@ def test_bundled_two_stage_config_runs_from_one_command(tmp_path):
 
 
 def test_torchvision_densenet_file_with_old_key_names_loads_with_a_fresh_head(tmp_path):
-    imagenet = build_model("densenet121", (3, 32, 32), 1, 1000).state_dict()
+    small = dict(blocks=(2, 1), growth=8, init_features=16)  # DenseNet-121's layout, fewer layers
+    torch.manual_seed(1)
+    imagenet = DenseNet((3, 32, 32), 1000, **small).state_dict()
     old = {k.replace("norm1", "norm.1").replace("conv2", "conv.2"): v for k, v in imagenet.items()}
     assert "features.denseblock1.denselayer1.norm.1.weight" in old
     torch.save(old, tmp_path / "densenet121-a639ec97.pth")
-    model = build_model("densenet121", (3, 32, 32), 0, 5)
+    torch.manual_seed(0)
+    model = DenseNet((3, 32, 32), 5, **small)
     info = load_weights(model, "densenet121", tmp_path / "densenet121-a639ec97.pth", reset_head=True)
-    assert info["head"] == "classifier" and model.classifier.weight.shape == (5, 1024)
+    assert info["head"] == "classifier" and model.classifier.weight.shape == (5, 24)
     for k, v in model.state_dict().items():
         if not k.startswith("classifier."):
             assert torch.equal(v, imagenet[k]), k
