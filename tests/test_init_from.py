@@ -331,3 +331,12 @@ def test_torchvision_densenet_file_with_old_key_names_loads_with_a_fresh_head(tm
     for k, v in model.state_dict().items():
         if not k.startswith("classifier."):
             assert torch.equal(v, imagenet[k]), k
+
+
+def test_compare_varies_the_pretrain_stage():
+    from fedxrisk.compare import build_variants
+
+    base = {"experiment": {"rounds": 2}, "algorithm": {"stages": 1}, "pretrain": {"rounds": 1}}
+    variants = build_variants(base, vary={"pretrain.rounds": [1, 3]})
+    assert [v.label for v in variants] == ["codasca pretrain.rounds=1", "codasca pretrain.rounds=3"]
+    assert [v.configs[0].pretrain for v in variants] == [{"rounds": 1}, {"rounds": 3}]
