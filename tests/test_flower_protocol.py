@@ -100,7 +100,7 @@ def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
     assert [s["samples"] for s in summary["sites"]] == [405, 495]
     for k, node in enumerate(sorted(transport.saved)):
         state = unflatten(transport.saved[node].arrays["state"])
-        assert state["u"].shape == (1, 495)
+        assert state["log_u"].shape == (1, 495)
         assert max_abs_diff(state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < 1e-6
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
     assert summary["communication"] == sim.ledger.summary()
