@@ -186,9 +186,10 @@ def test_bytes_separate_models_and_scores():
     k, window, rounds = 3, 2, 2
     sim = run_all(_sim("fedxl2", "loop", clients=k, rounds=rounds, local_steps=window))
     by = sim.ledger.summary()["by_variable"]
-    for key, b in (("pos_scores", B1), ("neg_scores", B2), ("pos_log_u", B1)):
-        up = 4 * b * (rounds * window + 1)  # I batches a round, plus the one seeding batch
-        assert by[key] == {"up": up, "down": k * up}, key
+    batches = rounds * window + 1  # I batches a round, plus the one seeding batch
+    for key, b, floats in (("pos_pool", B1, 2), ("neg_pool", B2, 1)):  # score (and log u) per slot
+        up = (4 * floats + 1) * b * batches  # float32 values and a uint8 validity mask per slot
+        assert by[key] == {"up": up, "down": k * 4 * floats * b * batches}, key  # all slots valid here
     model = sum(t.numel() * 4 for _, t in leaves(sim.algorithm.problem.init_model()[0]))
     assert by["w"]["up"] == rounds * model and by["m"]["up"] == rounds * model
 

@@ -12,8 +12,9 @@ No client holds the pairs it needs. The gradient is split into **active**
 parts (h and ∇h of the client's own current samples under its current model)
 and **passive** parts (scores of other clients' samples, and for FeDXL2 their
 inner estimates u, computed with historical models). Every round each client
-records the scores of the samples it used (and u); at the round's end they are
-gathered (``comm.gather``) and merged into FIFO **pools** H1 (positives, with u)
+records the scores of the samples it used (and u); at the round's end the server
+pools them (``comm.pool``: valid entries only, shuffled, so no score is attributable
+to its client) and every client merges them into FIFO **pools** H1 (positives, with u)
 and H2 (negatives) holding the last ``tau`` rounds of all clients; local steps
 sample pools uniformly with replacement from ``batch["uniform"]``.
 
@@ -29,7 +30,8 @@ Design decisions (documented in docs/fedxl.md):
 - Pools are flat tensors of valid scores; ``count_*`` holds how many entries
   each of the last ``tau`` rounds contributed (oldest first), so the FIFO drops
   exactly the oldest round. Pool size ≤ tau · K · I · B (B1 or B2). Pools are
-  identical on all clients (they are built from the gathered scores).
+  identical on all clients (they are built from the same server answer). A slot
+  not of its pool's class is masked; the mask goes to the server only.
 - Pools are seeded before the first round (:meth:`FeDXL1.begin`) with one batch
   of scores per client under the initial model; the seed is the first FIFO round.
 - Pools are seeded in eval mode (BatchNorm uses its running statistics), as the
@@ -78,7 +80,7 @@ from fedxrisk.problem import Problem
 from fedxrisk.tree import tmap, zeros_like
 
 INVALID = -1.0  # marks a recorded slot whose sample is not of the slot's class (never pooled)
-SCORE_KEYS = ("pos_scores", "neg_scores", "pos_log_u")  # what the gather sends (ledger names)
+SCORE_KEYS = ("pos_pool", "neg_pool")  # what ``comm.pool`` sends (ledger names)
 MOMENTUM_INITS = ("grad", "zero")
 GRAD_SCALES = ("objective", "code")
 
@@ -201,7 +203,7 @@ class FeDXL1(PairwiseBase):
         G = mean_i mean_ζ ∂1ℓ(h(w;z_i), ζ) ∇h(w;z_i) + mean_j mean_ξ ∂2ℓ(ξ, h(w;z'_j)) ∇h(w;z'_j)
         w ← w − η G    (β < 1 adds momentum, not in the paper's FeDXL1)
 
-    Every I steps: average w; gather the recorded scores into H1/H2.
+    Every I steps: average w; pool the recorded scores into H1/H2 (server-side, shuffled).
     """
 
     name = "fedxl1"
@@ -268,38 +270,44 @@ class FeDXL1(PairwiseBase):
 
     # -- communication --------------------------------------------------------
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
-        """Average w (and m); all-gather this round's scores and merge them into the pools."""
-        return self._merge(self._average(state, comm), comm)
+        """Average w (and m); pool this round's scores on the server and merge them into the pools."""
+        return self._merge(self._average(state, comm), comm, key=ctx.plan.round + 1)
 
     def begin(self, state: State, comm: Collective, batch: Batch) -> State:
         """Seed the pools with one batch of scores per client under the initial model."""
-        return self._merge({**state, **comm.per_client(self._seed_records, state, batch)}, comm)
+        return self._merge({**state, **comm.per_client(self._seed_records, state, batch)}, comm, key=0)
 
     def _seed_records(self, state: State, batch: Batch) -> dict[str, torch.Tensor]:
-        scores, _ = self._scores(
-            state["w"], state["buffers"], batch["x"], train=False
-        )  # eval mode, as the authors
+        # eval mode (BatchNorm's running statistics), as the authors score their seed batch
+        scores, _ = self._scores(state["w"], state["buffers"], batch["x"], train=False)
         vpos, vneg = self._masks(batch)
         b1 = self.positives_per_batch
         return self._record(state, scores[:b1], scores[b1:], vpos, vneg)
 
-    def _records(self, state: State) -> dict[str, torch.Tensor]:
-        return {"pos_scores": state["rec_pos"], "neg_scores": state["rec_neg"]}
+    def _records(self, state: State) -> dict[str, dict[str, torch.Tensor]]:
+        """What goes up, per pool: the recorded values (0 in slots not of the pool's class)."""
+        out = {}
+        for cls in ("pos", "neg"):
+            valid = state[f"rec_{cls}"] != INVALID
+            out[f"{cls}_pool"] = {"scores": torch.where(valid, state[f"rec_{cls}"], 0.0)}
+        if "rec_log_u" in state:
+            out["pos_pool"]["log_u"] = torch.where(state["rec_pos"] != INVALID, state["rec_log_u"], 0.0)
+        return out
 
-    def _merge(self, state: State, comm: Collective) -> State:
-        """One gather of every client's records; FIFO-append the valid ones, dropping the oldest round."""
-        got = {k: v.flatten(1) for k, v in comm.gather(self._records(state)).items()}  # [Kc, K·n]
+    def _merge(self, state: State, comm: Collective, key: int) -> State:
+        """One server-side pool of every client's records (valid entries only, shuffled, so no entry
+        is attributable to its client); FIFO-append them, dropping the oldest round."""
+        masks = {f"{cls}_pool": (state[f"rec_{cls}"] != INVALID).to(torch.uint8) for cls in ("pos", "neg")}
+        got = comm.pool(self._records(state), masks, key)  # leaves [Kc, N]
         out = dict(state)
         for cls in ("pos", "neg"):
-            scores = got[f"{cls}_scores"]
-            keep = scores[0] != INVALID  # same on every client: they received the same values
-            entries = scores[:, keep]
-            check_scores(entries, BOUNDED, f"gathered {cls} scores")
+            entries = got[f"{cls}_pool"]["scores"]
+            check_scores(entries, BOUNDED, f"pooled {cls} scores")
             counts = state[f"count_{cls}"]
             drop = int(counts[0, 0])
             out[f"pool_{cls}"] = torch.cat([state[f"pool_{cls}"][:, drop:], entries], 1)
-            if cls == "pos" and "pos_log_u" in got:
-                out["pool_log_u"] = torch.cat([state["pool_log_u"][:, drop:], got["pos_log_u"][:, keep]], 1)
+            if cls == "pos" and "log_u" in got["pos_pool"]:
+                out["pool_log_u"] = torch.cat([state["pool_log_u"][:, drop:], got["pos_pool"]["log_u"]], 1)
             new_count = torch.full_like(counts[:, :1], entries.shape[1])
             out[f"count_{cls}"] = torch.cat([counts[:, 1:], new_count], 1)
             out[f"rec_{cls}"] = state[f"rec_{cls}"][:, :0]
@@ -320,7 +328,7 @@ class FeDXL2(FeDXL1):
         G2 = mean_j mean_k exp(ℓ(ξ_k, h(w;z'_j))/λ) / ũ_k · ∂2ℓ ∇h(w;z'_j)  (passive ξ_k, ũ_k from H1)
         m ← (1 − β) m + β (G1 + G2);  w ← w − η m
 
-    Every I steps: average w and m; gather the positives' scores and u and the
+    Every I steps: average w and m; pool the positives' scores and u and the
     negatives' scores into the pools. u is never averaged. With u equal to the
     true inner mean, G1 + G2 is the gradient of the KL-DRO objective
     F = mean_i λ log mean_j exp(ℓ_ij/λ) (``grad_scale = "objective"``, default);
@@ -358,9 +366,6 @@ class FeDXL2(FeDXL1):
         size = max(client.max_samples, client.num_samples)
         state.update(log_u=torch.zeros(size), rec_log_u=torch.zeros(0), pool_log_u=torch.zeros(0))
         return state
-
-    def _records(self, state: State) -> dict[str, torch.Tensor]:
-        return {**super()._records(state), "pos_log_u": state["rec_log_u"]}
 
     def _seed_records(self, state: State, batch: Batch) -> dict[str, torch.Tensor]:
         rec = super()._seed_records(state, batch)
