@@ -33,7 +33,9 @@ def pool_permutation(seed: int, key: int, group: str, n: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(state))
 
 
-def merge_pool(groups: dict[str, Tree], valid: dict[str, torch.Tensor], seed: int, key: int) -> dict[str, Tree]:
+def merge_pool(
+    groups: dict[str, Tree], valid: dict[str, torch.Tensor], seed: int, key: int
+) -> dict[str, Tree]:
     """Stacked records (leaves ``[K, n, ...]``, masks ``[K, n]``) → per group the valid entries of
     all clients in a seeded random order (leaves ``[N, ...]``)."""
     out = {}
