@@ -13,6 +13,8 @@ from fedxrisk.algorithms import ALGORITHMS, Schedule, StepContext
 from fedxrisk.algorithms.fedxl import INVALID
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.engines import Simulation
+from fedxrisk.engines.pooling import pool_permutation
+from fedxrisk.engines.simulation import SimCollective
 from fedxrisk.models import build_model
 from fedxrisk.objectives.pairwise import pairwise_auc_loss, pairwise_surrogate, pauc_kl_loss
 from fedxrisk.problem import Problem
@@ -368,3 +370,59 @@ def test_paper_configs_draw_the_authors_b1_b2_passive_scores(name):
     raw = tomllib.loads((Path(__file__).parent.parent / "configs" / "papers" / f"{name}.toml").read_text())
     b1, b = raw["algorithm"]["positives_per_batch"], raw["data"]["batch_size"]
     assert raw["algorithm"]["passive_samples"] == b1 == b - b1 == 32
+
+
+# -- privacy of the score pools (issue 13 item 7) ------------------------------------------
+
+
+def _recording(monkeypatch) -> list:
+    """Record every comm.pool call of the simulation: (groups sent, masks sent, key, answer)."""
+    calls = []
+    original = SimCollective.pool
+
+    def pool(self, groups, valid, key):
+        answer = original(self, groups, valid, key)
+        calls.append((groups, valid, key, answer))
+        return answer
+
+    monkeypatch.setattr(SimCollective, "pool", pool)
+    return calls
+
+
+@pytest.mark.parametrize("alg", ["fedxl1", "fedxl2"])
+def test_pools_hold_only_valid_records_shuffled_by_seed_round_and_pool(alg, monkeypatch):
+    calls = _recording(monkeypatch)
+    sim = run_all(_missing_class_sim(alg))  # client 0 holds no positive, client 1 no negative
+    assert [c[2] for c in calls] == [0, 1, 2]  # the seed, then round r sends key r + 1
+    for groups, valid, key, answer in calls:
+        for name, tree in groups.items():
+            keep = valid[name].reshape(-1) != 0
+            assert int(valid[name][0 if name == "pos_pool" else 1].sum()) == 0  # the missing class
+            order = pool_permutation(0, key, name, int(keep.sum()))
+            for leaf, sent in tree.items():
+                received = answer[name][leaf]
+                assert torch.equal(received, sent.reshape(-1)[keep][order].expand(3, -1))  # same on all
+                assert not torch.equal(order, torch.arange(len(order)))  # not client-major
+            assert not bool((answer[name]["scores"] == INVALID).any())  # no marker comes down
+    assert set(answer["pos_pool"]) == ({"scores", "log_u"} if alg == "fedxl2" else {"scores"})
+    assert sim.states["pool_pos"].shape[1] == 2 * 2 * 2 * B1  # τ rounds × 2 clients with positives × I × B1
+
+
+def test_pool_permutation_depends_on_seed_key_and_pool():
+    base = pool_permutation(0, 1, "pos_pool", 50)
+    assert torch.equal(base, pool_permutation(0, 1, "pos_pool", 50))
+    for other in (pool_permutation(1, 1, "pos_pool", 50), pool_permutation(0, 2, "pos_pool", 50),
+                  pool_permutation(0, 1, "neg_pool", 50)):  # fmt: skip
+        assert not torch.equal(base, other)
+    assert torch.equal(base.sort().values, torch.arange(50))
+
+
+def test_fedxl2_compiled_engine_matches_loop():
+    kw = dict(partition="class", rounds=1, local_steps=2, clients=2, model="linear")  # one compilation
+    loop, fast = _sim("fedxl2", "loop", **kw), _sim("fedxl2", "compile", **kw)
+    fast.engine = type(fast.engine)(backend="aot_eager")  # dynamo + functionalization without C++ codegen
+    fast.engine.configure(fast)
+    run_all(loop), run_all(fast)
+    assert fast.engine.failure is None, fast.engine.failure
+    assert max_abs_diff(loop.states, fast.states) < 1e-5
+    assert loop.ledger.summary() == fast.ledger.summary()
