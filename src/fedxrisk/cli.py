@@ -132,6 +132,19 @@ def main() -> None:
 @click.option("--partition", default=DEFAULTS.partition, show_default=True, help="see `fedxrisk list`")
 @click.option("--dirichlet-alpha", type=float, default=DEFAULTS.dirichlet_alpha, show_default=True)
 @click.option("--model", default=DEFAULTS.model, show_default=True)
+@click.option(
+    "--init-from",
+    default=None,
+    metavar="PATH",
+    help="start from a run folder's model.pt or a PyTorch state dict (two-stage: the first stage)",
+)
+@click.option("--reset-head", is_flag=True, help="re-initialise the classifier head after --init-from")
+@click.option(
+    "--pretrain-rounds",
+    type=int,
+    default=None,
+    help="rounds of a cross-entropy [pretrain] stage before this run (same as --set pretrain.rounds=N)",
+)
 @click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)
 @click.option("--local-steps", "-I", type=int, default=None, help="window I (default 8; NPA: 1)")
 @click.option("--batch-size", type=int, default=DEFAULTS.batch_size, show_default=True)
@@ -206,16 +219,20 @@ def run(
     from fedxrisk.engines.distributed import launched_rank
     from fedxrisk.experiment import default_out_dir, resume_experiment, run_experiment
 
+    pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
     given = _given(click.get_current_context(), flags)
     with _config_errors():
         if resume is not None:
             extra = [*given, *(["--config"] if config_file else []), *(["--set"] if overrides else [])]
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
+            extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:
                 raise ConfigError(f"--resume continues a run with its own config; drop {', '.join(extra)}")
             folder = Path(resume)
             job = lambda callback: resume_experiment(folder, callback)
         else:
+            if pretrain_rounds is not None:  # --set pretrain.rounds still wins
+                overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
             cfg = config_from_sections(_resolve(config_file, given, options, overrides))
             folder = Path(out) if out else default_out_dir(cfg)
             job = lambda callback: run_experiment(cfg, folder, callback)
@@ -310,6 +327,12 @@ def _print_summary(s: dict[str, Any], out: Any) -> None:
     rows.append(("bytes down / client", f"{comm['bytes_down_per_client']:,}"))
     rows.append(("wall seconds", _fmt(s["wall_seconds"])))
     Console().print(fit_table(title, ["metric", "value"], rows, Console().width))
+    if s.get("init"):
+        source = s["init"]["from"] or "a fresh model"
+        Console().print(
+            f"started from {source}"
+            + (" (classifier head re-initialised)" if s["init"]["reset_head"] else "")
+        )
     if s.get("resumed_at_rounds"):
         Console().print(f"resumed at round(s) {', '.join(map(str, s['resumed_at_rounds']))}")
     Console().print(f"written to [bold]{out}[/bold] (summary.json, history.csv, config.toml, model.pt)")

@@ -87,6 +87,10 @@ def validate(cfg: RunConfig) -> None:
             check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import check_pretrain
+
+        check_pretrain(cfg)
 
 
 def _check_stream_settings(cfg: RunConfig) -> None:
@@ -113,6 +117,7 @@ class Setup:
     algorithm: Algorithm
     simulation: Simulation
     stream: Any = None  # data.stream.StreamChoice for file datasets: streamed or not, and why
+    init: dict[str, Any] | None = None  # where the weights came from (init_from.load_weights)
 
 
 def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
@@ -129,16 +134,33 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
     return data, choice
 
 
-def build(cfg: RunConfig) -> Setup:
-    """Validate and build everything; raises :class:`ConfigError` before any output exists."""
+def build(
+    cfg: RunConfig, init: str | Path | dict[str, Any] | None = None, data_from: Setup | None = None
+) -> Setup:
+    """Validate and build everything; raises :class:`ConfigError` before any output exists.
+
+    The model starts from ``init`` (a path, or a state dict in memory) if given, else from
+    ``cfg.init_from`` (a two-stage config's ``init_from`` belongs to its first stage).
+    ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
+    """
     validate(cfg)
     from fedxrisk.data.stream import attach_stream
 
+    if init is None and cfg.pretrain is None:
+        init = cfg.init_from
     try:
-        data, choice = build_data(cfg)
-        attach_stream(data, choice, cfg.device)
+        if data_from is not None:  # its stream restarts when the new Simulation starts
+            data, choice = data_from.data, data_from.stream
+        else:
+            data, choice = build_data(cfg)
+            attach_stream(data, choice, cfg.device)
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
+        source = None
+        if init is not None or cfg.reset_head:
+            from fedxrisk.init_from import load_weights
+
+            source = load_weights(model, cfg.model, init, cfg.reset_head)
         problem = Problem(
             model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
         )
@@ -160,7 +182,7 @@ def build(cfg: RunConfig) -> Setup:
             sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim, choice)
+    return Setup(cfg, data, problem, algorithm, sim, choice, source)
 
 
 def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
@@ -254,22 +276,29 @@ def run_experiment(
     so far is kept, the summary records ``status: failed`` and the round, and
     :class:`NonFiniteLoss` is raised.
     """
+    out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import run_two_stage
+
+        return run_two_stage(cfg, out, callback)
+    setup = build(cfg)
+    if setup.simulation.is_primary:  # distributed: only rank 0 writes
+        start_run_folder(cfg, out)
+    return _train(setup, out, callback, None)
+
+
+def start_run_folder(cfg: RunConfig, out: Path) -> None:
+    """Refuse a folder holding a run, else create it and write ``config.toml``."""
     from fedxrisk.config import config_to_toml
 
-    setup = build(cfg)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
-    if setup.simulation.is_primary:  # distributed: only rank 0 writes
-        if (out / "summary.json").exists():
-            raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
-        if (out / CHECKPOINT).exists():
-            raise ConfigError(
-                f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`"
-            )
-        out.mkdir(parents=True, exist_ok=True)
-        header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
-        text = config_to_toml(cfg, header)
-        _replace_atomic(out / "config.toml", lambda f: f.write(text))
-    return _train(setup, out, callback, None)
+    if (out / "summary.json").exists():
+        raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
+    if (out / CHECKPOINT).exists():
+        raise ConfigError(f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`")
+    out.mkdir(parents=True, exist_ok=True)
+    header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
+    text = config_to_toml(cfg, header)
+    _replace_atomic(out / "config.toml", lambda f: f.write(text))
 
 
 def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> RunResult:
@@ -296,6 +325,10 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
         cfg = load_config(out / "config.toml")
     else:
         raise ConfigError(f"{out} holds neither {CHECKPOINT} nor config.toml: not a fedxrisk run folder")
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import resume_two_stage
+
+        return resume_two_stage(cfg, out, ckpt, callback)
     setup = build(cfg)
     if ckpt is not None:
         setup.simulation.load_state_dict(ckpt["simulation"])
@@ -341,6 +374,12 @@ def _train(setup: Setup, out: Path, callback: Callback | None, ckpt: dict[str, A
     if callback and sim.round:
         callback(history[-1] if history else {}, sim.round, total)
     tb = _tensorboard(out, cfg, sim.round) if primary else None
+    if primary and setup.init is not None and ckpt is None:  # the starting weights' metrics
+        history.append(_initial_row(setup))
+        best = history[0]
+        _replace_atomic(out / "history.csv", write_rows)
+        if callback:
+            callback(history[0], 0, total)
     failure: NonFiniteLoss | None = None
     with open(out / "history.csv" if primary else os.devnull, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
@@ -443,6 +482,17 @@ def _better(new: float, old: float) -> bool:
     return not math.isnan(new) and (math.isnan(old) or new > old)
 
 
+def _initial_row(setup: Setup) -> dict[str, Any]:
+    """Round 0: the metrics of the starting model, before any training step."""
+    sim, first = setup.simulation, setup.simulation.plans[0]
+    params, buffers = sim.global_model()
+    metrics = evaluate(setup.problem, params, buffers, setup.data)
+    return {
+        "round": 0, "step": 0, "stage": first.stage, "lr": first.lr, "train_loss": math.nan, **metrics,
+        "bytes_up_per_client": 0, "bytes_down_per_client": 0, "wall_seconds": 0.0,
+    }  # fmt: skip
+
+
 def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
     sim = setup.simulation
     params, buffers = sim.global_model()
@@ -491,6 +541,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
                 "stream": setup.stream.summary() if setup.stream is not None else None,
             },
             "hyperparameters": _hparams(setup.algorithm),
+            **({"init": setup.init} if setup.init is not None else {}),
             "config": cfg.to_dict(),
             "torch_version": torch.__version__,
         }

@@ -85,12 +85,20 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def _flat(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The effective run config: the algorithm's hyperparameters (defaults filled in) as keys of their
-    own, settings missing from an older run's config at RunConfig's defaults."""
+    """The effective run config: the algorithm's hyperparameters (defaults filled in) and a first
+    stage's settings (as ``pretrain.KEY``) as keys of their own, settings missing from an older run's
+    config at RunConfig's defaults."""
     alg = ALGORITHMS.get(cfg.get("algorithm"))
-    defaults = {k: v for k, v in dataclasses.asdict(RunConfig()).items() if k not in ("options", "lr")}
+    skip = ("options", "lr", "pretrain")
+    defaults = {k: v for k, v in dataclasses.asdict(RunConfig()).items() if k not in skip}
     hyper = {**(alg.hyperparameters() if alg else {}), **cfg.get("options", {})}
-    return {**defaults, **{k: v for k, v in cfg.items() if k != "options"}, **hyper}
+    stage1 = {f"pretrain.{k}": v for k, v in (cfg.get("pretrain") or {}).items()}
+    return {
+        **defaults,
+        **{k: v for k, v in cfg.items() if k not in ("options", "pretrain")},
+        **hyper,
+        **stage1,
+    }
 
 
 def config_key(cfg: dict[str, Any]) -> str:
@@ -112,14 +120,14 @@ def _default(cfg: dict[str, Any], key: str) -> Any:
 def variant_labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     """One label per config: the algorithm plus the settings that differ between configs.
 
-    A run setting is named when it differs between configs; a hyperparameter when
+    A run setting (or a first stage's) is named when it differs between configs; a hyperparameter when
     it differs between configs of its algorithm, or from its default (a default
     written out explicitly is not named). The seed is left out (runs
     differing only in it form one line), and so is the learning rate when every
     config uses its algorithm's default."""
     flats = [_flat(c) for c in configs]
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
     keys = [k for k in dict.fromkeys(k for f in flats for k in f) if k not in (*NOT_COMPARED, "algorithm")]
+    fields = {f.name for f in dataclasses.fields(RunConfig)} | {k for k in keys if k.startswith("pretrain.")}
     differs = {k: len({repr(f.get(k)) for f in flats}) > 1 for k in keys if k in fields}
     if all(f["lr"] == getattr(ALGORITHMS.get(f["algorithm"]), "default_lr", None) for f in flats):
         differs["lr"] = False

@@ -56,6 +56,9 @@ class RunConfig:
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
     tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
+    init_from: str | None = None  # start from a run folder's model.pt or a state dict file (init_from.py)
+    reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
+    pretrain: dict[str, Any] | None = None  # a first stage's settings (pipeline.py); None: one stage
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
