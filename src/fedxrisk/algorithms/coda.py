@@ -39,6 +39,7 @@ from fedxrisk.algorithms.base import (
     register,
     with_model,
 )
+from fedxrisk.algorithms.schedule import Schedule
 from fedxrisk.objectives import AUC_LOSSES, aucm_alpha_direction
 from fedxrisk.problem import Problem
 from fedxrisk.tree import tmap, zeros_like
@@ -306,6 +307,15 @@ class CoDA(CODAPlus):
             raise ValueError("CoDA's closed-form α is the AUC square loss's; use loss='square'")
         if self.stage_batch_size < 1:
             raise ValueError(f"stage_batch_size must be ≥ 1, got {self.stage_batch_size}")
+
+    def validate_schedule(self, schedule: Schedule) -> None:
+        """CoDA's restarts and closed-form α happen at stage ends: one stage would make it CODA+."""
+        if len(schedule.stages) < 2:
+            raise ValueError(
+                "coda needs stages ≥ 2: its restart from the average iterate and its closed-form α "
+                "happen only at stage ends, so with stages = 1 it is exactly codaplus "
+                "(set stages, e.g. --stages 3, or use --algorithm codaplus)"
+            )
 
     def _class_score_sums(self, w, buffers, batch: Batch) -> dict[str, torch.Tensor]:
         s = torch.sigmoid(self.problem.logits(w, buffers, batch["x"])[0])
