@@ -41,7 +41,8 @@ def test_batchnorm_model_agrees_and_follows_buffer_policy(alg, policy):
 
 @pytest.mark.parametrize("alg", CORE)
 def test_communicated_state_is_identical_on_all_clients(alg):
-    sim = run_all(make_sim(alg, "vmap", clients=4, rounds=2, local_steps=_window(alg), partition="class"))
+    kw = dict(clients=4, rounds=2, local_steps=_window(alg), stages=2, partition="class")
+    sim = run_all(make_sim(alg, "vmap", **kw))
     for name in sim.algorithm.communicates:
         if name in sim.states:
             assert_equal_across_clients(sim.states[name], name)
