@@ -26,19 +26,19 @@ from fedxrisk.problem import Problem
 # (algorithm, clients, clients_per_rank, local steps, stages, model, buffer policy): with 2 ranks
 SCENARIOS = [
     ("localsgdm", 2, 1, 3, 1, "mlp", "average"),
-    ("codaplus", 4, 2, 3, 2, "mlp", "average"),
+    ("codaplus", 4, 2, 3, 2, "cnn", "average"),  # BatchNorm statistics restart from the stage average
     ("codasca", 3, "auto", 3, 2, "mlp", "average"),
     ("coda", 4, 2, 3, 2, "mlp", "average"),
     ("npa", 2, 1, 1, 2, "mlp", "average"),
-    ("codasca", 4, 2, 2, 1, "cnn", "local"),
+    ("codasca", 4, 2, 2, 2, "cnn", "local", (("form", "code"),)),  # the authors' script's options
 ]
 ROUNDS = 4
 
 
-def build(alg, clients, per_rank, steps, stages, model, policy, rounds=ROUNDS, seed=0):
+def build(alg, clients, per_rank, steps, stages, model, policy, options=(), rounds=ROUNDS, seed=0):
     data = make_federated("digits", clients, "class", 0.3, seed)
     net = build_model(model, data.data.input_shape, seed)
-    algorithm = ALGORITHMS[alg](Problem(net, data.data.pos_ratio, policy, "global"))
+    algorithm = ALGORITHMS[alg](Problem(net, data.data.pos_ratio, policy, "global"), **dict(options))
     schedule = Schedule.build(rounds, steps, 0.1, stages)
     return DistributedSimulation(algorithm, data, schedule, 8, seed, clients_per_rank=per_rank, timeout=60)
 

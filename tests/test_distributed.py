@@ -52,8 +52,9 @@ def worker_results(tmp_path_factory):
 
 @functools.cache
 def _loop_reference(spec, rounds=4):
-    alg, clients, _, steps, stages, model, policy = spec
+    alg, clients, _, steps, stages, model, policy, *options = spec
     kw = dict(clients=clients, rounds=rounds, local_steps=steps, stages=stages, model=model)
+    kw["options"] = dict(options[0]) if options else None
     return run_all(make_sim(alg, "loop", partition="class", buffer_policy=policy, **kw))
 
 

@@ -90,6 +90,19 @@ def test_protocol_matches_loop_engine(algorithm, tmp_path):
     assert transport.messages == K * (calls + 2)
 
 
+def test_protocol_matches_loop_engine_with_the_code_form_options(tmp_path):
+    """Issue 13.3: CODASCA form = "code" (own prox reference per site, variates kept at the
+    stage end, sequential α step) replays exactly through the Flower protocol."""
+    rc = run_config("codasca", tmp_path, options=json.dumps({"form": "code"}))
+    summary, transport = run_local(rc, trial_nodes())
+    sim, params, _ = reference("codasca", rc)
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    for k, node in enumerate(sorted(transport.saved)):
+        site_state = unflatten(transport.saved[node].arrays["state"])
+        assert max_abs_diff(site_state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < 1e-6
+    assert summary["communication"] == sim.ledger.summary()
+
+
 def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
     """FeDXL2's per-sample u is sized by the largest shard over all sites (405 and 495 samples here):
     the server derives it from the set-up counts; class-aware batches, the begin gather, pools
