@@ -14,6 +14,7 @@ never on the test set; it is then fixed for all I and seeds.
 
     python benchmarks/coda_windows.py                   # T = 512 steps, seeds 0 1, tuning seed 100
     python benchmarks/coda_windows.py --render-only     # table from the committed CSVs
+    python benchmarks/coda_windows.py --update --methods npa   # rerun some methods only
     python benchmarks/coda_windows.py --steps 128 --seeds 0 --tuning-seeds 100  # smoke test
 
 Writes benchmarks/results/coda_windows{,_tuning}.csv and coda_windows.md.
@@ -85,12 +86,18 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def _read(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def render() -> str:
-    """The Markdown table from the committed CSVs."""
-    with open(OUT / "coda_windows.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    with open(OUT / "coda_windows_tuning.csv", newline="") as f:
-        tuning = list(csv.DictReader(f))
+    """The Markdown table from the committed CSVs (methods in METHODS order)."""
+    order = {m: i for i, m in enumerate(METHODS)}
+    rows = sorted(_read(OUT / "coda_windows.csv"), key=lambda r: (order[r["method"]], int(r["I"])))
+    tuning = _read(OUT / "coda_windows_tuning.csv")
     val = {(t["method"], t["lr"]): float(t["val_auroc"]) for t in tuning}
     lines = [
         f"T = {rows[0]['steps']} local steps, test seeds {rows[0]['seeds']}; lr chosen at I = {TUNE_WINDOW} "
@@ -115,6 +122,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--tuning-seeds", type=int, nargs="+", default=[100])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--update", action="store_true", help="replace only --methods' rows in the CSVs")
     parser.add_argument("--render-only", action="store_true", help="rewrite the .md from the CSVs")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -151,8 +159,9 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
     OUT.mkdir(exist_ok=True)
-    write_csv(OUT / "coda_windows.csv", rows)
-    write_csv(OUT / "coda_windows_tuning.csv", tuning)
+    for name, new in (("coda_windows.csv", rows), ("coda_windows_tuning.csv", tuning)):
+        old = _read(OUT / name) if args.update else []  # keep the other methods' rows
+        write_csv(OUT / name, [r for r in old if r["method"] not in args.methods] + new)
     print(render())
     print(f"wall {time.time() - start:.0f} s")
 
