@@ -103,6 +103,12 @@ def test_protocol_matches_loop_engine_with_the_code_form_options(tmp_path):
     assert summary["communication"] == sim.ledger.summary()
 
 
+def test_coordinator_refuses_coda_with_one_stage(tmp_path):
+    """Issue 13.2 through Flower: the coordinator runs the engines' schedule check."""
+    with pytest.raises(FederationError, match="coda: coda needs stages ≥ 2"):
+        run_local(run_config("coda", tmp_path, stages=1), trial_nodes())
+
+
 def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
     """FeDXL2's per-sample u is sized by the largest shard over all sites (405 and 495 samples here):
     the server derives it from the set-up counts; class-aware batches, the begin gather, pools
