@@ -191,46 +191,13 @@ def _auprc_run(args, dataset: str, key: str, options: dict, lr: float, seed: int
 
 def render_auprc(args) -> None:
     """Figure and Markdown table from the committed CSVs (no training)."""
-    import matplotlib.pyplot as plt
-
     rows, tuning = read_csv("auprc"), read_csv("auprc_tuning")
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False)
-    for ax, d in zip(axes[0], datasets):
-        for label in AUPRC_ALGS:
-            sel = [r for r in rows if r["dataset"] == d and r["algorithm"] == label]
-            rounds = sorted({r["round"] for r in sel})
-            mean = [np.mean([r["test_ap"] for r in sel if r["round"] == t]) for t in rounds]
-            ax.plot(rounds, mean, label=f"{label} (lr {sel[0]['lr']:g})")
-        ax.set_title(f"{d}: Table 2 protocol")
-        ax.set_xlabel("communication round")
-        ax.set_ylabel("test AP")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    _save(fig, "auprc")
-    seeds = len({r["seed"] for r in rows})
-    lines = [
-        f"Test AP after the last round, mean ± std over {seeds} seeds; lr chosen by validation AP "
-        f"(grid {sorted({t['lr'] for t in tuning})}, tuning seeds {list(TUNING_SEEDS)}).",
-        "",
-        "| algorithm | "
-        + " | ".join(f"{d}: lr | {d}: val AP | {d}: test AP" for d in datasets)
-        + " | bytes up / client |",
-        "|---|" + "---|---|---|" * len(datasets) + "---|",
-    ]
-    for label in AUPRC_ALGS:
-        cells, bytes_up = [], ""
-        for d in datasets:
-            sel = [r for r in rows if r["dataset"] == d and r["algorithm"] == label]
-            last = max(r["round"] for r in sel)
-            final = [r["test_ap"] for r in sel if r["round"] == last]
-            chosen = next(t for t in tuning if t["dataset"] == d and t["algorithm"] == label and t["chosen"])
-            cells.append(
-                f"{chosen['lr']:g} | {chosen['val_ap']:.4f} | {np.mean(final):.4f} ± {np.std(final):.4f}"
-            )
-            bytes_up = f"{int(sel[0]['bytes_up_per_client']):,}"
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {bytes_up} |")
-    write_md("auprc", lines)
+    caption = (
+        f"Test AP after the last round, mean ± std over {len({r['seed'] for r in rows})} seeds; lr chosen "
+        f"by validation AP (grid {sorted({t['lr'] for t in tuning})}, tuning seeds {list(TUNING_SEEDS)})."
+    )
+    _render("auprc", rows, tuning, ("dataset", "test_ap", "val_ap"), AUPRC_ALGS, caption,
+            lambda d: f"{d}: Table 2 protocol", "test AP", ("AP", 4))  # fmt: skip
 
 
 # -- Fig. 2–3: federated MAML ----------------------------------------------------------------
@@ -312,48 +279,51 @@ def maml(args) -> None:
 
 def render_maml(args) -> None:
     """Figure and Markdown table from the committed CSVs (no training)."""
+    rows, tuning = read_csv("maml"), read_csv("maml_tuning")
+    caption = (
+        f"Test-class accuracy after the last round, mean ± std over {len({r['seed'] for r in rows})} seeds; "
+        f"meta lr chosen by validation accuracy (grid {sorted({t['lr'] for t in tuning})}, tuning seed "
+        f"{TUNING_SEEDS[0]})."
+    )
+    _render("maml", rows, tuning, ("k_shot", "test_accuracy", "val_accuracy"), MAML_ALGS, caption,
+            lambda k: f"digits ×4 rotations, 5-way {k}-shot", "test accuracy (1 adaptation step)", ("acc", 3))  # fmt: skip
+
+
+def _render(name, rows, tuning, keys, labels, caption, title, ylabel, metric) -> None:
+    """Mean test curves per group (dataset or shots) and the table: per group the chosen lr, its
+    validation score and the final test score (mean ± std over seeds), then the bytes."""
     import matplotlib.pyplot as plt
 
-    rows, tuning = read_csv("maml"), read_csv("maml_tuning")
-    shots = list(dict.fromkeys(r["k_shot"] for r in rows))
-    fig, axes = plt.subplots(1, len(shots), figsize=(5.5 * len(shots), 4), squeeze=False)
-    for ax, k in zip(axes[0], shots):
-        for label in MAML_ALGS:
-            sel = [r for r in rows if r["k_shot"] == k and r["algorithm"] == label]
+    group, test_key, val_key = keys
+    short, digits = metric
+    groups = list(dict.fromkeys(r[group] for r in rows))
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    lines = [caption, "", "| algorithm | " + " | ".join(
+        f"{g}: lr | {g}: val {short} | {g}: test {short} | {g}: bytes up / client" for g in groups
+    ) + " |", "|---|" + "---|---|---|---|" * len(groups)]  # fmt: skip
+    cells = {label: [] for label in labels}
+    for ax, g in zip(axes[0], groups):
+        for label in labels:
+            sel = [r for r in rows if r[group] == g and r["algorithm"] == label]
             rounds = sorted({r["round"] for r in sel})
-            mean = [np.mean([r["test_accuracy"] for r in sel if r["round"] == t]) for t in rounds]
+            mean = [np.mean([r[test_key] for r in sel if r["round"] == t]) for t in rounds]
             ax.plot(
                 rounds, mean, label=f"{label} (lr {sel[0]['lr']:g})", ls="--" if "shared" in label else "-"
             )
-        ax.set_title(f"digits ×4 rotations, 5-way {k}-shot")
+            final = [r[test_key] for r in sel if r["round"] == rounds[-1]]
+            chosen = next(t for t in tuning if t[group] == g and t["algorithm"] == label and t["chosen"])
+            cells[label].append(
+                f"{chosen['lr']:g} | {chosen[val_key]:.{digits}f} | {np.mean(final):.{digits}f} ± "
+                f"{np.std(final):.{digits}f} | {int(sel[0]['bytes_up_per_client']):,}"
+            )
+        ax.set_title(title(g))
         ax.set_xlabel("communication round")
-        ax.set_ylabel("test accuracy (1 adaptation step)")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    _save(fig, "maml")
-    seeds = len({r["seed"] for r in rows})
-    lines = [
-        f"Test-class accuracy after the last round, mean ± std over {seeds} seeds; meta lr chosen by "
-        f"validation accuracy (grid {sorted({t['lr'] for t in tuning})}, tuning seed {TUNING_SEEDS[0]}).",
-        "",
-        "| algorithm | "
-        + " | ".join(f"{k}-shot: lr | {k}-shot: val acc | {k}-shot: test acc" for k in shots)
-        + " | bytes up / client |",
-        "|---|" + "---|---|---|" * len(shots) + "---|",
-    ]
-    for label in MAML_ALGS:
-        cells, bytes_up = [], ""
-        for k in shots:
-            sel = [r for r in rows if r["k_shot"] == k and r["algorithm"] == label]
-            last = max(r["round"] for r in sel)
-            final = [r["test_accuracy"] for r in sel if r["round"] == last]
-            chosen = next(t for t in tuning if t["k_shot"] == k and t["algorithm"] == label and t["chosen"])
-            cells.append(
-                f"{chosen['lr']:g} | {chosen['val_accuracy']:.3f} | {np.mean(final):.3f} ± {np.std(final):.3f}"
-            )
-            bytes_up = f"{int(sel[0]['bytes_up_per_client']):,}"
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {bytes_up} |")
-    write_md("maml", lines)
+    _save(fig, name)
+    lines += [f"| {label} | " + " | ".join(row) + " |" for label, row in cells.items()]
+    write_md(name, lines)
 
 
 def read_csv(name: str) -> list[dict]:
