@@ -381,7 +381,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--meta-batch", type=int, default=4)
-    p.add_argument("--lr-grid", default="0.03,0.1,0.3", help="comma-separated meta learning rates")
+    p.add_argument("--lr-grid", default="0.03,0.1,0.3,1", help="comma-separated meta learning rates")
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--eval-tasks", type=int, default=100)
     p.add_argument("--eval-steps", type=int, default=1, help="adaptation steps at test (paper: 3)")
