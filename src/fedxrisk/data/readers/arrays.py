@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from fedxrisk.data.datasets import LabeledData
+from fedxrisk.data.lazy import ArraySource, LazySamples, npz_member, reading_lazily
 from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
 
 NPZ_LAYOUT = (
@@ -27,9 +28,13 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
     path = root if root.is_file() else root / "data.npz"
     if not path.is_file():
         raise MissingDataError(f"npz: {path} not found; expected:\n{NPZ_LAYOUT}")
+    lazy = reading_lazily()
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            keys = z.files
+            arrays = {k: z[k] for k in keys if not (lazy and k.startswith("x_"))}
+        if lazy:  # inputs memory-mapped (uncompressed archives) and decoded per sample
+            arrays |= {k: npz_member(path, k) for k in keys if k.startswith("x_")}
     except (OSError, ValueError, zipfile.BadZipFile) as e:
         raise DataFileError(f"{path}: not a readable .npz archive ({e}); expected:\n{NPZ_LAYOUT}") from e
     missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
@@ -59,10 +64,11 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
     bad = [k for k, v in groups.items() if len(v) != len(y_train)]
     if bad:
         raise DataFileError(f"{path}: {bad[0]}_train must have one entry per training sample")
-    return LabeledData(
-        path.stem, arrays["x_train"].astype(np.float32), y_train, arrays["x_test"].astype(np.float32), y_test,
-        num_classes, groups_train=groups,
-    )  # fmt: skip
+    x_train, x_test = (
+        LazySamples(ArraySource(arrays[k], f"{path.name}:{k}")) if lazy else arrays[k].astype(np.float32)
+        for k in ("x_train", "x_test")
+    )
+    return LabeledData(path.stem, x_train, y_train, x_test, y_test, num_classes, groups_train=groups)
 
 
 def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str]]:
@@ -112,6 +118,12 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
         )
     if data.y_train.min() < 0:
         raise DataFileError(f"tabular: labels must be ≥ 0 in {root}")
+    if reading_lazily():  # parsed rows stay raw; standardized per sample when decoded
+        raw_train, raw_test = data.x_train, data.x_test
+        mean, std = raw_train.mean(0), raw_train.std(0) + 1e-8
+        data.x_train = LazySamples(ArraySource(raw_train, "tabular:train", mean=mean, std=std))  # type: ignore[assignment]
+        data.x_test = LazySamples(ArraySource(raw_test, "tabular:test", mean=mean, std=std))  # type: ignore[assignment]
+        return data
     mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
     data.x_train = ((data.x_train - mean) / std).astype(np.float32)
     data.x_test = ((data.x_test - mean) / std).astype(np.float32)
