@@ -294,10 +294,11 @@ class Simulation:
 
     def _start_stream(self, begin: bool) -> None:
         """Streamed data: prefetch the batches this run will ask for (data/stream.py)."""
-        if self.local_data.stream is not None:
+        stream = getattr(self.local_data, "stream", None)  # duck-typed sources (fedxrisk.tasks) have none
+        if stream is not None:
             from fedxrisk.data.stream import simulation_requests
 
-            self.local_data.stream.start(simulation_requests(self, begin))
+            stream.start(simulation_requests(self, begin))
 
     @property
     def done(self) -> bool:
