@@ -279,14 +279,16 @@ def maml(args) -> None:
 
 def render_maml(args) -> None:
     """Figure and Markdown table from the committed CSVs (no training)."""
-    rows, tuning = read_csv("maml"), read_csv("maml_tuning")
+    rows, tuning = (
+        [dict(r, k_shot=f"{r['k_shot']}-shot") for r in read_csv(n)] for n in ("maml", "maml_tuning")
+    )
     caption = (
         f"Test-class accuracy after the last round, mean ± std over {len({r['seed'] for r in rows})} seeds; "
         f"meta lr chosen by validation accuracy (grid {sorted({t['lr'] for t in tuning})}, tuning seed "
         f"{TUNING_SEEDS[0]})."
     )
     _render("maml", rows, tuning, ("k_shot", "test_accuracy", "val_accuracy"), MAML_ALGS, caption,
-            lambda k: f"digits ×4 rotations, 5-way {k}-shot", "test accuracy (1 adaptation step)", ("acc", 3))  # fmt: skip
+            lambda k: f"digits ×4 rotations, 5-way {k}", "test accuracy (1 adaptation step)", ("acc", 3))  # fmt: skip
 
 
 def _render(name, rows, tuning, keys, labels, caption, title, ylabel, metric) -> None:
