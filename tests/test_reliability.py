@@ -168,3 +168,35 @@ def _flags(cfg: dict) -> list[str]:
         "checkpoint_every": "--checkpoint-every",
     }
     return [x for k, v in cfg.items() if k != "tensorboard" for x in (names.get(k, f"--{k}"), str(v))]
+
+
+STORE_HOST_GONE = """
+import socket
+from datetime import timedelta
+import fedxrisk  # first, as `torchrun -m fedxrisk` does
+import torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]  # nobody listens: the store's host (rank 0) is gone
+try:
+    dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=1), wait_for_workers=False)
+except Exception as e:
+    print("caught", type(e).__name__)
+"""
+
+
+@pytest.mark.parametrize("launched", [False, True])
+def test_a_lost_store_host_prints_no_cpp_warnings_in_a_torchrun_rank(launched):
+    """torch's C++ store client warns (with a C++ stack) on every failed contact with a dead rank 0;
+    in a rank launched by torchrun, importing fedxrisk keeps only errors."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCH_CPP_LOG_LEVEL")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    if launched:
+        env.update(RANK="1", WORLD_SIZE="2")
+    proc = subprocess.run([sys.executable, "-c", STORE_HOST_GONE], env=env, capture_output=True, text=True)
+    assert proc.stdout.strip() == "caught DistNetworkError", proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("[W")]
+    assert (warnings == []) if launched else ("TCP client failed to connect" in warnings[0]), proc.stderr
