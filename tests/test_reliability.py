@@ -55,7 +55,7 @@ EXPECTED = {
     "dirichlet-nan": "data.dirichlet_alpha must be a finite number, got nan",
     "clients-per-rank-vmap": "engine.clients_per_rank = 'foo' applies to engine = 'distributed' only (engine is 'vmap'); drop it",
     "positive-classes-empty": "data.positive_classes is empty: name at least one class, or leave the key out for the default (the upper half of the classes)",
-    "batch-too-large": "data.batch_size = 100000 exceeds every client's data (largest shard: 629 samples); use at most 629",
+    "batch-too-large": "data.batch_size = 100000 exceeds all the training data (1257 samples over 2 clients, the largest shard 629); lower it",
     "npz-nan": "TMP/data.npz: x_train: 3 non-finite value(s) (NaN/inf) in rows 0, 1, 2 (0-based); fix or drop those rows",
     "npz-inf-test": "TMP/data.npz: x_test: 1 non-finite value(s) (NaN/inf) in row 4 (0-based); fix or drop those rows",
     "csv-nan": "TMP/tab/data.csv: 1 non-finite value(s) (NaN/inf) in row 7; fix or drop those rows",
@@ -84,6 +84,22 @@ def test_bad_input_stops_with_one_line_before_anything_is_written(case, tmp_path
     assert row["exit"] == 2
     assert row["untouched"]  # absent stays absent; a user's folder or a damaged run is left as it was
     assert COMMITTED[case.id]["message"] == row["message"]  # docs/reliability.md shows this very line
+
+
+def test_a_batch_larger_than_some_shards_is_a_warning():
+    from fedxrisk.experiment import ConfigError
+    from fedxrisk.validate import check_batch_size
+
+    with pytest.warns(UserWarning) as caught:
+        check_batch_size(5, [3, 10, 4])
+    assert str(caught[0].message) == (
+        "data.batch_size = 5 exceeds the data of 2 client(s) (smallest shard: 3 samples): they repeat samples "
+        "within a batch"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^data.batch_size = 18 exceeds all the training data \(17 samples"
+    ):
+        check_batch_size(18, [3, 10, 4])
 
 
 CFG = dict(

@@ -70,19 +70,19 @@ def check_device(device: str) -> None:
 
 
 def check_batch_size(batch_size: int, shard_sizes: list[int]) -> None:
-    """A batch larger than every client's shard is refused; larger than some shards, a warning
-    (those clients draw the same samples more than once per batch)."""
-    largest, smallest = max(shard_sizes), min(shard_sizes)
-    if batch_size > largest:
+    """A batch larger than all training data together is refused; one larger than some clients'
+    shards gives a warning (those clients repeat samples within a batch)."""
+    total, smallest = sum(shard_sizes), min(shard_sizes)
+    if batch_size > total:
         raise _error(
-            f"data.batch_size = {batch_size} exceeds every client's data (largest shard: {largest} samples); "
-            f"use at most {largest}"
+            f"data.batch_size = {batch_size} exceeds all the training data ({total} samples over "
+            f"{len(shard_sizes)} clients, the largest shard {max(shard_sizes)}); lower it"
         )
     if batch_size > smallest:
         small = sum(size < batch_size for size in shard_sizes)
         warnings.warn(
-            f"data.batch_size = {batch_size} exceeds the data of {small} client(s) (smallest shard: {smallest} "
-            "samples): they repeat samples within a batch",
+            f"data.batch_size = {batch_size} exceeds the data of {small} client(s) (smallest shard: "
+            f"{smallest} samples): they repeat samples within a batch",
             stacklevel=2,
         )
 
