@@ -45,7 +45,7 @@ EXPECTED = {
     "idx-bad-deflate": "TMP/mnist/train-images-idx3-ubyte.gz: cannot read (Error -3 while decompressing data: invalid stored block lengths)",
     "npz-width-mismatch": "TMP/data.npz: x_train rows have shape (4,) but x_test rows (5,); they must match",
     "npz-1d-x": "TMP/data.npz: x_train: features must be [N, features…] (one row per sample), got shape (60,)",
-    "image-bomb": "TMP/img/dog/huge.png: cannot decode image (Image size (900000000 pixels) exceeds limit of 178956970 pixels, could be decompression bomb DOS attack.)",
+    "image-bomb": "corrupt or unreadable data file TMP/img/dog/huge.png (TMP/img/dog/huge.png: cannot decode image (Image size (900000000 pixels) exceeds limit of 178956970 pixels, could be decompression bomb DOS attack.))",
     "ckpt-random": f"checkpoint unreadable: TMP/run/checkpoint.pt (not a torch checkpoint); {RESTART}",
     "ckpt-truncated": f"checkpoint unreadable: TMP/run/checkpoint.pt (truncated or not a zip archive); {RESTART}",
     "ckpt-empty": f"checkpoint unreadable: TMP/run/checkpoint.pt (empty file); {RESTART}",
@@ -55,7 +55,7 @@ EXPECTED = {
     "dirichlet-nan": "data.dirichlet_alpha must be a finite number, got nan",
     "clients-per-rank-vmap": "engine.clients_per_rank = 'foo' applies to engine = 'distributed' only (engine is 'vmap'); drop it",
     "positive-classes-empty": "data.positive_classes is empty: name at least one class, or leave the key out for the default (the upper half of the classes)",
-    "batch-too-large": "data.batch_size = 100000 exceeds all the training data (1257 samples over 2 clients, the largest shard 629); lower it",
+    "batch-too-large": "data.batch_size = 100000 exceeds every client's data (largest shard: 629 samples); training with batches of 629",
     "npz-nan": "TMP/data.npz: x_train: 3 non-finite value(s) (NaN/inf) in rows 0, 1, 2 (0-based); fix or drop those rows",
     "npz-inf-test": "TMP/data.npz: x_test: 1 non-finite value(s) (NaN/inf) in row 4 (0-based); fix or drop those rows",
     "csv-nan": "TMP/tab/data.csv: 1 non-finite value(s) (NaN/inf) in row 7; fix or drop those rows",
@@ -77,29 +77,50 @@ def test_every_case_has_an_expected_message():
     assert sorted(EXPECTED) == sorted(c.id for c in table.CASES)
 
 
+def test_docs_table_is_the_rendering_of_the_committed_results():
+    rows = json.loads((ROOT / "benchmarks/results/reliability.json").read_text())
+    rendered = (ROOT / "benchmarks/results/reliability.md").read_text()
+    assert table.render(rows) == rendered
+    doc = (ROOT / "docs/reliability.md").read_text()
+    assert (
+        f"<!-- BEGIN GENERATED benchmarks/results/reliability.md -->\n{rendered}<!-- END GENERATED -->" in doc
+    )
+
+
 @pytest.mark.parametrize("case", table.CASES, ids=lambda c: c.id)
 def test_bad_input_stops_with_one_line_before_anything_is_written(case, tmp_path):
     row = table.run_case(case, tmp_path)
-    assert row["message"] == f"Error: {EXPECTED[case.id]}"
-    assert row["exit"] == 2
-    assert row["untouched"]  # absent stays absent; a user's folder or a damaged run is left as it was
+    if case.runs:  # accepted with a warning, before training
+        assert (row["message"], row["exit"]) == (f"Warning: {EXPECTED[case.id]}", 0)
+    else:
+        assert row["message"] == f"Error: {EXPECTED[case.id]}"
+        assert row["exit"] == 2
+        assert row["untouched"]  # absent stays absent; a user's folder or a damaged run is left as it was
     assert COMMITTED[case.id]["message"] == row["message"]  # docs/reliability.md shows this very line
 
 
-def test_a_batch_larger_than_some_shards_is_a_warning():
-    from fedxrisk.experiment import ConfigError
+def test_a_batch_larger_than_some_shards_is_a_warning_and_larger_than_all_is_capped():
     from fedxrisk.validate import check_batch_size
 
     with pytest.warns(UserWarning) as caught:
-        check_batch_size(5, [3, 10, 4])
-    assert str(caught[0].message) == (
+        assert check_batch_size(5, [3, 10, 4]) == 5
+        assert check_batch_size(11, [3, 10, 4]) == 10
+    assert [str(w.message) for w in caught] == [
         "data.batch_size = 5 exceeds the data of 2 client(s) (smallest shard: 3 samples): they repeat samples "
-        "within a batch"
-    )
-    with pytest.raises(
-        ConfigError, match=r"^data.batch_size = 18 exceeds all the training data \(17 samples"
-    ):
-        check_batch_size(18, [3, 10, 4])
+        "within a batch",
+        "data.batch_size = 11 exceeds every client's data (largest shard: 10 samples); training with batches of 10",
+    ]
+
+
+def test_a_capped_batch_trains_like_the_largest_shard(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        capped = run_experiment(RunConfig(**{**CFG, "batch_size": 10**5}), tmp_path / "capped")
+    largest = max(pos + neg for pos, neg in capped.summary["data"]["client_counts"])
+    exact = run_experiment(RunConfig(**{**CFG, "batch_size": largest}), tmp_path / "exact")
+    assert capped.summary["final"] == exact.summary["final"]
 
 
 CFG = dict(

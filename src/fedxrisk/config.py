@@ -56,6 +56,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "batch_size",
         "allow_missing_class",
         "feature_shift",
+        "stream",
+        "workers",
+        "memory_budget",
+        "on_bad_file",
     ),  # fmt: skip
     "model": ("model", "buffer_policy"),
     "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),

@@ -76,6 +76,10 @@ class RunConfig:
     allow_missing_class: bool = False
     feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
     data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
+    stream: bool | str = "auto"  # file datasets: decode from disk while training (data/stream.py)
+    workers: int | None = None  # decoding worker processes when streaming; None: half the cores
+    memory_budget: int | str | None = None  # "auto" streams above it, e.g. "4GB"; None: ¼ of RAM
+    on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
@@ -121,6 +125,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
     if cfg.checkpoint_every < 0:
         raise ConfigError(f"checkpoint_every must be ≥ 0 (0: no checkpoints), got {cfg.checkpoint_every}")
+    _check_stream_settings(cfg)
     if cfg.dirichlet_alpha <= 0:
         raise ConfigError(f"dirichlet_alpha must be > 0, got {cfg.dirichlet_alpha}")
     steps = cfg.resolved_local_steps()
@@ -142,6 +147,20 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from e
 
 
+def _check_stream_settings(cfg: RunConfig) -> None:
+    from fedxrisk.data.stream import ON_BAD_FILE, STREAM_CHOICES, parse_bytes
+
+    if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
+        raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
+    if cfg.workers is not None and cfg.workers < 0:
+        raise ConfigError(f"data.workers must be ≥ 0 (0: decode in the training process), got {cfg.workers}")
+    _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
+    try:
+        parse_bytes(cfg.memory_budget)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 @dataclass
 class Setup:
     """The built pieces of a run, before any training."""
@@ -151,18 +170,32 @@ class Setup:
     problem: Problem
     algorithm: Algorithm
     simulation: Simulation
+    stream: Any = None  # data.stream.StreamChoice for file datasets: streamed or not, and why
+
+
+def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
+    """The run's training shards and test set as training sees them (``fedxrisk evaluate`` too),
+    and the streaming choice (``data.stream.StreamChoice``, None for bundled data); no stream attached."""
+    from fedxrisk.data.stream import open_training_data
+
+    source, choice = open_training_data(cfg)
+    data = make_federated(
+        source, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
+        cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
+        cfg.feature_shift,
+    )  # fmt: skip
+    return data, choice
 
 
 def build(cfg: RunConfig) -> Setup:
     """Validate and build everything; raises :class:`ConfigError` before any output exists."""
     validate(cfg)
+    from fedxrisk.data.stream import attach_stream
+
     try:
-        data = make_federated(
-            cfg.dataset, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
-            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
-            cfg.feature_shift,
-        )  # fmt: skip
-        check_batch_size(cfg.batch_size, data.shard_sizes)
+        data, choice = build_data(cfg)
+        batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
+        attach_stream(data, choice, cfg.device)
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
         problem = Problem(
@@ -179,14 +212,14 @@ def build(cfg: RunConfig) -> Setup:
         )
         if cfg.engine == "distributed":
             sim: Simulation = DistributedSimulation(
-                algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.device,
+                algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
                 cfg.clients_per_rank, cfg.dist_timeout,
             )  # fmt: skip
         else:
-            sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
+            sim = Simulation(algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim)
+    return Setup(cfg, data, problem, algorithm, sim, choice)
 
 
 def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
@@ -540,6 +573,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
                 "train_pos_ratio": setup.data.data.pos_ratio,
                 "test_samples": len(setup.data.data.y_test),
                 "client_counts": setup.data.client_counts(),
+                "stream": setup.stream.summary() if setup.stream is not None else None,
             },
             "hyperparameters": _hparams(setup.algorithm),
             "config": cfg.to_dict(),

@@ -81,11 +81,11 @@ def eval_mode(model: torch.nn.Module):
 @torch.no_grad()
 def predict(problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, chunk: int = 4096) -> np.ndarray:
     """Logits of the model in eval mode (BatchNorm uses running statistics)."""
+    from fedxrisk.data.stream import input_chunks  # lazy inputs are decoded chunk by chunk
+
     device = next(iter(params.values())).device
     with eval_mode(problem.model):
-        out = [
-            problem.logits(params, buffers, x[i : i + chunk].to(device))[0] for i in range(0, len(x), chunk)
-        ]
+        out = [problem.logits(params, buffers, part.to(device))[0] for part in input_chunks(x, chunk)]
     return torch.cat(out).float().cpu().numpy()
 
 

@@ -69,15 +69,17 @@ def check_device(device: str) -> None:
         raise _error(f"device {device!r}: only cpu, cuda and mps are supported")
 
 
-def check_batch_size(batch_size: int, shard_sizes: list[int]) -> None:
-    """A batch larger than all training data together is refused; one larger than some clients'
-    shards gives a warning (those clients repeat samples within a batch)."""
-    total, smallest = sum(shard_sizes), min(shard_sizes)
-    if batch_size > total:
-        raise _error(
-            f"data.batch_size = {batch_size} exceeds all the training data ({total} samples over "
-            f"{len(shard_sizes)} clients, the largest shard {max(shard_sizes)}); lower it"
+def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:
+    """The batch size to train with: ``batch_size``, capped with a warning at the largest shard
+    (a larger batch only repeats every sample); a warning too when it exceeds some shards."""
+    largest, smallest = max(shard_sizes), min(shard_sizes)
+    if batch_size > largest:
+        warnings.warn(
+            f"data.batch_size = {batch_size} exceeds every client's data (largest shard: {largest} "
+            f"samples); training with batches of {largest}",
+            stacklevel=2,
         )
+        return largest
     if batch_size > smallest:
         small = sum(size < batch_size for size in shard_sizes)
         warnings.warn(
@@ -85,6 +87,7 @@ def check_batch_size(batch_size: int, shard_sizes: list[int]) -> None:
             f"{smallest} samples): they repeat samples within a batch",
             stacklevel=2,
         )
+    return batch_size
 
 
 def check_out_dir(out: Path) -> None:

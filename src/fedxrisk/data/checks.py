@@ -40,8 +40,9 @@ def read_text(path: Path) -> str:
         ) from None
 
 
-def check_features(x: np.ndarray, where: str, base: int = 0) -> None:
-    """Numbers, one row per sample with at least one feature, all finite."""
+def check_features(x: np.ndarray, where: str, base: int = 0, scan: bool = True) -> None:
+    """Numbers, one row per sample with at least one feature, all finite (``scan``: read every
+    value; a streamed dataset skips it rather than read the whole file at start-up)."""
     if x.dtype.kind in "USOV":
         raise DataFileError(
             f"{where}: features must be numbers, found {x.dtype} values such as {x.flat[0].item()!r}"
@@ -52,7 +53,7 @@ def check_features(x: np.ndarray, where: str, base: int = 0) -> None:
         )
     if int(np.prod(x.shape[1:])) == 0:
         raise DataFileError(f"{where}: no feature columns (shape {x.shape})")
-    if x.dtype.kind != "f":
+    if x.dtype.kind != "f" or not scan:
         return
     bad_rows, count = [], 0
     for start in range(0, len(x), CHUNK):

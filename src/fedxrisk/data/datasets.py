@@ -143,11 +143,19 @@ DATASETS: dict[str, Callable[[], LabeledData]] = {
 FILE_DATASETS: set[str] = set()  # loaders that read files from a data_dir (fedxrisk.data.readers)
 
 
-def load_dataset(name: str, data_dir: str | None = None) -> LabeledData:
-    """A bundled dataset by name, or a file dataset read from ``data_dir``."""
+def load_dataset(name: str, data_dir: str | None = None, lazy: bool = False) -> LabeledData:
+    """A bundled dataset by name, or a file dataset read from ``data_dir``.
+
+    ``lazy``: a file dataset's inputs are :class:`~fedxrisk.data.lazy.LazySamples`
+    (decoded when sampled; labels are always read); bundled datasets ignore it."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
     if name in FILE_DATASETS:
+        if lazy:
+            from fedxrisk.data.lazy import lazy_reading
+
+            with lazy_reading():
+                return DATASETS[name](data_dir)  # type: ignore[call-arg]
         return DATASETS[name](data_dir)  # type: ignore[call-arg]
     if data_dir is not None:
         raise ValueError(f"dataset {name!r} is bundled and reads no files; drop data_dir={data_dir!r}")
@@ -178,15 +186,22 @@ def binarize(data: LabeledData, positive_classes: Sequence[int] | None = None) -
 
     return BinaryData(
         name=data.name,
-        x_train=torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32)),
+        x_train=_inputs(data.x_train),
         y_train=to01(data.y_train),
-        x_test=torch.from_numpy(np.ascontiguousarray(data.x_test, dtype=np.float32)),
+        x_test=_inputs(data.x_test),
         y_test=to01(data.y_test),
         classes_train=data.y_train.copy(),
         positive_classes=pos,
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
     )
+
+
+def _inputs(x: np.ndarray) -> torch.Tensor:
+    """Inputs as a float32 tensor; lazy inputs (:mod:`fedxrisk.data.lazy`) stay lazy."""
+    if not isinstance(x, np.ndarray):
+        return x  # LazySamples: decoded when sampled
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
 
 def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int] | None) -> BinaryData:
@@ -201,9 +216,9 @@ def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int] | None
 
     return BinaryData(
         name=data.name,
-        x_train=tensor(data.x_train),
+        x_train=_inputs(data.x_train),
         y_train=tensor(data.y_train),
-        x_test=tensor(data.x_test),
+        x_test=_inputs(data.x_test),
         y_test=tensor(data.y_test),
         classes_train=np.zeros(len(data.y_train), dtype=np.int64),
         positive_classes=(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ class FederatedData:
     data: BinaryData
     shards: list[np.ndarray]
     augment: Callable[[torch.Tensor], torch.Tensor] | None = None  # e.g. data.augment.RandomCropFlip
+    stream: Any = None  # a data.stream.Stream decoding lazy inputs (data.x_train is LazySamples)
 
     def __post_init__(self) -> None:
         width = max(len(s) for s in self.shards)
@@ -62,13 +64,19 @@ class FederatedData:
         """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index."""
         local = torch.from_numpy(positions)
         index = self._table[self._rows, local]
-        x = self.data.x_train[index]
+        x = self.stream.fetch(index.numpy()) if self.stream is not None else self.data.x_train[index]
         return {
             "x": (self.augment(x) if self.augment is not None else x).to(device),
             "y": self.data.y_train[index].to(device),
             "index": index.to(device),
             "local_index": local.to(device),
         }
+
+    def subset(self, clients: Sequence[int]) -> FederatedData:
+        """The shards of ``clients`` only (a rank's or a site's), with the same augmentation and
+        stream settings."""
+        stream = self.stream.subset(clients) if self.stream is not None else None
+        return FederatedData(self.data, [self.shards[k] for k in clients], self.augment, stream)
 
     def client_view(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.from_numpy(self.shards[k])

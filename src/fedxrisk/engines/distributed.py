@@ -564,6 +564,7 @@ class DistributedSimulation(Simulation):
         self.aux_sampler.load_state_dict(_slice_sampler(state["aux_sampler"], self.clients))
         self.ledger.load_state_dict(state["ledger"])
         self._stats = None
+        self._start_stream(begin=False)
 
 
 def _merge_samplers(parts: list[dict[str, Any]]) -> dict[str, Any]:

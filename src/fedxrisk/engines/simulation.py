@@ -270,9 +270,7 @@ class Simulation:
         self.batch_size = batch_size
         self.ledger = ByteLedger()
         self.clients = list(range(data.num_clients)) if clients is None else list(clients)
-        self.local_data = (
-            data if clients is None else FederatedData(data.data, [data.shards[k] for k in clients])
-        )
+        self.local_data = data if clients is None else data.subset(clients)
         positives = algorithm.positives_per_batch
         labels = (
             [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards] if positives else None
@@ -286,12 +284,20 @@ class Simulation:
         self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in infos]))
         self.round = 0  # rounds completed
         self.engine.configure(self)
+        self._start_stream(begin=True)
         if algorithm.begin_batch:  # before round 0; its bytes count in round 0
             self.states = algorithm.begin(self.states, self._collective(), self._batch(self.sampler.next()))
 
     @property
     def num_clients(self) -> int:
         return self.data.num_clients
+
+    def _start_stream(self, begin: bool) -> None:
+        """Streamed data: prefetch the batches this run will ask for (data/stream.py)."""
+        if self.local_data.stream is not None:
+            from fedxrisk.data.stream import simulation_requests
+
+            self.local_data.stream.start(simulation_requests(self, begin))
 
     @property
     def done(self) -> bool:
@@ -367,3 +373,4 @@ class Simulation:
         self.sampler.load_state_dict(state["sampler"])
         self.aux_sampler.load_state_dict(state["aux_sampler"])
         self.ledger.load_state_dict(state["ledger"])
+        self._start_stream(begin=False)

@@ -11,6 +11,7 @@ import numpy as np
 
 from fedxrisk.data.checks import check_class_ids, check_features, check_integer_labels, read_text
 from fedxrisk.data.datasets import LabeledData
+from fedxrisk.data.lazy import ArraySource, LazySamples, npz_member, reading_lazily
 from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
 
 NPZ_LAYOUT = (
@@ -29,9 +30,13 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
     path = root if root.is_file() else root / "data.npz"
     if not path.is_file():
         raise MissingDataError(f"npz: {path} not found; expected:\n{NPZ_LAYOUT}")
+    lazy = reading_lazily()
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            keys = z.files
+            arrays = {k: z[k] for k in keys if not (lazy and k.startswith("x_"))}
+        if lazy:  # inputs memory-mapped (uncompressed archives) and decoded per sample
+            arrays |= {k: npz_member(path, k) for k in keys if k.startswith("x_")}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         reason = "empty file" if path.stat().st_size == 0 else e
         raise DataFileError(
@@ -45,7 +50,7 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
     y_train, y_test = arrays["y_train"], arrays["y_test"]
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
-        check_features(x, f"{path}: x_{split}")
+        check_features(x, f"{path}: x_{split}", scan=not lazy)  # streamed: not read at start-up
         if len(x) != len(y) or y.ndim not in (1, 2):
             raise DataFileError(f"{path}: x_{split} {x.shape} and y_{split} {y.shape} do not match")
         if len(y) == 0:
@@ -71,10 +76,11 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
     bad = [k for k, v in groups.items() if len(v) != len(y_train)]
     if bad:
         raise DataFileError(f"{path}: {bad[0]}_train must have one entry per training sample")
-    return LabeledData(
-        path.stem, arrays["x_train"].astype(np.float32), y_train, arrays["x_test"].astype(np.float32), y_test,
-        num_classes, groups_train=groups,
-    )  # fmt: skip
+    x_train, x_test = (
+        LazySamples(ArraySource(arrays[k], f"{path.name}:{k}")) if lazy else arrays[k].astype(np.float32)
+        for k in ("x_train", "x_test")
+    )
+    return LabeledData(path.stem, x_train, y_train, x_test, y_test, num_classes, groups_train=groups)
 
 
 def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str]]:
@@ -131,6 +137,12 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
         )
     if data.y_train.min() < 0:
         raise DataFileError(f"tabular: labels must be ≥ 0 in {root}")
+    if reading_lazily():  # parsed rows stay raw; standardized per sample when decoded
+        raw_train, raw_test = data.x_train, data.x_test
+        mean, std = raw_train.mean(0), raw_train.std(0) + 1e-8
+        data.x_train = LazySamples(ArraySource(raw_train, "tabular:train", mean=mean, std=std))  # type: ignore[assignment]
+        data.x_test = LazySamples(ArraySource(raw_test, "tabular:test", mean=mean, std=std))  # type: ignore[assignment]
+        return data
     mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
     data.x_train = ((data.x_train - mean) / std).astype(np.float32)
     data.x_test = ((data.x_test - mean) / std).astype(np.float32)

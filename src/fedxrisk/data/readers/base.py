@@ -11,6 +11,7 @@ import numpy as np
 
 from fedxrisk.data.checks import DataFileError
 from fedxrisk.data.datasets import SPLIT_SEED, TEST_FRACTION, LabeledData
+from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
 
 
 class MissingDataError(DataFileError, FileNotFoundError):
@@ -48,8 +49,11 @@ def read_bytes(path: Path) -> bytes:
         raise DataFileError(f"{path}: cannot read ({e})") from None
 
 
-def images_to_float(x: np.ndarray) -> np.ndarray:
-    """uint8 images → float32 in [0, 1]."""
+def images_to_float(x: np.ndarray, name: str = "images") -> np.ndarray:
+    """uint8 images → float32 in [0, 1] (inside :func:`~fedxrisk.data.lazy.lazy_reading`: kept
+    as bytes, a :class:`~fedxrisk.data.lazy.LazySamples` decoding each image when sampled)."""
+    if reading_lazily():
+        return LazySamples(ArraySource(x, name, divisor=255.0))  # type: ignore[return-value]
     return (x.astype(np.float32) / 255.0).astype(np.float32)
 
 

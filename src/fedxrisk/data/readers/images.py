@@ -18,6 +18,7 @@ import numpy as np
 
 from fedxrisk.data.checks import read_text
 from fedxrisk.data.datasets import TEST_FRACTION, LabeledData
+from fedxrisk.data.lazy import ImageFiles, LazySamples, reading_lazily
 from fedxrisk.data.readers.base import (
     DataFileError,
     MissingDataError,
@@ -65,8 +66,30 @@ def load_image(path: Path, image_size: int | None, mode: str = "RGB") -> np.ndar
     return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
 
 
+MAX_LISTED = 20  # missing files named in one error message
+
+
+def check_files_exist(paths: Sequence[Path | str]) -> None:
+    """Every listed image file exists, or one error naming all the missing ones (up to
+    :data:`MAX_LISTED`, then a count): a manifest is checked whole before anything runs."""
+    missing = [str(p) for p in paths if not Path(p).is_file()]
+    if missing:
+        shown = ", ".join(missing[:MAX_LISTED])
+        more = f" and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
+        raise MissingDataError(f"{len(missing)} of {len(paths)} image file(s) not found: {shown}{more}")
+
+
 def load_images(paths: Sequence[Path], image_size: int | None, mode: str = "RGB") -> np.ndarray:
-    """Images stacked as float32 ``[N, C, S, S]`` in [0, 1]; all must share a size."""
+    """Images stacked as float32 ``[N, C, S, S]`` in [0, 1]; all must share a size.
+
+    Inside :func:`~fedxrisk.data.lazy.lazy_reading` nothing is decoded: the result is a
+    :class:`~fedxrisk.data.lazy.LazySamples` over the files. Either way every file must exist.
+    """
+    check_files_exist(paths)
+    if reading_lazily():
+        if not paths:
+            raise DataFileError("no images to read")
+        return LazySamples(ImageFiles(paths, image_size, mode))  # type: ignore[return-value]
     arrays = [load_image(p, image_size, mode) for p in paths]
     shapes = {a.shape for a in arrays}
     if len(shapes) > 1:
