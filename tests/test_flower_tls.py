@@ -16,11 +16,8 @@ import ipaddress
 import json
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,27 +30,13 @@ from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import NameOID  # noqa: E402
 
 from fedxrisk.flower.__main__ import write_app  # noqa: E402
+from procs import HOST, exe, free_port, stop_all  # noqa: E402
 
-HOST = "127.0.0.1"
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROUNDS = 1
 SETTINGS = {"algorithm": "localsgdm", "rounds": ROUNDS, "local-steps": 2, "batch-size": 8, "stages": 1}
 SETTINGS |= {"eval-every": 1, "test-data": "digits", "partition": "iid", "imratio": 0.3, "min-nodes": 2}
 WAIT = 600.0  # s; generous for a loaded 2-core machine
-
-
-def _exe(name: str) -> str:
-    local = Path(sys.executable).with_name(name)
-    found = str(local) if local.exists() else shutil.which(name)
-    if not found:
-        pytest.skip(f"{name} not found next to {sys.executable} or on PATH")
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _pem(key) -> bytes:
@@ -104,14 +87,14 @@ def make_site_key(folder: Path, name: str) -> Path:
 
 class SecureFederation:
     def __init__(self, root: Path):
-        self.root, self.port = root, _free_port()
+        self.root, self.port = root, free_port()
         make_certificates(root)
         self.env = {
             **os.environ,
             "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
             "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-            "PATH": os.pathsep.join([str(Path(_exe("flower-superlink")).parent), os.environ.get("PATH", "")]),
+            "PATH": os.pathsep.join([str(Path(exe("flower-superlink")).parent), os.environ.get("PATH", "")]),
         }
         self.cli_home = root / "cli-home"
         self.cli_home.mkdir()
@@ -137,7 +120,7 @@ class SecureFederation:
 
     def flwr(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [_exe("flwr"), *args], env={**self.env, "FLWR_HOME": str(self.cli_home)}, capture_output=True,
+            [exe("flwr"), *args], env={**self.env, "FLWR_HOME": str(self.cli_home)}, capture_output=True,
             text=True, timeout=180, stdin=subprocess.DEVNULL,
         )  # fmt: skip
 
@@ -150,7 +133,7 @@ class SecureFederation:
             "--ssl-keyfile",
             "superlink.key",
         ]
-        self.start("superlink", [_exe("flower-superlink"), *certs, "--enable-supernode-auth",
+        self.start("superlink", [exe("flower-superlink"), *certs, "--enable-supernode-auth",
                                  "--disable-runtime-dependency-installation", "--host", HOST, "--port", str(self.port)])  # fmt: skip
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -162,52 +145,12 @@ class SecureFederation:
         raise TimeoutError("the SuperLink never listened")
 
     def supernode(self, name: str, key: Path, node_config: str) -> subprocess.Popen:
-        return self.start(name, [_exe("flower-supernode"), "--superlink", f"{HOST}:{self.port}",
+        return self.start(name, [exe("flower-supernode"), "--superlink", f"{HOST}:{self.port}",
                                  "--root-certificates", str(self.root / "ca.crt"), "--auth-supernode-private-key",
-                                 str(key), "--host", HOST, "--port", str(_free_port()), "--node-config", node_config])  # fmt: skip
+                                 str(key), "--host", HOST, "--port", str(free_port()), "--node-config", node_config])  # fmt: skip
 
     def stop(self) -> None:
-        """SIGTERM each process we started and its descendants, SIGKILL what is left after 15 s."""
-        pids = [p for proc in self.procs.values() for p in (proc.pid, *_descendants(proc.pid))]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 15
-            for proc in self.procs.values():
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-            while time.monotonic() < deadline and any(_alive(p) for p in pids):
-                time.sleep(0.2)
-            if not any(_alive(p) for p in pids):
-                return
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    out, frontier = [], [pid]
-    while frontier:
-        frontier = [p for p, parent in parents.items() if parent in frontier]
-        out += frontier
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        stop_all(self.procs.values())
 
 
 @pytest.fixture(scope="module")
