@@ -222,6 +222,27 @@ def test_site_without_positives_is_reported_and_can_be_allowed(tmp_path):
     assert summary["status"] == "completed" and summary["sites"][1]["positives"] == 0
 
 
+def test_a_site_with_nan_features_is_refused_at_set_up_and_alone_named(tmp_path):
+    """Before: set-up passed and round 1 blamed both sites ("non-finite loss or model")."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.float32)
+    bad_x = x.copy()
+    bad_x[[4, 9], 1] = np.nan
+    nodes = {
+        1: {"data-dir": _site(tmp_path / "good", x, y)},
+        2: {"data-dir": _site(tmp_path / "bad", bad_x, y)},
+    }
+    rc = run_config("codasca", tmp_path / "out", stages=1, rounds=1, **{"test-data": "", "model": "linear"})
+    with pytest.raises(FederationError) as failure:
+        run_local(rc, nodes)
+    bad = tmp_path / "bad" / "train.npz"
+    assert str(failure.value) == (
+        f"set-up: node 2 failed: SiteDataError: {bad}: 2 non-finite value(s) (NaN/inf) in rows 4, 9 (0-based); "
+        "fix or drop those rows"
+    )
+
+
 class RecordingTransport(LocalTransport):
     """LocalTransport that keeps every (request, reply) pair of the run."""
 

@@ -44,6 +44,14 @@ class BadConfig(click.ClickException):
     exit_code = 2
 
 
+def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
+    """The NaN message, what was kept, and how to continue."""
+    kept = f"{e}. History so far is kept in {folder}"
+    if (folder / "checkpoint.pt").exists():
+        return f"{kept}; continue from the last finite checkpoint with smaller steps: fedxrisk run --resume {folder} --set algorithm.lr=<lower>"
+    return f"{kept}; no checkpoint was reached: start again with a lower --lr"
+
+
 @contextmanager
 def _config_errors() -> Iterator[None]:
     try:
@@ -218,13 +226,16 @@ def run(
     given = _given(click.get_current_context(), flags)
     with _config_errors():
         if resume is not None:
-            extra = [*given, *(["--config"] if config_file else []), *(["--set"] if overrides else [])]
+            extra = [*given, *(["--config"] if config_file else [])]
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
             extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:
-                raise ConfigError(f"--resume continues a run with its own config; drop {', '.join(extra)}")
+                raise ConfigError(
+                    f"--resume continues a run with its own config; drop {', '.join(extra)} "
+                    "(it takes only --set algorithm.lr=… / algorithm.lr_decay=…)"
+                )
             folder = Path(resume)
-            job = lambda callback: resume_experiment(folder, callback)
+            job = lambda callback: resume_experiment(folder, callback, overrides)
         else:
             if pretrain_rounds is not None:  # --set pretrain.rounds still wins
                 overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
@@ -239,7 +250,7 @@ def run(
                 with _progress() as progress:
                     result = job(_Bar(progress, "training"))
         except NonFiniteLoss as e:
-            console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
+            console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
             sys.exit(1)
         except DistributedError as e:
             console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)

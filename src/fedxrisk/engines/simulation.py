@@ -33,7 +33,7 @@ from fedxrisk.tree import Tree, index, is_finite, leaves, stack, tmap
 
 
 class NonFiniteLoss(RuntimeError):
-    """Raised when a round produces a NaN/inf loss or model; carries the round."""
+    """Raised when a round produces a NaN/inf loss or model; carries the round (1-based, as history.csv)."""
 
     def __init__(self, round_: int):
         super().__init__(f"non-finite loss or model (NaN/inf) at round {round_}; training stopped")
@@ -341,7 +341,7 @@ class Simulation:
         self.ledger.close_round()
         self.round += 1
         if not self._finite(comm):
-            raise NonFiniteLoss(plan.round)
+            raise NonFiniteLoss(plan.round + 1)  # 1-based, as in history.csv
         return plan
 
     def _collective(self) -> SimCollective:
