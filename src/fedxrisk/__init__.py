@@ -1,5 +1,14 @@
 """fedxrisk: federated learning of AUC-type risks (AUROC, pAUC, AP) on imbalanced data."""
 
+import os as _os
+import sys as _sys
+
+if "torch" not in _sys.modules and "RANK" in _os.environ and "WORLD_SIZE" in _os.environ:
+    # A rank launched by torchrun: when a peer dies, torch's C++ store client prints a warning
+    # with a 20-line C++ stack for every failed heartbeat before our one-line diagnosis. Only
+    # errors are kept; TORCH_CPP_LOG_LEVEL is read once, when torch loads (set it to override).
+    _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.compare import compare_experiments
 from fedxrisk.config import load_config

@@ -44,6 +44,14 @@ class BadConfig(click.ClickException):
     exit_code = 2
 
 
+def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
+    """The NaN message, what was kept, and how to continue."""
+    kept = f"{e}. History so far is kept in {folder}"
+    if (folder / "checkpoint.pt").exists():
+        return f"{kept}; continue from the last finite checkpoint with smaller steps: fedxrisk run --resume {folder} --set algorithm.lr=<lower>"
+    return f"{kept}; no checkpoint was reached: start again with a lower --lr"
+
+
 @contextmanager
 def _config_errors() -> Iterator[None]:
     try:
@@ -132,6 +140,19 @@ def main() -> None:
 @click.option("--partition", default=DEFAULTS.partition, show_default=True, help="see `fedxrisk list`")
 @click.option("--dirichlet-alpha", type=float, default=DEFAULTS.dirichlet_alpha, show_default=True)
 @click.option("--model", default=DEFAULTS.model, show_default=True)
+@click.option(
+    "--init-from",
+    default=None,
+    metavar="PATH",
+    help="start from a run folder's model.pt or a PyTorch state dict (two-stage: the first stage)",
+)
+@click.option("--reset-head", is_flag=True, help="re-initialise the classifier head after --init-from")
+@click.option(
+    "--pretrain-rounds",
+    type=int,
+    default=None,
+    help="rounds of a cross-entropy [pretrain] stage before this run (same as --set pretrain.rounds=N)",
+)
 @click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)
 @click.option("--local-steps", "-I", type=int, default=None, help="window I (default 8; NPA: 1)")
 @click.option("--batch-size", type=int, default=DEFAULTS.batch_size, show_default=True)
@@ -201,16 +222,23 @@ def run(
 
     Settings come from --config FILE, then the flags typed here, then --set.
     """
+    pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
     given = _given(click.get_current_context(), flags)
     with _config_errors():
         if resume is not None:
-            extra = [*given, *(["--config"] if config_file else []), *(["--set"] if overrides else [])]
+            extra = [*given, *(["--config"] if config_file else [])]
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
+            extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:
-                raise ConfigError(f"--resume continues a run with its own config; drop {', '.join(extra)}")
+                raise ConfigError(
+                    f"--resume continues a run with its own config; drop {', '.join(extra)} "
+                    "(it takes only --set algorithm.lr=… / algorithm.lr_decay=…)"
+                )
             folder = Path(resume)
-            job = lambda callback: resume_experiment(folder, callback)
+            job = lambda callback: resume_experiment(folder, callback, overrides)
         else:
+            if pretrain_rounds is not None:  # --set pretrain.rounds still wins
+                overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
             cfg = config_from_sections(_resolve(config_file, given, options, overrides))
             folder = Path(out) if out else default_out_dir(cfg)
             job = lambda callback: run_experiment(cfg, folder, callback)
@@ -222,7 +250,7 @@ def run(
                 with _progress() as progress:
                     result = job(_Bar(progress, "training"))
         except NonFiniteLoss as e:
-            console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
+            console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
             sys.exit(1)
         except DistributedError as e:
             console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
@@ -285,6 +313,12 @@ def _print_summary(s: dict[str, Any], out: Any) -> None:
     table.add_row("bytes down / client", f"{comm['bytes_down_per_client']:,}")
     table.add_row("wall seconds", _fmt(s["wall_seconds"]))
     Console().print(table)
+    if s.get("init"):
+        source = s["init"]["from"] or "a fresh model"
+        Console().print(
+            f"started from {source}"
+            + (" (classifier head re-initialised)" if s["init"]["reset_head"] else "")
+        )
     if s.get("resumed_at_rounds"):
         Console().print(f"resumed at round(s) {', '.join(map(str, s['resumed_at_rounds']))}")
     Console().print(f"written to [bold]{out}[/bold] (summary.json, history.csv, config.toml, model.pt)")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.config import SECTIONS, config_from_sections, hyperparameter_types, section_keys
+from fedxrisk.config import PRETRAIN, SECTIONS, config_from_sections, hyperparameter_types, section_keys
 from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.experiment import (
     CHECKPOINT,
@@ -73,8 +73,9 @@ class ComparisonResult:
 
 def _split_name(name: str) -> tuple[str, str]:
     section, dot, key = name.partition(".")
-    if not dot or section not in SECTIONS:
-        raise ConfigError(f"vary {name!r}: expected SECTION.KEY with a section among {', '.join(SECTIONS)}")
+    sections = [*SECTIONS, PRETRAIN]  # [pretrain]: vary the first stage of a two-stage run
+    if not dot or section not in sections:
+        raise ConfigError(f"vary {name!r}: expected SECTION.KEY with a section among {', '.join(sections)}")
     return section, key
 
 

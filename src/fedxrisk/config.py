@@ -6,11 +6,12 @@ A config file has five sections; every key is optional (missing keys keep
     [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard
     [data]        dataset, imratio, partition, clients, dirichlet_alpha,
                   positive_classes, batch_size, allow_missing_class
-    [model]       model, buffer_policy
+    [model]       model, buffer_policy, init_from, reset_head
     [algorithm]   algorithm, lr, local_steps, stages, lr_decay, window_growth,
                   pos_ratio_mode, and the algorithm's own hyperparameters
                   (see ``fedxrisk list``), e.g. eta_g, prox
     [engine]      engine, device
+    [pretrain]    optional first stage (fedxrisk.pipeline): algorithm, rounds, lr, …
 
 TOML has no null: the string ``"none"`` sets a key that accepts None (e.g.
 ``imratio = "none"`` keeps the dataset's own class ratio). ``summary.json``
@@ -61,17 +62,20 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "memory_budget",
         "on_bad_file",
     ),  # fmt: skip
-    "model": ("model", "buffer_policy"),
+    "model": ("model", "buffer_policy", "init_from", "reset_head"),
     "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),
     "engine": ("engine", "device", "clients_per_rank", "dist_timeout"),
 }
 NONE = "none"  # how TOML spells None
+PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.pipeline)
 
 
 def _fields() -> dict[str, Any]:
     """RunConfig field name → type hint (``options`` excluded)."""
     hints = typing.get_type_hints(RunConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name != "options"}
+    return {
+        f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name not in ("options", PRETRAIN)
+    }
 
 
 def section_keys(section: str) -> tuple[str, ...]:
@@ -173,6 +177,11 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
     values: dict[str, Any] = {}
     fields = _fields()
     for section, table in doc.items():
+        if section == PRETRAIN and table is not None:
+            from fedxrisk.pipeline import pretrain_from_table
+
+            values[PRETRAIN] = pretrain_from_table(table)
+            continue
         if section not in SECTIONS:
             if section in fields:
                 raise ConfigError(
@@ -213,7 +222,7 @@ def qualify(message: str, sections: Mapping[str, str]) -> str:
     """Name the key with its section: ``imratio must …`` → ``data.imratio must …``,
     ``unknown dataset 'x'; …`` → ``unknown dataset 'x' (data.dataset); …``."""
     m = re.match(r"(unknown (?:option\(s\) )?)?(\w+)(.*)", message, re.S)
-    if not m or m.group(2) not in sections:
+    if not m or m.group(2) not in sections or m.group(3).startswith("."):  # already qualified
         return message
     unknown, name, rest = m.groups()
     if unknown:
@@ -238,6 +247,8 @@ def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     flat = cfg.to_dict()
     doc = {section: {k: flat[k] for k in section_keys(section)} for section in SECTIONS}
     doc["algorithm"].update(cfg.options)
+    if cfg.pretrain is not None:
+        doc[PRETRAIN] = dict(cfg.pretrain)
     return doc
 
 
@@ -249,6 +260,10 @@ def sections_from_flat(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"config.options must be a table, got {value!r}")
             doc.setdefault("algorithm", {}).update(value)
+            continue
+        if key == PRETRAIN:
+            if value is not None:
+                doc[PRETRAIN] = value
             continue
         try:
             doc.setdefault(section_of(key), {})[key] = value
@@ -267,7 +282,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
+        ) from None
     if path.suffix == ".json":
         try:
             obj = json.loads(text)
@@ -277,7 +297,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             obj = obj["config"]  # a summary.json
         if not isinstance(obj, dict):
             raise ConfigError(f"{path}: expected a JSON object")
-        return obj if set(obj) <= set(SECTIONS) else sections_from_flat(obj)
+        return obj if set(obj) <= {*SECTIONS, PRETRAIN} else sections_from_flat(obj)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -307,8 +327,8 @@ def apply_override(doc: dict[str, Any], assignment: str) -> None:
         raise ConfigError(
             f"--set {name.strip()!r}: name the section, e.g. algorithm.lr=0.05; sections: {', '.join(SECTIONS)}"
         )
-    if section not in SECTIONS:
-        raise _unknown(section, SECTIONS, "--set")
+    if section not in SECTIONS and section != PRETRAIN:
+        raise _unknown(section, [*SECTIONS, PRETRAIN], "--set")
     table = doc.setdefault(section, {})
     table[key] = parse_value(raw)
 

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,10 +27,11 @@ import torch
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.data import DATASETS, PARTITIONS, FederatedData, make_federated
 from fedxrisk.engines import ENGINE_NAMES, DistributedSimulation, NonFiniteLoss, Simulation
-from fedxrisk.engines.distributed import DEFAULT_TIMEOUT, check_launch
+from fedxrisk.engines.distributed import DEFAULT_TIMEOUT, check_launch, launched_rank
 from fedxrisk.metrics import evaluate
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
+from fedxrisk.validate import check_batch_size, check_out_dir, read_checkpoint, validate_settings
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 HISTORY_FIELDS = (
@@ -83,6 +84,9 @@ class RunConfig:
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
     tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
+    init_from: str | None = None  # start from a run folder's model.pt or a state dict file (init_from.py)
+    reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
+    pretrain: dict[str, Any] | None = None  # a first stage's settings (pipeline.py); None: one stage
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -133,8 +137,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(
             f"{cfg.algorithm} communicates every {fixed} step(s); local_steps must be {fixed}, got {steps}"
         )
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {cfg.device!r} requested but CUDA is not available")
+    validate_settings(cfg)
     known = ALGORITHMS[cfg.algorithm].hyperparameters()
     unknown = sorted(set(cfg.options) - set(known))
     if unknown:
@@ -145,6 +148,10 @@ def validate(cfg: RunConfig) -> None:
             check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import check_pretrain
+
+        check_pretrain(cfg)
 
 
 def _check_stream_settings(cfg: RunConfig) -> None:
@@ -171,6 +178,7 @@ class Setup:
     algorithm: Algorithm
     simulation: Simulation
     stream: Any = None  # data.stream.StreamChoice for file datasets: streamed or not, and why
+    init: dict[str, Any] | None = None  # where the weights came from (init_from.load_weights)
 
 
 def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
@@ -187,16 +195,34 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
     return data, choice
 
 
-def build(cfg: RunConfig) -> Setup:
-    """Validate and build everything; raises :class:`ConfigError` before any output exists."""
+def build(
+    cfg: RunConfig, init: str | Path | dict[str, Any] | None = None, data_from: Setup | None = None
+) -> Setup:
+    """Validate and build everything; raises :class:`ConfigError` before any output exists.
+
+    The model starts from ``init`` (a path, or a state dict in memory) if given, else from
+    ``cfg.init_from`` (a two-stage config's ``init_from`` belongs to its first stage).
+    ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
+    """
     validate(cfg)
     from fedxrisk.data.stream import attach_stream
 
+    if init is None and cfg.pretrain is None:
+        init = cfg.init_from
     try:
-        data, choice = build_data(cfg)
-        attach_stream(data, choice, cfg.device)
+        if data_from is not None:  # its stream restarts when the new Simulation starts
+            data, choice = data_from.data, data_from.stream
+        else:
+            data, choice = build_data(cfg)
+            attach_stream(data, choice, cfg.device)
+        batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
+        source = None
+        if init is not None or cfg.reset_head:
+            from fedxrisk.init_from import load_weights
+
+            source = load_weights(model, cfg.model, init, cfg.reset_head)
         problem = Problem(
             model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
         )
@@ -211,14 +237,14 @@ def build(cfg: RunConfig) -> Setup:
         )
         if cfg.engine == "distributed":
             sim: Simulation = DistributedSimulation(
-                algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.device,
+                algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
                 cfg.clients_per_rank, cfg.dist_timeout,
             )  # fmt: skip
         else:
-            sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
+            sim = Simulation(algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim, choice)
+    return Setup(cfg, data, problem, algorithm, sim, choice, source)
 
 
 def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
@@ -263,7 +289,7 @@ def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint written by :func:`save_checkpoint` (tensors and plain Python only)."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(Path(path))
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError(f"{path}: checkpoint format {ckpt.get('format')!r}, expected {CHECKPOINT_FORMAT}")
     return ckpt
@@ -309,32 +335,43 @@ def run_experiment(
     so far is kept, the summary records ``status: failed`` and the round, and
     :class:`NonFiniteLoss` is raised.
     """
-    from fedxrisk.config import config_to_toml
-
-    setup = build(cfg)
+    validate(cfg)
     out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
+    if launched_rank() == 0:  # before the data is loaded: a bad --out fails fast
+        check_out_dir(out)
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import run_two_stage
+
+        return run_two_stage(cfg, out, callback)
+    setup = build(cfg)
     if setup.simulation.is_primary:  # distributed: only rank 0 writes
-        if (out / "summary.json").exists():
-            raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
-        if (out / CHECKPOINT).exists():
-            raise ConfigError(
-                f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`"
-            )
-        out.mkdir(parents=True, exist_ok=True)
-        header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
-        text = config_to_toml(cfg, header)
-        _replace_atomic(out / "config.toml", lambda f: f.write(text))
+        start_run_folder(cfg, out)
     return _train(setup, out, callback, None)
 
 
-def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> RunResult:
-    """Continue a killed run from its last checkpoint (or from the start if it had none yet).
+def start_run_folder(cfg: RunConfig, out: Path) -> None:
+    """Refuse a folder holding a run, else create it and write ``config.toml``."""
+    if (out / "summary.json").exists():
+        raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
+    if (out / CHECKPOINT).exists():
+        raise ConfigError(f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_config(out, cfg)
+
+
+def resume_experiment(
+    run_dir: str | Path, callback: Callback | None = None, overrides: Sequence[str] = ()
+) -> RunResult:
+    """Continue a killed or failed run from its last checkpoint (or from the start if it had none yet).
 
     The final metrics equal those of an uninterrupted run bit for bit (same
     machine, engine and seed): the checkpoint holds every client's state and
     sampler RNG, the byte ledger, the history and the best row so far.
     ``history.csv`` is rewritten from the checkpoint, dropping rows evaluated
-    after it; ``wall_seconds`` counts the time of the rounds kept.
+    after it; ``wall_seconds`` counts the time of the rounds kept. A run whose
+    summary exists but whose ``model.pt`` does not (killed in between) is
+    finished the same way. ``overrides`` (``algorithm.lr=…``, ``algorithm.lr_decay=…``)
+    continue a run that failed on a NaN loss with smaller steps.
     """
     from fedxrisk.config import config_from_flat, load_config
 
@@ -343,7 +380,8 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
         raise ConfigError(f"{out} is not a run folder")
     if (out / "summary.json").exists():
         status = json.loads((out / "summary.json").read_text()).get("status")
-        raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
+        if status == "completed" and (out / "model.pt").exists():
+            raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
     ckpt = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     if ckpt is not None:
         cfg = config_from_flat(ckpt["config"])
@@ -351,10 +389,43 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
         cfg = load_config(out / "config.toml")
     else:
         raise ConfigError(f"{out} holds neither {CHECKPOINT} nor config.toml: not a fedxrisk run folder")
+    if overrides:
+        cfg = resume_overrides(cfg, overrides)
+        _write_config(out, cfg)
+    if cfg.pretrain is not None:
+        from fedxrisk.pipeline import resume_two_stage
+
+        return resume_two_stage(cfg, out, ckpt, callback)
     setup = build(cfg)
     if ckpt is not None:
         setup.simulation.load_state_dict(ckpt["simulation"])
     return _train(setup, out, callback, ckpt)
+
+
+RESUME_KEYS = ("algorithm.lr", "algorithm.lr_decay")
+
+
+def resume_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """``cfg`` with ``--set`` overrides that a resumed run may take (the step size only)."""
+    from fedxrisk.config import apply_override, config_from_sections, config_to_sections
+
+    doc = config_to_sections(cfg)
+    for text in overrides:
+        name = text.split("=", 1)[0].strip()
+        if name not in RESUME_KEYS:
+            raise ConfigError(
+                f"--resume takes --set {' or '.join(RESUME_KEYS)} only (to continue with smaller steps), got {name!r}"
+            )
+        apply_override(doc, text)
+    return config_from_sections(doc)
+
+
+def _write_config(out: Path, cfg: RunConfig) -> None:
+    from fedxrisk.config import config_to_toml
+
+    header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
+    text = config_to_toml(cfg, header)
+    _replace_atomic(out / "config.toml", lambda f: f.write(text))
 
 
 def _tensorboard(out: Path, cfg: RunConfig, resumed_round: int) -> Any:
@@ -396,6 +467,12 @@ def _train(setup: Setup, out: Path, callback: Callback | None, ckpt: dict[str, A
     if callback and sim.round:
         callback(history[-1] if history else {}, sim.round, total)
     tb = _tensorboard(out, cfg, sim.round) if primary else None
+    if primary and setup.init is not None and ckpt is None:  # the starting weights' metrics
+        history.append(_initial_row(setup))
+        best = history[0]
+        _replace_atomic(out / "history.csv", write_rows)
+        if callback:
+            callback(history[0], 0, total)
     failure: NonFiniteLoss | None = None
     with open(out / "history.csv" if primary else os.devnull, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
@@ -435,12 +512,13 @@ def _train(setup: Setup, out: Path, callback: Callback | None, ckpt: dict[str, A
                 tb.close()
     summary = _summary(setup, history, best, elapsed(), failure)
     summary["resumed_at_rounds"] = resumed
+    if primary and failure is None:
+        _save_model(setup, out / "model.pt")  # before the summary: the summary commits the run
     if primary:
         write_json_atomic(out / "summary.json", summary)
     if failure is not None:
         raise failure
     if primary:
-        _save_model(setup, out / "model.pt")
         (out / CHECKPOINT).unlink(missing_ok=True)
     return RunResult(summary, history, out)
 
@@ -498,6 +576,17 @@ def _better(new: float, old: float) -> bool:
     return not math.isnan(new) and (math.isnan(old) or new > old)
 
 
+def _initial_row(setup: Setup) -> dict[str, Any]:
+    """Round 0: the metrics of the starting model, before any training step."""
+    sim, first = setup.simulation, setup.simulation.plans[0]
+    params, buffers = sim.global_model()
+    metrics = evaluate(setup.problem, params, buffers, setup.data)
+    return {
+        "round": 0, "step": 0, "stage": first.stage, "lr": first.lr, "train_loss": math.nan, **metrics,
+        "bytes_up_per_client": 0, "bytes_down_per_client": 0, "wall_seconds": 0.0,
+    }  # fmt: skip
+
+
 def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
     sim = setup.simulation
     params, buffers = sim.global_model()
@@ -546,6 +635,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
                 "stream": setup.stream.summary() if setup.stream is not None else None,
             },
             "hyperparameters": _hparams(setup.algorithm),
+            **({"init": setup.init} if setup.init is not None else {}),
             "config": cfg.to_dict(),
             "torch_version": torch.__version__,
         }

@@ -80,8 +80,14 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def _flat(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A run config with the algorithm's hyperparameters as keys of their own."""
-    return {**{k: v for k, v in cfg.items() if k != "options"}, **cfg.get("options", {})}
+    """A run config with the algorithm's hyperparameters, and a first stage's settings as
+    ``pretrain.KEY``, as keys of their own."""
+    stage1 = {f"pretrain.{k}": v for k, v in (cfg.get("pretrain") or {}).items()}
+    return {
+        **{k: v for k, v in cfg.items() if k not in ("options", "pretrain")},
+        **cfg.get("options", {}),
+        **stage1,
+    }
 
 
 def variant_labels(configs: Sequence[dict[str, Any]]) -> list[str]:

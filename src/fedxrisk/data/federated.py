@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.data.checks import check_labeled, check_test_classes
 from fedxrisk.data.datasets import BinaryData, binarize, load_dataset
 from fedxrisk.data.imbalance import make_imbalanced
 from fedxrisk.data.partition import partition
@@ -128,7 +129,10 @@ def make_federated(
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        data = binarize(load_dataset(dataset, data_dir), positive_classes)
+        labeled = load_dataset(dataset, data_dir)
+        check_labeled(labeled, data_dir or dataset)
+        data = binarize(labeled, positive_classes)
+        check_test_classes(data, data_dir or dataset)
     if data.y_train.dim() == 2 and imratio is not None:
         raise ValueError(
             f"{data.name} is multi-label: imratio applies to one binary label; set imratio = None (--imratio none)"

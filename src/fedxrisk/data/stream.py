@@ -371,6 +371,7 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice | None]:
     dataset's name (bundled data, or ``data.stream = false``: read into memory as always),
     or a binarized dataset read lazily, either decoded into memory here (``auto`` within
     the budget) or left lazy to be streamed; and the choice made (None for bundled data)."""
+    from fedxrisk.data.checks import check_labeled, check_test_classes
     from fedxrisk.data.datasets import FILE_DATASETS, binarize, load_dataset
 
     if cfg.dataset not in FILE_DATASETS or cfg.stream is False:
@@ -385,11 +386,16 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice | None]:
         if is_lazy(x):
             x.attach(y, workers=workers, on_bad_file=cfg.on_bad_file, bad_log=choice.bad_log)
             if not choice.streamed:
-                setattr(lazy, f"x_{split}", materialize(x).numpy())
+                try:
+                    setattr(lazy, f"x_{split}", materialize(x).numpy())
+                except BadFileError as e:  # before training: nothing to resume, so keep only what failed
+                    raise DataFileError(str(e).split("; training stopped.")[0]) from None
     if choice.streamed and cfg.feature_shift:
         raise ValueError("data.feature_shift shifts inputs in memory; it cannot be combined with streaming "
                          "(set data.stream = false)")  # fmt: skip
+    check_labeled(lazy, cfg.data_dir or cfg.dataset)  # what is in memory now; streamed inputs are not scanned
     data = binarize(lazy, cfg.positive_classes)
+    check_test_classes(data, cfg.data_dir or cfg.dataset)
     for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test)):
         if is_lazy(x):
             x.attach(y.numpy())  # binary labels: a replacement keeps the task's label

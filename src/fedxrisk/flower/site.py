@@ -45,7 +45,6 @@ from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.sitedata import SiteData, load_site
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
-from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, index, is_finite, stack, tmap
 
@@ -53,9 +52,9 @@ from fedxrisk.tree import Tree, index, is_finite, stack, tmap
 class CollectiveRequest(Exception):
     """Raised inside ``communicate`` at a collective call whose answer the site lacks."""
 
-    def __init__(self, kind: str, payload: Tree, call: int):
+    def __init__(self, kind: str, payload: Tree, call: int, key: int = 0):
         super().__init__(f"collective {kind} #{call} needs the server")
-        self.kind, self.payload, self.call = kind, payload, call
+        self.kind, self.payload, self.call, self.key = kind, payload, call, key
 
 
 class SiteError(RuntimeError):
@@ -75,17 +74,19 @@ class ReplayCollective:
         self.answers = answers
         self.calls = 0
 
-    def _call(self, kind: str, tree: Tree) -> Tree:
+    def _call(self, kind: str, tree: Tree, key: int = 0, answer_shape: Tree | None = None) -> Tree:
         call, self.calls = self.calls, self.calls + 1
         if call >= len(self.answers):
-            raise CollectiveRequest(kind, tree, call)
+            raise CollectiveRequest(kind, tree, call, key)
         answer_kind, answer = self.answers[call]
         if answer_kind != kind:
             raise SiteError(
                 f"collective #{call}: the server answered a {answer_kind}, communicate asked a {kind}"
             )
         try:
-            return tmap(lambda _, a: a.unsqueeze(0).clone(), tree, answer)
+            return tmap(
+                lambda _, a: a.unsqueeze(0).clone(), tree if answer_shape is None else answer_shape, answer
+            )
         except (KeyError, TypeError) as e:
             raise SiteError(f"collective #{call}: the server's answer lacks tensor {e}") from e
 
@@ -94,6 +95,10 @@ class ReplayCollective:
 
     def gather(self, tree: Tree) -> Tree:
         return self._call("gather", tree)
+
+    def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
+        """The records and masks go up; the server's merged, shuffled pool comes down (no mask)."""
+        return self._call("pool", {"groups": groups, "valid": valid}, key, answer_shape=groups)
 
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         return LoopEngine().map_clients(fn, *trees)
@@ -160,7 +165,7 @@ class SiteRunner:
         """
         self.client, self.num_clients, self.pos_ratio = client, num_clients, pos_ratio
         self.max_samples = max_samples
-        model = build_model(self.cfg.model, self.site.input_shape, self.cfg.seed)
+        model = self.cfg.build_model(self.site.input_shape)
         self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
         n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
@@ -299,7 +304,9 @@ class SiteRunner:
                 wanted = self._resume()
                 if wanted is not None:
                     payload = tmap(lambda x: x[0], wanted.payload)
-                    reply.config.update(pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind)
+                    reply.config.update(
+                        pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind, key=wanted.key
+                    )
                     reply.arrays["payload"] = flatten(payload)
                     return reply
                 if p.phase == COMMUNICATE:

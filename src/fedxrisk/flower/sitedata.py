@@ -15,6 +15,7 @@ Labels are binary (0/1). A site only ever loads its own folder or its own part.
 from __future__ import annotations
 
 import csv
+import io
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
+from fedxrisk.data.checks import DataFileError, check_features, read_text
 from fedxrisk.flower.config import FlowerConfig
 
 LABEL_COLUMN = "label"
@@ -79,8 +81,10 @@ def read_table(path: Path) -> tuple[np.ndarray, np.ndarray]:
                 raise SiteDataError(f"{path}: missing array(s) {missing}; expected arrays 'x' and 'y'")
             x, y = f["x"], f["y"]
     else:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
+        try:
+            rows = list(csv.reader(io.StringIO(read_text(path), newline="")))
+        except DataFileError as e:
+            raise SiteDataError(str(e)) from None
         if not rows or LABEL_COLUMN not in rows[0]:
             raise SiteDataError(f"{path}: the header row must name a {LABEL_COLUMN!r} column")
         header, body = rows[0], rows[1:]
@@ -97,6 +101,10 @@ def read_table(path: Path) -> tuple[np.ndarray, np.ndarray]:
         x = np.delete(table, label, axis=1)
     if len(x) != len(y):
         raise SiteDataError(f"{path}: {len(x)} inputs but {len(y)} labels")
+    try:  # at set-up, so that only this site is blamed (not a NaN loss on every site later)
+        check_features(x, str(path), base=0 if path.suffix == ".npz" else 2)
+    except DataFileError as e:
+        raise SiteDataError(str(e)) from None
     values = np.unique(y)
     if not set(values.tolist()) <= {0.0, 1.0}:
         raise SiteDataError(f"{path}: labels must be binary 0/1; found {values[:10].tolist()}")

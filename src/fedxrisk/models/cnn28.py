@@ -10,6 +10,8 @@ from torch import nn
 class CNN28(nn.Module):
     """conv5(32)–pool–conv5(64)–pool–fc(128)–fc(outputs), ReLU; no BatchNorm."""
 
+    head_name = "fc2"
+
     def __init__(self, input_shape: tuple[int, ...], num_outputs: int = 1):
         super().__init__()
         if len(input_shape) != 3 or input_shape[1] < 12 or input_shape[2] < 12:

@@ -37,6 +37,8 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """CIFAR-style ResNet-(6n+2): n blocks per stage; ``n=3`` is ResNet20."""
 
+    head_name = "fc"  # the classifier head (``model.reset_head``)
+
     def __init__(self, input_shape: tuple[int, ...], num_outputs: int = 1, blocks: int = 3, width: int = 16):
         super().__init__()
         if len(input_shape) != 3:

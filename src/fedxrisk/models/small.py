@@ -11,6 +11,8 @@ from torch import nn
 class Linear(nn.Module):
     """Logistic-regression scorer on flattened inputs."""
 
+    head_name = "fc"  # the classifier head (``model.reset_head``)
+
     def __init__(self, input_shape: tuple[int, ...], num_outputs: int = 1):
         super().__init__()
         self.fc = nn.Linear(math.prod(input_shape), num_outputs)
@@ -33,6 +35,7 @@ class MLP(nn.Module):
             width = h
         layers.append(nn.Linear(width, num_outputs))
         self.net = nn.Sequential(*layers)
+        self.head_name = f"net.{len(layers) - 1}"  # the classifier head (``model.reset_head``)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.flatten(1))
@@ -40,6 +43,8 @@ class MLP(nn.Module):
 
 class SmallCNN(nn.Module):
     """Two conv–BatchNorm–ReLU blocks and a linear head, for C×H×W inputs (e.g. 1×8×8 digits)."""
+
+    head_name = "head"
 
     def __init__(self, input_shape: tuple[int, ...], num_outputs: int = 1, channels: int = 16):
         super().__init__()
