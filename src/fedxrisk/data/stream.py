@@ -259,10 +259,18 @@ class Stream:
         self._it = iter(loader)
 
     def close(self) -> None:
-        """Stop the workers (if any)."""
+        """Stop the workers (if any). Batches still prefetched are dropped: the workers are
+        terminated first (a worker blocked on a full result pipe would otherwise hold the
+        DataLoader's shutdown for its 5 s timeout)."""
         it, self._it = self._it, None
         if it is not None and hasattr(it, "_shutdown_workers"):
+            for worker in getattr(it, "_workers", []):
+                if worker.is_alive():
+                    worker.terminate()
             it._shutdown_workers()  # noqa: SLF001 - DataLoader offers no public shutdown
+
+    def __del__(self) -> None:
+        self.close()
 
     def global_index(self, local: np.ndarray) -> np.ndarray:
         """Local positions ``[K, n]`` → sample indices into ``samples``."""
@@ -366,15 +374,17 @@ def materialize(x: Any, chunk: int = 1024) -> torch.Tensor:
     return torch.cat(list(input_chunks(x, chunk))) if len(x) else torch.empty(x.shape)
 
 
-def open_training_data(cfg: Any) -> tuple[Any, StreamChoice | None]:
+def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
     """What ``make_federated`` should read for the run ``cfg`` (a :class:`RunConfig`): the
     dataset's name (bundled data, or ``data.stream = false``: read into memory as always),
     or a binarized dataset read lazily, either decoded into memory here (``auto`` within
-    the budget) or left lazy to be streamed; and the choice made (None for bundled data)."""
+    the budget) or left lazy to be streamed; and the choice made."""
     from fedxrisk.data.datasets import FILE_DATASETS, binarize, load_dataset
 
-    if cfg.dataset not in FILE_DATASETS or cfg.stream is False:
-        return cfg.dataset, None
+    if cfg.dataset not in FILE_DATASETS:
+        return cfg.dataset, StreamChoice(False, "a bundled dataset, held in memory")
+    if cfg.stream is False:
+        return cfg.dataset, StreamChoice(False, "data.stream = false: the files are decoded into memory")
     lazy = load_dataset(cfg.dataset, cfg.data_dir, lazy=True)
     workers = default_workers() if cfg.workers is None else cfg.workers
     budget = parse_bytes(cfg.memory_budget)
