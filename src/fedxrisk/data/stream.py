@@ -312,6 +312,21 @@ def _table(shards: Sequence[np.ndarray]) -> np.ndarray:
     return table
 
 
+def sampler_requests(sampler: Any, uniforms: int, steps: int) -> Iterator[np.ndarray]:
+    """The positions of the next ``steps`` training batches of ``sampler`` (a copy is drawn
+    from, with ``uniforms`` U(0, 1) per step in between, as the engines draw them)."""
+    sampler = deepcopy(sampler)
+
+    def run() -> Iterator[np.ndarray]:
+        for _ in range(steps):
+            positions = sampler.next()
+            if uniforms:
+                sampler.uniforms(uniforms)
+            yield positions
+
+    return run()
+
+
 def simulation_requests(sim: Simulation, begin: bool) -> Iterator[np.ndarray]:
     """The local positions of every batch ``sim`` will ask for from its current state, in order
     (``Simulation.__init__``'s begin batch when ``begin``, then ``run_round``'s batches),
