@@ -11,6 +11,18 @@ from fedxrisk.problem import Problem
 
 __version__ = "0.1.0"
 
+# Imported on first use (they pull in matplotlib, PIL, scipy): name → module.
+_LAZY = {"evaluate": "fedxrisk.evaluation", "predict": "fedxrisk.prediction"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fedxrisk' has no attribute {name!r}")
+
+
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
@@ -19,10 +31,12 @@ __all__ = [
     "Schedule",
     "Simulation",
     "compare_experiments",
+    "evaluate",
     "load_config",
     "load_run",
     "make_federated",
     "plot_runs",
+    "predict",
     "resume_experiment",
     "run_experiment",
 ]

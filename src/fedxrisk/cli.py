@@ -402,5 +402,103 @@ def plot(run_dirs: tuple[str, ...], out: str | None) -> None:
         click.echo(str(path))
 
 
+@main.command(name="evaluate")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--dataset", default=None, help="evaluate on this dataset's split instead of the run's test set"
+)
+@click.option("--data-dir", default=None, help="folder read by --dataset (see docs/data.md)")
+@click.option("--split", default="test", show_default=True, help="--dataset: test | train (train has sites)")
+@click.option(
+    "--manifest", default=None, help="a labelled CSV manifest (path, labels[, source]) to evaluate on"
+)
+@click.option(
+    "--bootstrap", type=int, default=1000, show_default=True, help="resamples for AP/pAUC intervals"
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="bootstrap seed")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--batch-size", type=int, default=256, show_default=True, help="--manifest: images per batch")
+@click.option("--workers", type=int, default=None, help="processes decoding files (default: half the cores)")
+@click.option(
+    "--out", type=click.Path(file_okay=False), default=None, help="output folder (default: RUN_DIR)"
+)
+@click.option("--overwrite", is_flag=True, help="replace evaluation files already in the output folder")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar or tables; print the evaluation.json path")
+def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
+    """AUROC [DeLong 95% CI], AP and pAUC [bootstrap CIs] of a finished run, per label and client/site.
+
+    Writes evaluation.json, evaluation.md, roc.png and pr.png (docs/cli.md).
+    """
+    from fedxrisk.data.readers import DataFileError
+    from fedxrisk.evaluation import console_tables, evaluate
+
+    with _config_errors():
+        try:
+            if quiet or options["manifest"] is None:
+                result = evaluate(run_dir, **options)
+            else:
+                with _rows_progress("scoring") as bar:
+                    result = evaluate(run_dir, progress=bar, **options)
+        except DataFileError as e:
+            raise BadConfig(str(e)) from None
+    if quiet:
+        click.echo(result["files"][0])
+        return
+    out = Console()
+    for table in console_tables(result):
+        out.print(table)
+    out.print(f"written: {', '.join(result['files'])}")
+
+
+@main.command(name="predict")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("input_path", metavar="INPUT", type=click.Path())
+@click.option(
+    "--out", type=click.Path(dir_okay=False), required=True, help="CSV to write (refused if it exists)"
+)
+@click.option("--scores", default="prob", show_default=True, help="prob (sigmoid) | logit | both")
+@click.option("--batch-size", type=int, default=256, show_default=True)
+@click.option("--workers", type=int, default=None, help="processes decoding images (default: half the cores)")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--overwrite", is_flag=True, help="replace --out if it exists")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+def predict_(run_dir: str, input_path: str, quiet: bool, **options: Any) -> None:
+    """Scores of a finished run's model for an image folder, a CSV manifest, an .npz or a tabular CSV.
+
+    One row per input with its identifier, one column per label (docs/cli.md).
+    """
+    from fedxrisk.data.readers import DataFileError
+    from fedxrisk.prediction import predict
+
+    with _config_errors():
+        try:
+            if quiet:
+                result = predict(run_dir, input_path, **options)
+            else:
+                with _rows_progress("scoring") as bar:
+                    result = predict(run_dir, input_path, progress=bar, **options)
+        except DataFileError as e:
+            raise BadConfig(str(e)) from None
+    if not quiet:
+        console.print(f"{len(result.ids)} rows written to [bold]{escape(options['out'])}[/bold]")
+
+
+@contextmanager
+def _rows_progress(description: str) -> Iterator[Any]:
+    """A progress bar over input rows; yields the ``(done, total)`` callback."""
+    with Progress(
+        TextColumn(description), BarColumn(), TextColumn("{task.completed}/{task.total} rows"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+    ) as progress:  # fmt: skip
+        tasks: list[Any] = []  # added at the first batch: a refused input shows no bar
+
+        def update(done: int, total: int) -> None:
+            if not tasks:
+                tasks.append(progress.add_task(description, total=total))
+            progress.update(tasks[0], completed=done, total=total)
+
+        yield update
+
+
 if __name__ == "__main__":
     main()

@@ -173,18 +173,27 @@ class Setup:
     stream: Any = None  # data.stream.StreamChoice for file datasets: streamed or not, and why
 
 
+def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
+    """The run's training shards and test set as training sees them (``fedxrisk evaluate`` too),
+    and the streaming choice (``data.stream.StreamChoice``, None for bundled data); no stream attached."""
+    from fedxrisk.data.stream import open_training_data
+
+    source, choice = open_training_data(cfg)
+    data = make_federated(
+        source, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
+        cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
+        cfg.feature_shift,
+    )  # fmt: skip
+    return data, choice
+
+
 def build(cfg: RunConfig) -> Setup:
     """Validate and build everything; raises :class:`ConfigError` before any output exists."""
     validate(cfg)
-    from fedxrisk.data.stream import attach_stream, open_training_data
+    from fedxrisk.data.stream import attach_stream
 
     try:
-        source, choice = open_training_data(cfg)
-        data = make_federated(
-            source, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
-            cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
-            cfg.feature_shift,
-        )  # fmt: skip
+        data, choice = build_data(cfg)
         attach_stream(data, choice, cfg.device)
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)

@@ -1,0 +1,449 @@
+"""``fedxrisk evaluate``: a finished run's model on labelled data, with 95% confidence intervals.
+
+Per label (multi-label data) and per group (the run's clients, or the sites of
+a ``source`` column), this reports AUROC with DeLong's interval
+(:mod:`fedxrisk.stats.delong`), average precision and the normalized partial
+AUROC at FPR ≤ 0.3 (:func:`fedxrisk.metrics.partial_auroc`) with stratified
+bootstrap percentile intervals (:mod:`fedxrisk.stats.bootstrap`). Point
+estimates are the functions of :mod:`fedxrisk.metrics` the run itself used, so
+evaluating a run on its own data reproduces ``summary.json``'s ``final`` block
+(the ``summary`` entry of ``evaluation.json``).
+
+Data: by default the run's own test set and client shards rebuilt from its
+``config.toml`` (groups = clients, each on its own training shard, as
+``client_auroc_mean`` is defined); or ``dataset`` (+ ``data_dir``) read by a
+registered reader (its ``split``; groups = the ``source`` column of the train
+split); or a ``manifest`` CSV scored in streamed batches (every row; groups =
+its ``source`` column; a multi-label run needs its label columns, where -1
+(uncertain) leaves the row out of that label and a blank counts as 0).
+No engine is started.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
+
+PAUC_FPR = 0.3
+LEVEL = 0.95
+FILES = ("evaluation.json", "evaluation.md", "roc.png", "pr.png")
+SPLITS = ("test", "train")
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class Scored:
+    """Labels ``[N, L]`` (NaN: unknown) and logits ``[N, L]``, with optional named groups of rows."""
+
+    y: np.ndarray
+    scores: np.ndarray
+    description: str
+    group_kind: str | None = None  # "client" | "site"
+    groups: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # (name, y, scores)
+
+
+def evaluate(
+    run_dir: str | Path,
+    *,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    manifest: str | Path | None = None,
+    split: str = "test",
+    bootstrap: int = 1000,
+    seed: int = 0,
+    device: str = "cpu",
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    batch_size: int = 256,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Evaluate the final model of ``run_dir``; write evaluation.json/.md, roc.png, pr.png into ``out``.
+
+    ``out`` defaults to the run folder; existing evaluation files there are refused
+    unless ``overwrite``. File data is read lazily and decoded in ``workers`` processes
+    (default: half the cores). Raises :class:`~fedxrisk.inference.InputError` before
+    anything is written when the run, the data or an option is bad.
+    """
+    if manifest is not None and (dataset is not None or data_dir is not None):
+        raise InputError("give either --manifest or --dataset/--data-dir, not both")
+    if data_dir is not None and dataset is None:
+        raise InputError("--data-dir needs --dataset (the reader that reads it)")
+    if split not in SPLITS:
+        raise InputError(f"split must be one of {SPLITS}, got {split!r}")
+    if bootstrap < 0:
+        raise InputError(f"bootstrap must be ≥ 0 (0: no bootstrap intervals), got {bootstrap}")
+    folder = Path(out) if out is not None else Path(run_dir)
+    taken = [name for name in FILES if (folder / name).exists()]
+    if taken and not overwrite:
+        raise InputError(f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or --out")
+    trained = load_trained(run_dir, device)
+    workers = resolve_workers(workers)
+    if manifest is not None:
+        data = _manifest_data(trained, manifest, batch_size, workers, progress)
+    elif dataset is not None:
+        data = _dataset_data(trained, dataset, data_dir, split, workers)
+    else:
+        data = _run_data(trained)
+    result = _report(trained, data, bootstrap, seed)
+    _write(result, data, trained.label_names, folder)
+    return result
+
+
+# ---- data ---------------------------------------------------------------------------------------
+
+
+def _columns(a: np.ndarray) -> np.ndarray:
+    return a.reshape(len(a), -1).astype(np.float64)
+
+
+def _run_data(trained: TrainedModel) -> Scored:
+    """The run's own test set and client shards, rebuilt from its config (as training built them)."""
+    from fedxrisk.experiment import build_data
+
+    try:
+        fed, _ = build_data(trained.config)
+    except ValueError as e:
+        raise InputError(f"{trained.run_dir}: cannot rebuild the run's data ({e})") from e
+    y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(trained.model_logits(fed.data.x_train))
+    clients = [(f"client {k}", y_train[s], s_train[s]) for k, s in enumerate(fed.shards)]
+    return Scored(
+        _columns(fed.data.y_test.numpy()), _columns(trained.model_logits(fed.data.x_test)),
+        f"the run's test set ({trained.config.dataset})",
+        "client", clients,
+    )  # fmt: skip
+
+
+def _dataset_data(
+    trained: TrainedModel, dataset: str, data_dir: str | None, split: str, workers: int
+) -> Scored:
+    """A registered reader's split, read lazily (file datasets) and decoded chunk by chunk."""
+    from fedxrisk.data import DATASETS
+    from fedxrisk.data.datasets import binarize, load_dataset
+    from fedxrisk.data.lazy import is_lazy
+
+    if dataset not in DATASETS:
+        raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
+    try:
+        data = binarize(load_dataset(dataset, data_dir, lazy=True), trained.config.positive_classes)
+    except ValueError as e:
+        raise InputError(str(e)) from e
+    if data.input_shape != trained.input_shape or data.num_labels != trained.num_labels:
+        raise InputError(
+            f"{dataset}: inputs {list(data.input_shape)} with {data.num_labels} label(s); the model takes "
+            f"{list(trained.input_shape)} with {trained.num_labels}"
+        )
+    x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
+    if is_lazy(x):
+        x.attach(workers=workers)
+    y, s = _columns(y.numpy()), _columns(trained.model_logits(x))
+    sites = data.groups_train.get("source") if split == "train" else None
+    groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
+    where = f" in {data_dir}" if data_dir else ""
+    return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups)
+
+
+def _manifest_data(
+    trained: TrainedModel, manifest: str | Path, batch_size: int, workers: int, progress
+) -> Scored:
+    from fedxrisk.inputs import open_input
+
+    source = open_input(manifest, trained.input_shape, workers)
+    if source.kind != "manifest":
+        raise InputError(
+            f"{manifest}: --manifest expects a CSV (or a folder with manifest.csv) with a 'path' column"
+        )
+    y = _manifest_labels(source.path, source.rows, trained)
+    scores = []
+    for batch in source.batches(batch_size):
+        scores.append(_columns(trained.logits(batch.x)))
+        if progress:
+            progress(sum(len(s) for s in scores), source.count)
+    s = np.concatenate(scores)
+    groups = []
+    if "source" in source.rows[0]:
+        sites = np.array([r["source"] for r in source.rows])
+        groups = [(f"site {v}", y[sites == v], s[sites == v]) for v in sorted(set(sites))]
+    return Scored(y, s, f"manifest {manifest}", "site" if groups else None, groups)
+
+
+def _manifest_labels(path: Path, rows: Sequence[dict[str, str]], trained: TrainedModel) -> np.ndarray:
+    """``[N, L]`` labels of a manifest for this model: its label columns (multi-label) or one class column."""
+    header = list(rows[0])
+    if trained.num_labels > 1:
+        missing = [c for c in trained.label_names if c not in header]
+        if missing:
+            raise InputError(f"{path}: label column(s) {missing} missing (header: {header})")
+        columns = trained.label_names
+    else:
+        from fedxrisk.data.readers.images import RESERVED_COLUMNS
+
+        candidates = (
+            ["label"]
+            if "label" in header
+            else [c for c in header if c not in (*RESERVED_COLUMNS, "Path", "id")]
+        )
+        if len(candidates) != 1:
+            raise InputError(f"{path}: needs one label column ('label'), found candidates {candidates}")
+        columns = candidates
+    y = np.empty((len(rows), len(columns)))
+    for i, r in enumerate(rows):
+        for j, c in enumerate(columns):
+            text = (r[c] or "").strip()
+            try:
+                y[i, j] = float(text) if text else 0.0
+            except ValueError:
+                raise InputError(f"{path} row {i + 2}: label {c}={text!r} is not a number") from None
+    y[y == -1] = np.nan  # uncertain: left out of that label
+    if trained.num_labels == 1:
+        pos = trained.config.positive_classes
+        if pos:
+            y = np.isin(y, pos).astype(np.float64)
+        elif not np.isin(y[~np.isnan(y)], (0, 1)).all():
+            raise InputError(
+                f"{path}: labels in {columns[0]!r} must be 0/1 (or the run must set data.positive_classes)"
+            )
+    elif not np.isin(y[~np.isnan(y)], (0, 1)).all():
+        raise InputError(f"{path}: multi-label values must be 1, 0, blank or -1 (uncertain)")
+    return y
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+
+
+def label_metrics(y: np.ndarray, scores: np.ndarray, resamples: int, seed: Sequence[int]) -> dict[str, Any]:
+    """AUROC [DeLong CI], AP and pAUC(FPR ≤ 0.3) [bootstrap CIs] of one label; NaN labels left out."""
+    from fedxrisk.metrics import _rankable, auroc, average_precision, partial_auroc
+    from fedxrisk.stats import bootstrap_intervals, delong, wald_interval
+    from fedxrisk.stats.bootstrap import weighted_ap, weighted_partial_auroc
+
+    known = ~np.isnan(y)
+    y, scores = y[known], scores[known]
+    ranked = _rankable(scores)
+    both = ranked is not None and 0 < y.sum() < len(y)
+    point = auroc(y, scores)
+    variance = delong(y, ranked).variance if both else math.nan
+    boot = bootstrap_intervals(
+        y, ranked if ranked is not None else scores,
+        {"ap": weighted_ap, "pauc30": lambda y, s, c: weighted_partial_auroc(y, s, c, PAUC_FPR)},
+        resamples, seed, LEVEL,
+    )  # fmt: skip
+    return {
+        "n": int(len(y)),
+        "positives": int(y.sum()),
+        "negatives": int(len(y) - y.sum()),
+        "auroc": point,
+        "auroc_se": math.sqrt(variance) if not math.isnan(variance) else math.nan,
+        "auroc_ci": list(wald_interval(point, variance, LEVEL)),
+        "ap": average_precision(y, scores),
+        "ap_ci": list(boot["ap"]),
+        "pauc30": partial_auroc(y, scores, PAUC_FPR),
+        "pauc30_ci": list(boot["pauc30"]),
+    }
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    valid = [v for v in values if not math.isnan(v)]
+    return float(np.mean(valid)) if valid else math.nan
+
+
+def run_summary(y: np.ndarray, scores: np.ndarray, client_aurocs: Sequence[float] | None) -> dict[str, Any]:
+    """The keys of summary.json's ``final`` block, computed as :func:`fedxrisk.metrics.evaluate` does."""
+    from fedxrisk.metrics import auroc, average_precision, pauc_metrics, per_label
+
+    if y.shape[1] == 1:
+        out: dict[str, Any] = {
+            "test_auroc": auroc(y[:, 0], scores[:, 0]),
+            "test_ap": average_precision(y[:, 0], scores[:, 0]),
+            **pauc_metrics(y[:, 0], scores[:, 0]),
+        }
+    else:
+        aurocs, aps = per_label(auroc, y, scores), per_label(average_precision, y, scores)
+        out = {"test_auroc": _nanmean(aurocs), "test_ap": _nanmean(aps)}
+        out |= {"test_auroc_per_label": aurocs, "test_ap_per_label": aps}
+    if client_aurocs is not None:
+        valid = [a for a in client_aurocs if not math.isnan(a)]
+        out["client_auroc_mean"] = float(np.mean(valid)) if valid else math.nan
+        out["client_auroc_std"] = float(np.std(valid)) if valid else math.nan
+    return out
+
+
+def _report(trained: TrainedModel, data: Scored, resamples: int, seed: int) -> dict[str, Any]:
+    from fedxrisk.metrics import auroc, per_label
+
+    names = trained.label_names
+
+    def table(y: np.ndarray, s: np.ndarray, g: int) -> dict[str, Any]:
+        return {
+            name: label_metrics(y[:, j], s[:, j], resamples, [seed, g, j]) for j, name in enumerate(names)
+        }
+
+    clients = None
+    if data.group_kind == "client":
+        clients = [_nanmean(per_label(auroc, gy, gs)) for _, gy, gs in data.groups]
+    return {
+        "run": str(trained.run_dir),
+        "data": data.description,
+        "samples": int(len(data.y)),
+        "labels": names,
+        "level": LEVEL,
+        "pauc_max_fpr": PAUC_FPR,
+        "auroc_interval": "DeLong (Wald on the AUROC scale, clipped to [0, 1])",
+        "bootstrap": {"resamples": resamples, "seed": seed, "method": "stratified percentile"},
+        "overall": table(data.y, data.scores, 0),
+        "summary": run_summary(data.y, data.scores, clients),
+        "group_kind": data.group_kind,
+        "groups": {name: table(gy, gs, 1 + i) for i, (name, gy, gs) in enumerate(data.groups)},
+    }
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+
+
+def _ci(pair: Sequence[float]) -> str:
+    lo, hi = pair
+    return "" if lo is None or math.isnan(lo) else f"[{lo:.4f}, {hi:.4f}]"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """evaluation.md: the data, how intervals were computed, one table overall and one per group."""
+    boot = result["bootstrap"]
+    lines = [
+        f"# Evaluation of {result['run']}",
+        "",
+        f"Data: {result['data']}; {result['samples']} samples. {int(result['level'] * 100)}% intervals: "
+        f"AUROC by DeLong's method; AP and pAUC (FPR ≤ {result['pauc_max_fpr']}, normalized) by a stratified "
+        f"percentile bootstrap ({boot['resamples']} resamples, seed {boot['seed']}).",
+        "",
+    ]
+    header = "| {} | n+ | n− | AUROC [95% CI] | AP [95% CI] | pAUC30 [95% CI] |"
+    rule = "|---|---:|---:|---|---|---|"
+
+    def row(first: str, m: dict[str, Any]) -> str:
+        return (
+            f"| {first} | {m['positives']} | {m['negatives']} | {_num(m['auroc'])} {_ci(m['auroc_ci'])} | "
+            f"{_num(m['ap'])} {_ci(m['ap_ci'])} | {_num(m['pauc30'])} {_ci(m['pauc30_ci'])} |"
+        )
+
+    lines += [header.format("label"), rule, *(row(k, m) for k, m in result["overall"].items()), ""]
+    if result["groups"]:
+        lines += [f"## Per {result['group_kind']}", ""]
+        multi = len(result["labels"]) > 1
+        lines += [header.format(result["group_kind"] + (" / label" if multi else "")), rule]
+        for g, labels in result["groups"].items():
+            lines += [row(f"{g} / {k}" if multi else g, m) for k, m in labels.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _plot(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Path) -> None:
+    """roc.png and pr.png: one curve per label on the evaluated data."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+    from sklearn.metrics import precision_recall_curve, roc_curve
+
+    from fedxrisk.metrics import _rankable
+
+    for filename, kind in (("roc.png", "roc"), ("pr.png", "pr")):
+        fig = Figure(figsize=(5, 4.5))
+        ax = fig.add_subplot()
+        for j, name in enumerate(names):
+            known = ~np.isnan(data.y[:, j])
+            y, s = data.y[known, j], _rankable(data.scores[known, j])
+            m = result["overall"][name]
+            if s is None or not 0 < y.sum() < len(y):
+                continue
+            label = "" if len(names) == 1 else f"{name}: "
+            if kind == "roc":
+                fpr, tpr, _ = roc_curve(y, s)
+                ax.plot(fpr, tpr, label=f"{label}AUROC {_num(m['auroc'])} {_ci(m['auroc_ci'])}")
+            else:
+                precision, recall, _ = precision_recall_curve(y, s)
+                ax.plot(
+                    recall,
+                    precision,
+                    drawstyle="steps-post",
+                    label=f"{label}AP {_num(m['ap'])} {_ci(m['ap_ci'])}",
+                )
+        if kind == "roc":
+            ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+            ax.axvline(
+                PAUC_FPR, color="grey", linestyle="--", linewidth=0.8, label=f"FPR {PAUC_FPR} (pAUC30)"
+            )
+            ax.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC")
+        else:
+            ax.set(xlabel="recall", ylabel="precision", title="precision-recall")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.legend(loc="lower right" if kind == "roc" else "lower left", fontsize=7)
+        fig.tight_layout()
+        fig.savefig(folder / filename, dpi=110)
+
+
+def _write(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Path) -> None:
+    from fedxrisk.experiment import _replace_atomic, json_safe, write_json_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    result["files"] = [str(folder / f) for f in FILES]
+    _plot(result, data, names, folder)
+    text = markdown(result)
+    _replace_atomic(folder / "evaluation.md", lambda f: f.write(text))
+    write_json_atomic(folder / "evaluation.json", json_safe(_tuples_to_lists(result)))
+
+
+def _tuples_to_lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tuples_to_lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tuples_to_lists(v) for v in value]
+    return value
+
+
+def console_tables(result: dict[str, Any]) -> list[Any]:
+    """Rich tables that fit 80 columns: one row per label and metric, then one row per group."""
+    from rich import box
+    from rich.table import Table
+
+    overall = Table(title=f"{result['data']}"[:76], box=box.SIMPLE_HEAD)
+    for name, justify in (
+        ("label", "left"),
+        ("metric", "left"),
+        ("value", "right"),
+        ("95% CI", "left"),
+        ("n+/n−", "right"),
+    ):
+        overall.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for label, m in result["overall"].items():
+        counts = f"{m['positives']}/{m['negatives']}"
+        overall.add_row(label[:18], "AUROC", _num(m["auroc"]), _ci(m["auroc_ci"]) + " DeLong", counts)
+        overall.add_row("", "AP", _num(m["ap"]), _ci(m["ap_ci"]), "")
+        overall.add_row("", "pAUC30", _num(m["pauc30"]), _ci(m["pauc30_ci"]), "", end_section=True)
+    tables = [overall]
+    if result["groups"]:
+        multi = len(result["labels"]) > 1
+        kind = result["group_kind"]
+        title = f"per {kind}" + (" (on its training shard)" if kind == "client" else "")
+        per = Table(title=title + (", mean over labels" if multi else ""), box=box.SIMPLE_HEAD)
+        for name in (result["group_kind"], "n+/n−", "AUROC", "95% CI", "AP", "pAUC30"):
+            per.add_column(name, justify="left" if name in (result["group_kind"], "95% CI") else "right")
+        for g, labels in result["groups"].items():
+            ms = list(labels.values())
+            if multi:
+                per.add_row(g[:16], "", _num(_nanmean([m["auroc"] for m in ms])), "",
+                            _num(_nanmean([m["ap"] for m in ms])), _num(_nanmean([m["pauc30"] for m in ms])))  # fmt: skip
+            else:
+                m = ms[0]
+                per.add_row(g[:16], f"{m['positives']}/{m['negatives']}", _num(m["auroc"]), _ci(m["auroc_ci"]),
+                            _num(m["ap"]), _num(m["pauc30"]))  # fmt: skip
+        tables.append(per)
+    return tables

@@ -1,0 +1,142 @@
+"""A finished run's model applied to new inputs, with the preprocessing of training.
+
+Shared by :mod:`fedxrisk.evaluation` and :mod:`fedxrisk.prediction`: load the
+model from ``config.toml`` + ``model.pt`` (no engine is built), and read inputs
+in batches without decoding them all first (:mod:`fedxrisk.inputs`).
+
+Preprocessing matches the readers used in training: images are decoded with
+Pillow, converted to the model's channel count (L or RGB), resized bilinearly
+to its input size and scaled to [0, 1]; feature vectors of a run trained on
+``tabular`` or ``breast_cancer`` data are standardized with that run's training
+mean and standard deviation (recomputed from the run's data, as the readers
+do); every other input is taken as the model's input as is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedxrisk.experiment import ConfigError, RunConfig
+
+
+class InputError(ConfigError):
+    """A bad run folder or input file; the message names it. The CLI exits with status 2."""
+
+
+@dataclass
+class TrainedModel:
+    """A run's final model on ``device`` in eval mode, and what its inputs must look like."""
+
+    run_dir: Path
+    config: RunConfig
+    problem: object  # fedxrisk.problem.Problem around the loaded model
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    input_shape: tuple[int, ...]
+    label_names: list[str]
+    standardize: tuple[np.ndarray, np.ndarray] | None
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    def logits(self, x: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Logits ``[B]`` (``[B, L]`` multi-label) of raw inputs, after the run's feature standardization."""
+        x = torch.as_tensor(np.asarray(x, dtype=np.float32) if isinstance(x, np.ndarray) else x)
+        if self.standardize is not None:
+            mean, std = self.standardize
+            x = (x - torch.from_numpy(mean)) / torch.from_numpy(std)
+        return self.model_logits(x)
+
+    def model_logits(self, x: torch.Tensor) -> np.ndarray:
+        """Logits of inputs already in the model's space (a reader's output), as the run evaluated them."""
+        from fedxrisk.metrics import predict
+
+        return predict(self.problem, self.params, self.buffers, x)  # type: ignore[arg-type]
+
+
+def resolve_workers(workers: int | None) -> int:
+    """Decoding processes: ``workers``, or by default half the cores (``data.stream.default_workers``)."""
+    from fedxrisk.data.stream import default_workers
+
+    if workers is not None and workers < 0:
+        raise InputError(f"workers must be ≥ 0, got {workers}")
+    return default_workers() if workers is None else workers
+
+
+def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
+    """The model of a finished run folder, on ``device``; :class:`InputError` when it is not one."""
+    from fedxrisk.config import load_config
+    from fedxrisk.experiment import load_model
+    from fedxrisk.problem import Problem
+
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: run folder not found")
+    for name in ("config.toml", "model.pt"):
+        if not (folder / name).is_file():
+            raise InputError(
+                f"{folder}: no {name}; not a finished fedxrisk run (evaluate a run that completed)"
+            )
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"device {device!r} requested but CUDA is not available")
+    cfg = load_config(folder / "config.toml")
+    blob = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+    labels = int(blob.get("num_labels", 1))
+    problem = Problem(load_model(folder).to(device), 0.5, num_labels=labels)
+    params, buffers = problem.init_model()
+    names = _label_names(folder, labels)
+    return TrainedModel(folder, cfg, problem, params, buffers, tuple(blob["input_shape"]), names,
+                        feature_standardization(cfg))  # fmt: skip
+
+
+def _label_names(folder: Path, labels: int) -> list[str]:
+    """Label names from summary.json (multi-label runs), else ``label0…``; one label: ``["score"]``."""
+    if labels == 1:
+        return ["score"]
+    names = None
+    if (folder / "summary.json").is_file():
+        names = json.loads((folder / "summary.json").read_text()).get("label_names")
+    return list(names) if names and len(names) == labels else [f"label{j}" for j in range(labels)]
+
+
+def feature_standardization(cfg: RunConfig) -> tuple[np.ndarray, np.ndarray] | None:
+    """(mean, std) the run's reader applied to its features, or None when it applied none.
+
+    ``tabular`` and ``breast_cancer`` standardize with the mean and std (+1e-8) of
+    their raw training split (data/readers/arrays.py, data/datasets.py).
+    """
+    if cfg.dataset == "breast_cancer":
+        from sklearn.datasets import load_breast_cancer
+
+        from fedxrisk.data.datasets import _split
+
+        d = load_breast_cancer()
+        raw = _split("breast_cancer", d.data.astype(np.float32), d.target.astype(np.int64), 2).x_train
+    elif cfg.dataset == "tabular":
+        raw = _raw_tabular_train(cfg.data_dir)
+    else:
+        return None
+    return raw.mean(0), (raw.std(0) + 1e-8).astype(np.float32)
+
+
+def _raw_tabular_train(data_dir: str | None) -> np.ndarray:
+    """The unstandardized training features the ``tabular`` reader saw."""
+    from fedxrisk.data.readers.arrays import TABULAR_LAYOUT, _read_table
+    from fedxrisk.data.readers.base import MissingDataError, require_dir, split_labeled
+
+    root = require_dir(data_dir, "tabular", TABULAR_LAYOUT)
+    if (root / "train.csv").is_file() and (root / "test.csv").is_file():
+        return _read_table(root / "train.csv")[0]
+    if (root / "data.csv").is_file():
+        x, y, _, _ = _read_table(root / "data.csv")
+        return split_labeled("tabular", x, y, int(y.max()) + 1).x_train
+    raise MissingDataError(
+        f"the run was trained on tabular data in {root}, which is needed to standardize inputs as in "
+        "training but has no train.csv + test.csv or data.csv"
+    )

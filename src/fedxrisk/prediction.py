@@ -1,0 +1,117 @@
+"""``fedxrisk predict``: a finished run's scores for new inputs, streamed in batches into a CSV.
+
+One output row per input row: its identifier column(s) (see :mod:`fedxrisk.inputs`)
+then one score column per label. ``scores="prob"`` (default) writes the sigmoid
+of the model's logit, ``"logit"`` the logit itself, ``"both"`` both; a label's
+columns are named ``prob`` / ``logit`` for a single-label model and
+``prob_<label>`` / ``logit_<label>`` otherwise. Values have 9 significant
+digits, so a logit reads back as exactly the float32 the model returned.
+Models trained with AUC losses rank well but are not calibrated: a probability
+here orders inputs, it is not a risk estimate.
+
+The CSV is written to a temporary file and renamed at the end: an error (a
+corrupt image met on the way) leaves nothing behind. An existing ``out`` is
+refused unless ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedxrisk.inference import InputError, load_trained, resolve_workers
+from fedxrisk.inputs import open_input
+
+SCORE_KINDS = ("prob", "logit", "both")
+Progress = Callable[[int, int], None]  # (rows done, rows in total)
+
+
+@dataclass
+class Predictions:
+    """Identifiers and logits ``[N, L]`` of every input row, in input order."""
+
+    id_columns: tuple[str, ...]
+    ids: list[tuple[Any, ...]]
+    logits: np.ndarray
+    label_names: list[str]
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-self.logits.astype(np.float64)))
+
+    def columns(self, scores: str = "prob") -> list[str]:
+        kinds = ("prob", "logit") if scores == "both" else (scores,)
+        if self.label_names == ["score"]:
+            return list(kinds)
+        return [f"{k}_{name}" for k in kinds for name in self.label_names]
+
+
+def check_out(out: str | Path | None, overwrite: bool) -> None:
+    """Refuse to replace an existing file unless ``overwrite``."""
+    if out is not None and Path(out).exists() and not overwrite:
+        raise InputError(f"{out}: already exists; choose another --out or pass --overwrite to replace it")
+
+
+def predict(
+    run_dir: str | Path,
+    input: str | Path,
+    out: str | Path | None = None,
+    *,
+    scores: str = "prob",
+    batch_size: int = 256,
+    device: str = "cpu",
+    workers: int | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Predictions:
+    """Score ``input`` with the final model of ``run_dir``; write ``out`` (CSV) when given.
+
+    ``workers``: processes decoding images ahead (default: half the cores; 0: none).
+    Raises :class:`~fedxrisk.inference.InputError` (a ``ConfigError``) for a bad run
+    folder, input or ``out`` before anything is written.
+    """
+    if scores not in SCORE_KINDS:
+        raise InputError(f"scores must be one of {SCORE_KINDS}, got {scores!r}")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be ≥ 1, got {batch_size}")
+    check_out(out, overwrite)
+    trained = load_trained(run_dir, device)
+    source = open_input(input, trained.input_shape, resolve_workers(workers))
+    ids: list[tuple[Any, ...]] = []
+    logits: list[np.ndarray] = []
+    for batch in source.batches(batch_size):
+        ids += batch.ids
+        logits.append(trained.logits(batch.x).reshape(len(batch.ids), -1))
+        if progress:
+            progress(len(ids), source.count)
+    width = trained.num_labels
+    result = Predictions(
+        source.id_columns, ids, np.concatenate(logits) if logits else np.zeros((0, width), np.float32),
+        trained.label_names,
+    )  # fmt: skip
+    if out is not None:
+        write_csv(result, Path(out), scores)
+    return result
+
+
+def write_csv(pred: Predictions, out: Path, scores: str = "prob") -> None:
+    """The predictions as CSV, through a temporary file and a rename."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    blocks = {"prob": pred.probabilities, "logit": pred.logits}
+    values = np.hstack([blocks[k] for k in (("prob", "logit") if scores == "both" else (scores,))])
+    try:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow([*pred.id_columns, *pred.columns(scores)])
+            for ident, row in zip(pred.ids, values):
+                writer.writerow([*ident, *(format(float(v), ".9g") for v in row)])
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
