@@ -191,3 +191,24 @@ def test_bad_stream_settings_are_named(folder, setting, message):
     with pytest.raises(ConfigError) as e:
         build(_cfg(folder, **setting))
     assert str(e.value) == message
+
+
+def test_cli_streams_from_set_options_and_a_corrupt_file_exits_1_naming_it(tmp_path):
+    from click.testing import CliRunner
+
+    from fedxrisk.cli import main
+
+    data = tmp_path / "images"
+    write_image_folder(data, per_class=12, size=8)
+    _corrupt(data / "a" / "004.png")
+    out = tmp_path / "run"
+    args = ["run", "--dataset", "folder", "--data-dir", str(data), "-K", "2", "--imratio", "none",
+            "--partition", "iid", "--rounds", "2", "--stages", "1", "-I", "2", "--batch-size", "4",
+            "--set", "data.stream=true", "--set", "data.workers=0", "--out", str(out), "-q"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert f"corrupt or unreadable data file {data / 'a' / '004.png'}" in text
+    assert f"continue with `fedxrisk run --resume {out}`" in text
+    assert (out / "config.toml").exists() and not (out / "summary.json").exists()
+    assert "stream = true" in (out / "config.toml").read_text()

@@ -270,7 +270,10 @@ class Stream:
             it._shutdown_workers()  # noqa: SLF001 - DataLoader offers no public shutdown
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer (e.g. at interpreter exit)
+            pass
 
     def global_index(self, local: np.ndarray) -> np.ndarray:
         """Local positions ``[K, n]`` → sample indices into ``samples``."""
