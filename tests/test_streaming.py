@@ -67,6 +67,8 @@ def test_streamed_image_folder_run_equals_in_memory_run(folder, engine):
     assert isinstance(st_setup.data.data.x_train, LazySamples)  # really streamed
     assert not isinstance(mem_setup.data.data.x_train, LazySamples)
     assert st_setup.data.stream.misses == 0  # every batch came from the prefetching loader
+    # the augmenter was set after build: from the first batch on, the worker crops and flips
+    assert st_setup.data.stream.augmented_by_workers >= st.plans[0].window * len(st.plans) - 5
     assert max_abs_diff(mem.states, st.states) < 1e-5
 
 
