@@ -157,8 +157,11 @@ def render(results: dict) -> None:
     speed = ["| model | data | samples/s (median) | × in memory |", "|---|---|---:|---:|"]
     for r in results["speed"]:
         speed.append(f"| {r['model']} | {r['mode']} | {r['samples_per_s']:.0f} | {r['ratio']:.2f} |")
-    note = f"\n\n{results['machine']}; median of {results['repeats']} runs, {results['date']}.\n"
-    (RESULTS / "streaming_memory.md").write_text("\n".join(mem) + note)
+    machine, date = results["machine"], results["date"]
+    (RESULTS / "streaming_memory.md").write_text(
+        "\n".join(mem) + f"\n\n{machine}; one run per row, {date}.\n"
+    )
+    note = f"\n\n{machine}; median of {results['repeats']} interleaved runs, {date}.\n"
     (RESULTS / "streaming_throughput.md").write_text("\n".join(speed) + note)
     _figure(results)
 
