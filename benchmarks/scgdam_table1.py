@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Schedule
 from fedxrisk.data import make_federated
-from fedxrisk.data.federated import FederatedData
+from fedxrisk.data.validation import hold_out
 from fedxrisk.engines import NonFiniteLoss, Simulation
 from fedxrisk.metrics import evaluate
 from fedxrisk.models import build_model
@@ -56,25 +55,11 @@ def grid(method: str) -> list[tuple[float, dict]]:
     return out
 
 
-def with_validation(data: FederatedData, seed: int, fraction: float = 0.2) -> FederatedData:
-    """Hold out ``fraction`` of every client's shard as the 'test' set (for tuning only)."""
-    rng = np.random.default_rng([seed, 99])
-    shards, held = [], []
-    for shard in data.shards:
-        perm = rng.permutation(shard)
-        cut = int(len(shard) * fraction)
-        held.append(perm[:cut])
-        shards.append(np.sort(perm[cut:]))
-    val = torch.from_numpy(np.concatenate(held))
-    binary = replace(data.data, x_test=data.data.x_train[val], y_test=data.data.y_train[val])
-    return FederatedData(binary, shards)
-
-
 def run(method, dataset, imratio, p, seed, lr, options, steps, validation=False) -> float:
     # allow_missing_class: at imratio 0.01 a client may hold no positive (only its loss terms count)
     data = make_federated(dataset, 4, "iid", imratio, seed, allow_missing_class=True)
     if validation:
-        data = with_validation(data, seed)
+        data = hold_out(data, seed)
     net = build_model("mlp", data.data.input_shape, seed)
     problem = Problem(net, data.data.pos_ratio)
     alg = ALGORITHMS[method](problem, **options)

@@ -36,12 +36,15 @@ SCENARIOS = [
     ("codasca", 4, 2, 2, 1, "cnn", "local"),
 ]
 ROUNDS = 4
+# FeDXL2's server-side score pools (comm.pool) over an uneven layout (3 clients on 2 ranks)
+FEDXL_SPEC = ("fedxl2", 3, "auto", 2, 1, "mlp", "average")
+FEDXL_OPTIONS = {"positives_per_batch": 4, "passive_samples": 4}
 
 
-def build(alg, clients, per_rank, steps, stages, model, policy, rounds=ROUNDS, seed=0):
+def build(alg, clients, per_rank, steps, stages, model, policy, rounds=ROUNDS, seed=0, options=None):
     data = make_federated("digits", clients, "class", 0.3, seed)
     net = build_model(model, data.data.input_shape, seed)
-    algorithm = ALGORITHMS[alg](Problem(net, data.data.pos_ratio, policy, "global"))
+    algorithm = ALGORITHMS[alg](Problem(net, data.data.pos_ratio, policy, "global"), **(options or {}))
     schedule = Schedule.build(rounds, steps, 0.1, stages)
     return DistributedSimulation(algorithm, data, schedule, 8, seed, clients_per_rank=per_rank, timeout=60)
 
@@ -132,6 +135,11 @@ def main(out: Path) -> None:
     while not resumed.done:
         resumed.run_round()
     results["resumed"] = {"spec": spec, "states": resumed.state_dict()["states"]}
+
+    fedxl = build(*FEDXL_SPEC, rounds=3, options=FEDXL_OPTIONS)
+    while not fedxl.done:
+        fedxl.run_round()
+    results["fedxl"] = {"states": fedxl.state_dict()["states"], "ledger": fedxl.ledger.summary()}
 
     # gather with an uneven layout (3 clients on 2 ranks: 2 + 1), mixed dtypes
     group = DistGroup.current()

@@ -101,6 +101,21 @@ def test_each_rank_streams_its_own_shards_like_the_loop_engine(worker_results, t
     assert max_abs_diff(loop.states, results["streamed"]["states"]) < 1e-5
 
 
+def test_fedxl_score_pools_equal_the_loop_engine_on_an_uneven_layout(worker_results):
+    """comm.pool across ranks: the same merged, shuffled pools (and bytes) as the simulation."""
+    from dist_worker import FEDXL_OPTIONS, FEDXL_SPEC
+
+    _, results, _ = worker_results
+    alg, clients, _, steps, stages, model, policy = FEDXL_SPEC
+    loop = run_all(
+        make_sim(alg, "loop", clients=clients, rounds=3, local_steps=steps, stages=stages, model=model,
+                 partition="class", buffer_policy=policy, options=FEDXL_OPTIONS)
+    )  # fmt: skip
+    assert max_abs_diff(loop.states, results["fedxl"]["states"]) < 1e-5
+    assert results["fedxl"]["ledger"] == loop.ledger.summary()
+    assert results["fedxl"]["ledger"]["collective_calls"]["pool"] == 4  # the seed and 3 rounds
+
+
 def test_torchrun_cli_run_equals_loop_run_and_only_rank0_reports(worker_results, tmp_path):
     out, _, stdout = worker_results
     summary = json.loads((out / "cli_run" / "summary.json").read_text())

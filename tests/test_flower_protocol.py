@@ -100,7 +100,7 @@ def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
     assert [s["samples"] for s in summary["sites"]] == [405, 495]
     for k, node in enumerate(sorted(transport.saved)):
         state = unflatten(transport.saved[node].arrays["state"])
-        assert state["u"].shape == (1, 495)
+        assert state["log_u"].shape == (1, 495)
         assert max_abs_diff(state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < 1e-6
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
     assert summary["communication"] == sim.ledger.summary()
@@ -243,6 +243,42 @@ def test_site_without_positives_is_reported_and_can_be_allowed(tmp_path):
     rc = {**rc, "allow-missing-class": True, "out-dir": str(tmp_path / "out2")}
     summary, _ = run_local(rc, nodes)
     assert summary["status"] == "completed" and summary["sites"][1]["positives"] == 0
+
+
+class RecordingTransport(LocalTransport):
+    """LocalTransport that keeps every (request, reply) pair of the run."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.log: list[tuple] = []
+
+    def send(self, requests, op):
+        replies = super().send(requests, op)
+        self.log += [(requests[n], replies.get(n)) for n in requests]
+        return replies
+
+
+def test_pool_masks_stay_on_the_server_and_a_missing_class_is_not_revealed(tmp_path):
+    """FeDXL1 with one site holding no positive: its masks go up, only valid scores come down."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    good = _site(tmp_path / "good", x, (x[:, 0] > 0).astype(np.float32))
+    bad = _site(tmp_path / "bad", x, np.zeros(40, np.float32))
+    rc = run_config("fedxl1", tmp_path / "out", stages=1, rounds=2, **{"test-data": "", "model": "linear"})
+    rc["allow-missing-class"] = True
+    _, transport = run_local(rc, {1: {"data-dir": good}, 2: {"data-dir": bad}}, RecordingTransport)
+    sent_up = [
+        r.arrays["payload"] for _, r in transport.log if r is not None and r.config.get("kind") == "pool"
+    ]
+    down = [q.arrays["answer"] for q, _ in transport.log if q.config.get("kind") == "pool"]
+    assert len(sent_up) == 2 * 3 and len(down) == 2 * 3  # 2 sites × (the seed + 2 rounds)
+    assert any(int(p["valid/pos_pool"].sum()) == 0 for p in sent_up)  # the bad site's mask: up only
+    for answer in down:
+        assert set(answer) == {"pos_pool/scores", "neg_pool/scores"}  # no mask, no per-site layout
+        assert not bool((answer["pos_pool/scores"] == -1.0).any())
+        assert (
+            len(answer["pos_pool/scores"]) == 2 * 4 or len(answer["pos_pool/scores"]) == 4
+        )  # good site only
 
 
 @pytest.mark.parametrize(

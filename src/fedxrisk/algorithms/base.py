@@ -83,6 +83,12 @@ class Collective(Protocol):
     def gather(self, tree: Tree) -> Tree:
         """Each leaf ``[*shape]`` becomes ``[num_clients, *shape]`` on every client."""
 
+    def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
+        """Merge per-sample records on the server (:mod:`fedxrisk.engines.pooling`): each group's
+        leaves ``[n, ...]`` with a 0/1 mask ``valid[group]`` ``[n]`` (seen by the server only)
+        become the valid entries of all clients, shuffled by ``(run seed, key, group)``:
+        ``[N, ...]`` on every client."""
+
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         """Run a per-client function (no communication) over stacked trees."""
 

@@ -28,6 +28,7 @@ from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.sampler import make_samplers
 from fedxrisk.engines.ledger import ByteLedger
+from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.tree import Tree, index, is_finite, leaves, stack, tmap
 
 
@@ -225,10 +226,11 @@ ENGINES: dict[str, type[Engine]] = {
 class SimCollective:
     """``mean`` and ``gather`` over the leading client axis, with byte accounting."""
 
-    def __init__(self, num_clients: int, engine: Engine, ledger: ByteLedger):
+    def __init__(self, num_clients: int, engine: Engine, ledger: ByteLedger, seed: int = 0):
         self.num_clients = num_clients
         self.engine = engine
         self.ledger = ledger
+        self.seed = seed
 
     def mean(self, tree: Tree) -> Tree:
         self.ledger.record("mean", tree, self.num_clients)
@@ -237,6 +239,12 @@ class SimCollective:
     def gather(self, tree: Tree) -> Tree:
         self.ledger.record("gather", tree, self.num_clients)
         return tmap(lambda x: x.unsqueeze(0).expand(x.shape[0], *x.shape).clone(), tree)
+
+    def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
+        merged = merge_pool(groups, valid, self.seed, key)
+        self.ledger.record_pool(groups, valid, merged)
+        k = self.num_clients
+        return tmap(lambda x: x.unsqueeze(0).expand(k, *x.shape).clone(), merged)
 
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         return self.engine.map_clients(fn, *trees)
@@ -267,7 +275,7 @@ class Simulation:
         self.algorithm, self.data, self.schedule = algorithm, data, schedule
         self.engine = ENGINES[engine](**(engine_options or {}))
         self.device = torch.device(device)
-        self.batch_size = batch_size
+        self.batch_size, self.seed = batch_size, seed
         self.ledger = ByteLedger()
         self.clients = list(range(data.num_clients)) if clients is None else list(clients)
         self.local_data = data if clients is None else data.subset(clients)
@@ -338,7 +346,7 @@ class Simulation:
 
     def _collective(self) -> SimCollective:
         """The round's collective (the distributed engine replaces it)."""
-        return SimCollective(self.num_clients, self.engine, self.ledger)
+        return SimCollective(self.num_clients, self.engine, self.ledger, self.seed)
 
     def _finite(self, comm: Any) -> bool:
         """Whether every client's last loss and model are finite after the round."""

@@ -55,9 +55,9 @@ from fedxrisk.tree import Tree, index, is_finite, stack, tmap
 class CollectiveRequest(Exception):
     """Raised inside ``communicate`` at a collective call whose answer the site lacks."""
 
-    def __init__(self, kind: str, payload: Tree, call: int):
+    def __init__(self, kind: str, payload: Tree, call: int, key: int = 0):
         super().__init__(f"collective {kind} #{call} needs the server")
-        self.kind, self.payload, self.call = kind, payload, call
+        self.kind, self.payload, self.call, self.key = kind, payload, call, key
 
 
 class SiteError(RuntimeError):
@@ -77,17 +77,19 @@ class ReplayCollective:
         self.answers = answers
         self.calls = 0
 
-    def _call(self, kind: str, tree: Tree) -> Tree:
+    def _call(self, kind: str, tree: Tree, key: int = 0, answer_shape: Tree | None = None) -> Tree:
         call, self.calls = self.calls, self.calls + 1
         if call >= len(self.answers):
-            raise CollectiveRequest(kind, tree, call)
+            raise CollectiveRequest(kind, tree, call, key)
         answer_kind, answer = self.answers[call]
         if answer_kind != kind:
             raise SiteError(
                 f"collective #{call}: the server answered a {answer_kind}, communicate asked a {kind}"
             )
         try:
-            return tmap(lambda _, a: a.unsqueeze(0).clone(), tree, answer)
+            return tmap(
+                lambda _, a: a.unsqueeze(0).clone(), tree if answer_shape is None else answer_shape, answer
+            )
         except (KeyError, TypeError) as e:
             raise SiteError(f"collective #{call}: the server's answer lacks tensor {e}") from e
 
@@ -96,6 +98,10 @@ class ReplayCollective:
 
     def gather(self, tree: Tree) -> Tree:
         return self._call("gather", tree)
+
+    def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
+        """The records and masks go up; the server's merged, shuffled pool comes down (no mask)."""
+        return self._call("pool", {"groups": groups, "valid": valid}, key, answer_shape=groups)
 
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         return LoopEngine().map_clients(fn, *trees)
@@ -317,7 +323,9 @@ class SiteRunner:
                 wanted = self._resume()
                 if wanted is not None:
                     payload = tmap(lambda x: x[0], wanted.payload)
-                    reply.config.update(pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind)
+                    reply.config.update(
+                        pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind, key=wanted.key
+                    )
                     reply.arrays["payload"] = flatten(payload)
                     return reply
                 if p.phase == COMMUNICATE:
