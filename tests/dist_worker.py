@@ -20,8 +20,11 @@ from fedxrisk.engines import DistCollective, DistributedSimulation, SimCollectiv
 from fedxrisk.engines.distributed import DistGroup, client_layout
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.simulation import LoopEngine
+from fedxrisk.experiment import RunConfig
+from fedxrisk.experiment import build as experiment_build
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
+from helpers import write_image_folder
 
 # (algorithm, clients, clients_per_rank, local steps, stages, model, buffer policy): with 2 ranks
 SCENARIOS = [
@@ -74,6 +77,26 @@ class Counter:
             setattr(dist, n, fn)
 
 
+def streamed_config(folder: Path, engine: str, stream: bool) -> RunConfig:
+    """The streamed scenario (tests/test_distributed.py runs the loop reference in memory)."""
+    return RunConfig(
+        algorithm="codasca", dataset="folder", data_dir=str(folder), clients=4, imratio=None, partition="iid",
+        rounds=3, stages=1, local_steps=2, batch_size=6, engine=engine, clients_per_rank=2, stream=stream,
+        workers=1, dist_timeout=60, tensorboard=False,
+    )  # fmt: skip
+
+
+def streamed_run(out: Path) -> dict:
+    """Each rank streams its own two clients' shards from an image folder (its own copy)."""
+    folder = out / f"images-{dist.get_rank()}"
+    write_image_folder(folder, per_class=16, size=8)
+    sim = experiment_build(streamed_config(folder, "distributed", True)).simulation
+    while not sim.done:
+        sim.run_round()
+    stream = sim.local_data.stream
+    return {"states": sim.state_dict()["states"], "shards": len(stream.shards), "misses": stream.misses}
+
+
 CLI_ARGS = ["--engine", "distributed", "-K", "4", "--clients-per-rank", "2", "--rounds", "4", "--stages", "2"]
 CLI_ARGS += ["-I", "2", "--eval-every", "2", "--algorithm", "codasca", "--dist-timeout", "60", "-q"]
 
@@ -99,6 +122,8 @@ def main(out: Path) -> None:
                 "global_model": sim.global_model(),
             }
         )
+
+    results["streamed"] = streamed_run(out)
 
     # checkpoint: stop after 2 rounds, resume in a fresh simulation
     spec = ("codasca", 3, "auto", 3, 2, "mlp", "average")

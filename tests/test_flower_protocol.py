@@ -186,6 +186,29 @@ def test_folder_sites_reproduce_the_trial(tmp_path):
     assert folder_summary["communication"] == trial_summary["communication"]
 
 
+def test_streaming_sites_read_their_own_files_lazily_and_reproduce_the_trial(tmp_path, monkeypatch):
+    """Sites with node config stream = true decode train.npz per batch (memory-mapped): same run."""
+    from fedxrisk.data.stream import Stream
+
+    fetched = []
+    fetch = Stream.fetch
+    monkeypatch.setattr(
+        Stream, "fetch", lambda self, index: fetched.append(index.shape) or fetch(self, index)
+    )
+    cfg = FlowerConfig.from_run_config({**SPLIT})
+    folders = export_trial(cfg, "digits", K, tmp_path / "sites")
+    nodes = {
+        2000 + i: {"data-dir": str(f), "partition-id": i, "stream": True, "workers": 1}
+        for i, f in enumerate(folders)
+    }
+    rc = run_config("codasca", tmp_path / "a", **{"test-data": str(tmp_path / "sites" / "test.npz")})
+    streamed, _ = run_local(rc, nodes)
+    trial, _ = run_local(run_config("codasca", tmp_path / "b"), trial_nodes())
+    assert len(fetched) == K * rc["rounds"] * rc["local-steps"] and fetched[0] == (1, rc["batch-size"])
+    assert streamed["final"] == trial["final"]
+    assert streamed["communication"] == trial["communication"]
+
+
 def _site(folder, x, y, with_val=False):
     folder.mkdir(parents=True)
     np.savez(folder / "train.npz", x=x, y=y)

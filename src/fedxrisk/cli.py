@@ -242,6 +242,8 @@ def run(
             cfg = config_from_sections(_resolve(config_file, given, options, overrides))
             folder = Path(out) if out else default_out_dir(cfg)
             job = lambda callback: run_experiment(cfg, folder, callback)
+        from fedxrisk.data.stream import BadFileError
+
         secondary = launched_rank() != 0  # under torchrun only rank 0 reports
         try:
             if quiet or secondary:
@@ -251,6 +253,11 @@ def run(
                     result = job(_Bar(progress, "training"))
         except NonFiniteLoss as e:
             console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
+            sys.exit(1)
+        except BadFileError as e:  # a corrupt file met while training: the checkpoint is kept
+            console.print(
+                f"[red]error:[/red] {escape(str(e).replace('RUN_DIR', str(folder)))}", soft_wrap=True
+            )
             sys.exit(1)
         except DistributedError as e:
             console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)

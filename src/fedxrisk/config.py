@@ -5,7 +5,8 @@ A config file has five sections; every key is optional (missing keys keep
 
     [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard
     [data]        dataset, imratio, partition, clients, dirichlet_alpha,
-                  positive_classes, batch_size, allow_missing_class
+                  positive_classes, batch_size, allow_missing_class,
+                  stream, workers, memory_budget, on_bad_file (data/stream.py)
     [model]       model, buffer_policy, init_from, reset_head
     [algorithm]   algorithm, lr, local_steps, stages, lr_decay, window_growth,
                   pos_ratio_mode, and the algorithm's own hyperparameters

@@ -64,9 +64,13 @@ class FederatedData:
         """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index."""
         local = torch.from_numpy(positions)
         index = self._table[self._rows, local]
-        x = self.stream.fetch(index.numpy()) if self.stream is not None else self.data.x_train[index]
+        if self.stream is not None:  # decoded (and augmented) by DataLoader workers
+            x = self.stream.fetch(index.numpy(), self.augment)
+        else:
+            x = self.data.x_train[index]
+            x = self.augment(x) if self.augment is not None else x
         return {
-            "x": (self.augment(x) if self.augment is not None else x).to(device),
+            "x": x.to(device),
             "y": self.data.y_train[index].to(device),
             "index": index.to(device),
             "local_index": local.to(device),

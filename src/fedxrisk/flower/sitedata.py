@@ -122,14 +122,34 @@ def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def load_folder(folder: str | Path, order: int | None = None) -> SiteData:
+def _read_lazily(path: Path, workers: int) -> tuple[Any, torch.Tensor]:
+    """A ``train.npz`` whose inputs stay on disk (memory-mapped, decoded per batch)."""
+    from fedxrisk.data.lazy import ArraySource, LazySamples, npz_member
+
+    with np.load(path) as f:
+        if "x" not in f or "y" not in f:
+            raise SiteDataError(f"{path}: missing array(s) x or y; expected arrays 'x' and 'y'")
+        y = f["y"].astype(np.float32)
+    x = LazySamples(ArraySource(npz_member(path, "x"), f"{path}:x"))
+    if len(x) != len(y) or not set(np.unique(y).tolist()) <= {0.0, 1.0}:
+        raise SiteDataError(f"{path}: {len(x)} inputs, {len(y)} labels; labels must be binary 0/1")
+    return x.attach(y, workers=workers, on_bad_file="error"), torch.from_numpy(y)
+
+
+def load_folder(
+    folder: str | Path, order: int | None = None, stream: bool = False, workers: int = 0
+) -> SiteData:
+    """``stream``: read ``train.npz``'s inputs lazily (``workers`` decoding processes)."""
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise SiteDataError(f"data-dir {str(path)!r} does not exist or is not a folder on this site")
     train = _find(path, "train")
     if train is None:
         raise SiteDataError(f"data-dir {str(path)!r} holds neither train.npz nor train.csv")
-    x, y = _tensors(*read_table(train))
+    if stream and train.suffix == ".npz":
+        x, y = _read_lazily(train, workers)
+    else:
+        x, y = _tensors(*read_table(train))
     if len(y) == 0:
         raise SiteDataError(f"{train}: no training samples")
     val = _find(path, "val")
@@ -168,7 +188,13 @@ def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
     if order is not None and not isinstance(order, int):
         raise SiteDataError(f"partition-id must be an integer, got {order!r}")
     if "data-dir" in node_config:
-        site = load_folder(str(node_config["data-dir"]), order)
+        stream = node_config.get("stream", False)
+        workers = node_config.get("workers", 0)
+        if not isinstance(stream, bool) or not isinstance(workers, int) or workers < 0:
+            raise SiteDataError(
+                f"node config stream must be true/false and workers an integer ≥ 0, got {stream!r}, {workers!r}"
+            )
+        site = load_folder(str(node_config["data-dir"]), order, stream, workers)
     elif "dataset" in node_config:
         if order is None or "num-partitions" not in node_config:
             raise SiteDataError("a trial site needs node config dataset, partition-id and num-partitions")
