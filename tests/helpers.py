@@ -73,3 +73,21 @@ def idx_bytes(array: np.ndarray) -> bytes:
     """``array`` (uint8) encoded as an IDX file: magic 0x0008, its rank, big-endian sizes."""
     header = bytes([0, 0, 0x08, array.ndim]) + np.array(array.shape, dtype=">i4").tobytes()
     return header + array.astype(np.uint8).tobytes()
+
+
+def write_image_folder(root: Any, per_class: int = 12, size: int = 8, seed: int = 0) -> list[Any]:
+    """Two class folders ``a`` and ``b`` of random RGB PNGs (class ``b`` brighter); the paths."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    paths = []
+    for c, name in enumerate(("a", "b")):
+        (Path(root) / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 160, (size, size, 3)) + 90 * c
+            path = Path(root) / name / f"{i:03d}.png"
+            Image.fromarray(pixels.astype(np.uint8)).save(path)
+            paths.append(path)
+    return paths

@@ -90,6 +90,25 @@ def test_protocol_matches_loop_engine(algorithm, tmp_path):
     assert transport.messages == K * (calls + 2)
 
 
+def test_protocol_matches_loop_engine_with_the_code_form_options(tmp_path):
+    """Issue 13.3: CODASCA form = "code" (own prox reference per site, variates kept at the
+    stage end, sequential α step) replays exactly through the Flower protocol."""
+    rc = run_config("codasca", tmp_path, options=json.dumps({"form": "code"}))
+    summary, transport = run_local(rc, trial_nodes())
+    sim, params, _ = reference("codasca", rc)
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    for k, node in enumerate(sorted(transport.saved)):
+        site_state = unflatten(transport.saved[node].arrays["state"])
+        assert max_abs_diff(site_state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < 1e-6
+    assert summary["communication"] == sim.ledger.summary()
+
+
+def test_coordinator_refuses_coda_with_one_stage(tmp_path):
+    """Issue 13.2 through Flower: the coordinator runs the engines' schedule check."""
+    with pytest.raises(FederationError, match="coda: coda needs stages ≥ 2"):
+        run_local(run_config("coda", tmp_path, stages=1), trial_nodes())
+
+
 def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
     """FeDXL2's per-sample u is sized by the largest shard over all sites (405 and 495 samples here):
     the server derives it from the set-up counts; class-aware batches, the begin gather, pools
@@ -167,6 +186,29 @@ def test_folder_sites_reproduce_the_trial(tmp_path):
     assert folder_summary["communication"] == trial_summary["communication"]
 
 
+def test_streaming_sites_read_their_own_files_lazily_and_reproduce_the_trial(tmp_path, monkeypatch):
+    """Sites with node config stream = true decode train.npz per batch (memory-mapped): same run."""
+    from fedxrisk.data.stream import Stream
+
+    fetched = []
+    fetch = Stream.fetch
+    monkeypatch.setattr(
+        Stream, "fetch", lambda self, index: fetched.append(index.shape) or fetch(self, index)
+    )
+    cfg = FlowerConfig.from_run_config({**SPLIT})
+    folders = export_trial(cfg, "digits", K, tmp_path / "sites")
+    nodes = {
+        2000 + i: {"data-dir": str(f), "partition-id": i, "stream": True, "workers": 1}
+        for i, f in enumerate(folders)
+    }
+    rc = run_config("codasca", tmp_path / "a", **{"test-data": str(tmp_path / "sites" / "test.npz")})
+    streamed, _ = run_local(rc, nodes)
+    trial, _ = run_local(run_config("codasca", tmp_path / "b"), trial_nodes())
+    assert len(fetched) == K * rc["rounds"] * rc["local-steps"] and fetched[0] == (1, rc["batch-size"])
+    assert streamed["final"] == trial["final"]
+    assert streamed["communication"] == trial["communication"]
+
+
 def _site(folder, x, y, with_val=False):
     folder.mkdir(parents=True)
     np.savez(folder / "train.npz", x=x, y=y)
@@ -220,6 +262,27 @@ def test_site_without_positives_is_reported_and_can_be_allowed(tmp_path):
     rc = {**rc, "allow-missing-class": True, "out-dir": str(tmp_path / "out2")}
     summary, _ = run_local(rc, nodes)
     assert summary["status"] == "completed" and summary["sites"][1]["positives"] == 0
+
+
+def test_a_site_with_nan_features_is_refused_at_set_up_and_alone_named(tmp_path):
+    """Before: set-up passed and round 1 blamed both sites ("non-finite loss or model")."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.float32)
+    bad_x = x.copy()
+    bad_x[[4, 9], 1] = np.nan
+    nodes = {
+        1: {"data-dir": _site(tmp_path / "good", x, y)},
+        2: {"data-dir": _site(tmp_path / "bad", bad_x, y)},
+    }
+    rc = run_config("codasca", tmp_path / "out", stages=1, rounds=1, **{"test-data": "", "model": "linear"})
+    with pytest.raises(FederationError) as failure:
+        run_local(rc, nodes)
+    bad = tmp_path / "bad" / "train.npz"
+    assert str(failure.value) == (
+        f"set-up: node 2 failed: SiteDataError: {bad}: 2 non-finite value(s) (NaN/inf) in rows 4, 9 (0-based); "
+        "fix or drop those rows"
+    )
 
 
 class RecordingTransport(LocalTransport):

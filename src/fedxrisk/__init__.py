@@ -7,7 +7,15 @@ The public names below are imported on first use (PEP 562), so that
 from __future__ import annotations
 
 import importlib
+import os as _os
+import sys as _sys
 from typing import Any
+
+if "torch" not in _sys.modules and "RANK" in _os.environ and "WORLD_SIZE" in _os.environ:
+    # A rank launched by torchrun: when a peer dies, torch's C++ store client prints a warning
+    # with a 20-line C++ stack for every failed heartbeat before our one-line diagnosis. Only
+    # errors are kept; TORCH_CPP_LOG_LEVEL is read once, when torch loads (set it to override).
+    _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 __version__ = "0.1.0"
 

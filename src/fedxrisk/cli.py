@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -19,6 +19,9 @@ from rich.table import Column, Table
 # Only torch-free modules here: `fedxrisk --help`, `fedxrisk list` and argument errors must not
 # import torch (benchmarks/startup.py); commands import what they need when they run.
 from fedxrisk.runconfig import ConfigError, RunConfig
+
+if TYPE_CHECKING:
+    from fedxrisk.engines import NonFiniteLoss
 
 console = Console(stderr=True)
 DEFAULTS = RunConfig()
@@ -38,6 +41,14 @@ class BadConfig(click.ClickException):
     """One line on stderr (``Error: ...``) and exit status 2; nothing is written."""
 
     exit_code = 2
+
+
+def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
+    """The NaN message, what was kept, and how to continue."""
+    kept = f"{e}. History so far is kept in {folder}"
+    if (folder / "checkpoint.pt").exists():
+        return f"{kept}; continue from the last finite checkpoint with smaller steps: fedxrisk run --resume {folder} --set algorithm.lr=<lower>"
+    return f"{kept}; no checkpoint was reached: start again with a lower --lr"
 
 
 @contextmanager
@@ -223,19 +234,24 @@ def run(
     given = _given(click.get_current_context(), flags)
     with _config_errors():
         if resume is not None:
-            extra = [*given, *(["--config"] if config_file else []), *(["--set"] if overrides else [])]
+            extra = [*given, *(["--config"] if config_file else [])]
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
             extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:
-                raise ConfigError(f"--resume continues a run with its own config; drop {', '.join(extra)}")
+                raise ConfigError(
+                    f"--resume continues a run with its own config; drop {', '.join(extra)} "
+                    "(it takes only --set algorithm.lr=… / algorithm.lr_decay=…)"
+                )
             folder = Path(resume)
-            job = lambda callback: resume_experiment(folder, callback)
+            job = lambda callback: resume_experiment(folder, callback, overrides)
         else:
             if pretrain_rounds is not None:  # --set pretrain.rounds still wins
                 overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
             cfg = config_from_sections(_resolve(config_file, given, options, overrides))
             folder = Path(out) if out else default_out_dir(cfg)
             job = lambda callback: run_experiment(cfg, folder, callback)
+        from fedxrisk.data.stream import BadFileError
+
         secondary = launched_rank() != 0  # under torchrun only rank 0 reports
         try:
             if quiet or secondary:
@@ -244,7 +260,12 @@ def run(
                 with _progress() as progress:
                     result = job(_Bar(progress, "training"))
         except NonFiniteLoss as e:
-            console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
+            console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
+            sys.exit(1)
+        except BadFileError as e:  # a corrupt file met while training: the checkpoint is kept
+            console.print(
+                f"[red]error:[/red] {escape(str(e).replace('RUN_DIR', str(folder)))}", soft_wrap=True
+            )
             sys.exit(1)
         except DistributedError as e:
             console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)

@@ -5,7 +5,8 @@ A config file has five sections; every key is optional (missing keys keep
 
     [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard
     [data]        dataset, imratio, partition, clients, dirichlet_alpha,
-                  positive_classes, batch_size, allow_missing_class
+                  positive_classes, batch_size, allow_missing_class,
+                  stream, workers, memory_budget, on_bad_file (data/stream.py)
     [model]       model, buffer_policy, init_from, reset_head
     [algorithm]   algorithm, lr, local_steps, stages, lr_decay, window_growth,
                   pos_ratio_mode, and the algorithm's own hyperparameters
@@ -299,7 +300,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
+        ) from None
     if path.suffix == ".json":
         try:
             obj = json.loads(text)

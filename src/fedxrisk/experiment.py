@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,11 +27,12 @@ import torch
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.data import DATASETS, PARTITIONS, FederatedData, make_federated
 from fedxrisk.engines import ENGINE_NAMES, DistributedSimulation, NonFiniteLoss, Simulation
-from fedxrisk.engines.distributed import check_launch
+from fedxrisk.engines.distributed import check_launch, launched_rank
 from fedxrisk.metrics import evaluate
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
 from fedxrisk.runconfig import DEFAULT_LOCAL_STEPS, ConfigError, RunConfig  # noqa: F401  (re-exported)
+from fedxrisk.validate import check_batch_size, check_out_dir, read_checkpoint, validate_settings
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 HISTORY_FIELDS = (
@@ -75,8 +76,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(
             f"{cfg.algorithm} communicates every {fixed} step(s); local_steps must be {fixed}, got {steps}"
         )
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {cfg.device!r} requested but CUDA is not available")
+    validate_settings(cfg)
     known = ALGORITHMS[cfg.algorithm].hyperparameters()
     unknown = sorted(set(cfg.options) - set(known))
     if unknown:
@@ -154,6 +154,7 @@ def build(
         else:
             data, choice = build_data(cfg)
             attach_stream(data, choice, cfg.device)
+        batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
         source = None
@@ -175,11 +176,11 @@ def build(
         )
         if cfg.engine == "distributed":
             sim: Simulation = DistributedSimulation(
-                algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.device,
+                algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
                 cfg.clients_per_rank, cfg.dist_timeout,
             )  # fmt: skip
         else:
-            sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
+            sim = Simulation(algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
     return Setup(cfg, data, problem, algorithm, sim, choice, source)
@@ -227,7 +228,7 @@ def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint written by :func:`save_checkpoint` (tensors and plain Python only)."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(Path(path))
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError(f"{path}: checkpoint format {ckpt.get('format')!r}, expected {CHECKPOINT_FORMAT}")
     return ckpt
@@ -276,7 +277,10 @@ def run_experiment(
     so far is kept, the summary records ``status: failed`` and the round, and
     :class:`NonFiniteLoss` is raised.
     """
+    validate(cfg)
     out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
+    if launched_rank() == 0:  # before the data is loaded: a bad --out fails fast
+        check_out_dir(out)
     if cfg.pretrain is not None:
         from fedxrisk.pipeline import run_two_stage
 
@@ -289,26 +293,27 @@ def run_experiment(
 
 def start_run_folder(cfg: RunConfig, out: Path) -> None:
     """Refuse a folder holding a run, else create it and write ``config.toml``."""
-    from fedxrisk.config import config_to_toml
-
     if (out / "summary.json").exists():
         raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
     if (out / CHECKPOINT).exists():
         raise ConfigError(f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`")
     out.mkdir(parents=True, exist_ok=True)
-    header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
-    text = config_to_toml(cfg, header)
-    _replace_atomic(out / "config.toml", lambda f: f.write(text))
+    _write_config(out, cfg)
 
 
-def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> RunResult:
-    """Continue a killed run from its last checkpoint (or from the start if it had none yet).
+def resume_experiment(
+    run_dir: str | Path, callback: Callback | None = None, overrides: Sequence[str] = ()
+) -> RunResult:
+    """Continue a killed or failed run from its last checkpoint (or from the start if it had none yet).
 
     The final metrics equal those of an uninterrupted run bit for bit (same
     machine, engine and seed): the checkpoint holds every client's state and
     sampler RNG, the byte ledger, the history and the best row so far.
     ``history.csv`` is rewritten from the checkpoint, dropping rows evaluated
-    after it; ``wall_seconds`` counts the time of the rounds kept.
+    after it; ``wall_seconds`` counts the time of the rounds kept. A run whose
+    summary exists but whose ``model.pt`` does not (killed in between) is
+    finished the same way. ``overrides`` (``algorithm.lr=…``, ``algorithm.lr_decay=…``)
+    continue a run that failed on a NaN loss with smaller steps.
     """
     from fedxrisk.config import config_from_flat, load_config
 
@@ -317,7 +322,8 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
         raise ConfigError(f"{out} is not a run folder")
     if (out / "summary.json").exists():
         status = json.loads((out / "summary.json").read_text()).get("status")
-        raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
+        if status == "completed" and (out / "model.pt").exists():
+            raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
     ckpt = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     if ckpt is not None:
         cfg = config_from_flat(ckpt["config"])
@@ -325,6 +331,9 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
         cfg = load_config(out / "config.toml")
     else:
         raise ConfigError(f"{out} holds neither {CHECKPOINT} nor config.toml: not a fedxrisk run folder")
+    if overrides:
+        cfg = resume_overrides(cfg, overrides)
+        _write_config(out, cfg)
     if cfg.pretrain is not None:
         from fedxrisk.pipeline import resume_two_stage
 
@@ -333,6 +342,32 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
     if ckpt is not None:
         setup.simulation.load_state_dict(ckpt["simulation"])
     return _train(setup, out, callback, ckpt)
+
+
+RESUME_KEYS = ("algorithm.lr", "algorithm.lr_decay")
+
+
+def resume_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """``cfg`` with ``--set`` overrides that a resumed run may take (the step size only)."""
+    from fedxrisk.config import apply_override, config_from_sections, config_to_sections
+
+    doc = config_to_sections(cfg)
+    for text in overrides:
+        name = text.split("=", 1)[0].strip()
+        if name not in RESUME_KEYS:
+            raise ConfigError(
+                f"--resume takes --set {' or '.join(RESUME_KEYS)} only (to continue with smaller steps), got {name!r}"
+            )
+        apply_override(doc, text)
+    return config_from_sections(doc)
+
+
+def _write_config(out: Path, cfg: RunConfig) -> None:
+    from fedxrisk.config import config_to_toml
+
+    header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
+    text = config_to_toml(cfg, header)
+    _replace_atomic(out / "config.toml", lambda f: f.write(text))
 
 
 def _tensorboard(out: Path, cfg: RunConfig, resumed_round: int) -> Any:
@@ -419,12 +454,13 @@ def _train(setup: Setup, out: Path, callback: Callback | None, ckpt: dict[str, A
                 tb.close()
     summary = _summary(setup, history, best, elapsed(), failure)
     summary["resumed_at_rounds"] = resumed
+    if primary and failure is None:
+        _save_model(setup, out / "model.pt")  # before the summary: the summary commits the run
     if primary:
         write_json_atomic(out / "summary.json", summary)
     if failure is not None:
         raise failure
     if primary:
-        _save_model(setup, out / "model.pt")
         (out / CHECKPOINT).unlink(missing_ok=True)
     return RunResult(summary, history, out)
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.data.checks import check_labeled, check_test_classes
 from fedxrisk.data.datasets import BinaryData, binarize, load_dataset
 from fedxrisk.data.imbalance import make_imbalanced
 from fedxrisk.data.partition import partition
@@ -63,9 +64,13 @@ class FederatedData:
         """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index."""
         local = torch.from_numpy(positions)
         index = self._table[self._rows, local]
-        x = self.stream.fetch(index.numpy()) if self.stream is not None else self.data.x_train[index]
+        if self.stream is not None:  # decoded (and augmented) by DataLoader workers
+            x = self.stream.fetch(index.numpy(), self.augment)
+        else:
+            x = self.data.x_train[index]
+            x = self.augment(x) if self.augment is not None else x
         return {
-            "x": (self.augment(x) if self.augment is not None else x).to(device),
+            "x": x.to(device),
             "y": self.data.y_train[index].to(device),
             "index": index.to(device),
             "local_index": local.to(device),
@@ -137,7 +142,10 @@ def make_federated(
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        data = binarize(load_dataset(dataset, data_dir), positive_classes)
+        labeled = load_dataset(dataset, data_dir)
+        check_labeled(labeled, data_dir or dataset)
+        data = binarize(labeled, positive_classes)
+        check_test_classes(data, data_dir or dataset)
     if data.y_train.dim() == 2 and imratio is not None:
         raise ValueError(
             f"{data.name} is multi-label: imratio applies to one binary label; set imratio = None (--imratio none)"

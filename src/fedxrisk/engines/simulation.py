@@ -33,7 +33,7 @@ from fedxrisk.tree import Tree, index, is_finite, leaves, stack, tmap
 
 
 class NonFiniteLoss(RuntimeError):
-    """Raised when a round produces a NaN/inf loss or model; carries the round."""
+    """Raised when a round produces a NaN/inf loss or model; carries the round (1-based, as history.csv)."""
 
     def __init__(self, round_: int):
         super().__init__(f"non-finite loss or model (NaN/inf) at round {round_}; training stopped")
@@ -302,10 +302,11 @@ class Simulation:
 
     def _start_stream(self, begin: bool) -> None:
         """Streamed data: prefetch the batches this run will ask for (data/stream.py)."""
-        if self.local_data.stream is not None:
+        stream = getattr(self.local_data, "stream", None)  # duck-typed sources (fedxrisk.tasks) have none
+        if stream is not None:
             from fedxrisk.data.stream import simulation_requests
 
-            self.local_data.stream.start(simulation_requests(self, begin))
+            stream.start(simulation_requests(self, begin))
 
     @property
     def done(self) -> bool:
@@ -341,7 +342,7 @@ class Simulation:
         self.ledger.close_round()
         self.round += 1
         if not self._finite(comm):
-            raise NonFiniteLoss(plan.round)
+            raise NonFiniteLoss(plan.round + 1)  # 1-based, as in history.csv
         return plan
 
     def _collective(self) -> SimCollective:

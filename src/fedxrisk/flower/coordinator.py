@@ -153,6 +153,10 @@ class Coordinator:
         self.max_samples = max(s.samples for s in sites)  # ClientInfo.max_samples, as in simulation
         model = self.cfg.build_model(sites[0].input_shape)
         self.problem = Problem(model, self.pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
+        try:  # the schedule checks engines make (CoDA's stages, LocalSCGDAM's rates)
+            self.cfg.build_algorithm(self.problem).validate_schedule(self.cfg.schedule())
+        except ValueError as e:
+            raise FederationError(f"{self.cfg.algorithm}: {e}") from e
         self.holdout = load_holdout(self.cfg.test_data, self.cfg)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "

@@ -39,7 +39,9 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
+from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
+from fedxrisk.data.stream import Stream, sampler_requests
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.sitedata import SiteData, load_site
@@ -145,6 +147,7 @@ class SiteRunner:
         self.engine = LoopEngine()
         self.state: Tree | None = None  # stacked, leading axis 1
         self.pending: Pending | None = None
+        self.stream: Stream | None = None  # lazily read inputs: decoded by data.stream.Stream
         self.done = -1  # last round finished
 
     # -- set-up ------------------------------------------------------------------
@@ -225,10 +228,22 @@ class SiteRunner:
         extra = self.algorithm.uniforms_per_step
         return positions, (self.sampler.uniforms(extra) if extra else None)
 
+    def _stream(self) -> Any:
+        """The site's :class:`~fedxrisk.data.stream.Stream` when its inputs are read lazily, else None."""
+        if not is_lazy(self.site.x):
+            return None
+        if self.stream is None:
+            x = self.site.x
+            self.stream = Stream(
+                x, [np.arange(len(x))], x.options.get("workers", 0), x.options.get("on_bad_file", "error")
+            )
+        return self.stream
+
     def _batch(self, positions: np.ndarray, uniforms: np.ndarray | None = None) -> dict[str, torch.Tensor]:
         local = torch.from_numpy(positions)
+        stream = self._stream()
         batch = {
-            "x": self.site.x[local],
+            "x": stream.fetch(positions) if stream is not None else self.site.x[local],
             "y": self.site.y[local],
             "index": self.site.index[local],
             "local_index": local,
@@ -240,6 +255,9 @@ class SiteRunner:
     def _local_steps(self, r: int) -> None:
         """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them."""
         plan = self.plans[r]
+        stream = self._stream()
+        if stream is not None:  # decode the round's steps ahead, as the simulation's stream does
+            stream.start(sampler_requests(self.sampler, self.algorithm.uniforms_per_step, plan.window))
         for i in range(plan.window):
             ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
             batch = self._batch(*self._draw())

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from fedxrisk.data.checks import DataFileError
 from fedxrisk.data.datasets import SPLIT_SEED, TEST_FRACTION, LabeledData
 from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
-
-
-class DataFileError(ValueError):
-    """A data file is malformed; the message names the file and the expected layout."""
 
 
 class MissingDataError(DataFileError, FileNotFoundError):
@@ -47,8 +45,8 @@ def read_bytes(path: Path) -> bytes:
     """File contents, transparently gunzipped when the name ends in ``.gz``."""
     try:
         return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as e:
-        raise DataFileError(f"{path}: cannot read ({e})") from e
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataFileError(f"{path}: cannot read ({e})") from None
 
 
 def images_to_float(x: np.ndarray, name: str = "images") -> np.ndarray:
