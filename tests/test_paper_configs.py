@@ -193,6 +193,9 @@ RUNNABLE = [p for p in CONFIGS if load_config(p)[0]["algorithm"] in ALGORITHMS]
 
 @pytest.mark.parametrize("path", RUNNABLE, ids=[p.stem for p in RUNNABLE])
 @pytest.mark.filterwarnings("ignore:clients .* hold only one class:UserWarning")  # tiny files, allowed here
+@pytest.mark.filterwarnings(
+    "ignore:data.batch_size = .* exceeds every client's data:UserWarning"
+)  # tiny files
 def test_config_runs_a_few_steps_on_tiny_files(path, tmp_path):
     fields, options = load_config(path)
     make_tiny(fields["dataset"], tmp_path / "data", fields)
