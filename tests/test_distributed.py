@@ -90,6 +90,7 @@ def test_uneven_gather_and_checkpoint_resume(worker_results):
     assert max_abs_diff(loop.states, results["resumed"]["states"]) < 1e-5
 
 
+@pytest.mark.filterwarnings("ignore:data.batch_size = .* exceeds the data of:UserWarning")  # tiny shards
 def test_each_rank_streams_its_own_shards_like_the_loop_engine(worker_results, tmp_path):
     from dist_worker import streamed_config
     from fedxrisk.experiment import build
