@@ -66,3 +66,13 @@ def test_seed_0_of_the_documented_comparison_reproduces(tmp_path):
         final = group.runs[0].summary["final"]
         for key, value in documented.items():
             assert final[key] == pytest.approx(value, abs=TOLERANCE), (group.label, key)
+
+
+def test_the_evaluate_example_is_the_documented_default_run():
+    """docs/cli.md's `fedxrisk evaluate` printout and the README's default run are the same run."""
+    example = json.loads((ROOT / "benchmarks" / "results" / "evaluate_example.json").read_text())
+    for key in ("test_auroc", "test_ap", "test_pauc30_norm"):
+        assert example["evaluation"]["summary"][key] == pytest.approx(
+            QUICK["default"]["final"][key], abs=1e-9
+        ), key
+    assert f"AUROC    {QUICK['default']['final']['test_auroc']:.4f}" in example["printout"]
