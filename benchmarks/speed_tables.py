@@ -144,8 +144,9 @@ def flower_table(report: Path = RUNS / "flower.md") -> str:
     return "\n".join(line for line in report.read_text().splitlines() if line.startswith("|")) + "\n"
 
 
-def main() -> None:
-    tables = {
+def tables() -> dict[str, str]:
+    """File name under benchmarks/results → its Markdown."""
+    return {
         "speed_targets.md": targets_table(),
         "speed_cpu_k64.md": step_table("cpu", 64),
         "speed_over_k.md": over_k_table(),
@@ -154,7 +155,10 @@ def main() -> None:
         "speed_k64_wall.md": step_table("k64_wall", 64),
         "flower_fedavg.md": flower_table(),
     }
-    for name, text in tables.items():
+
+
+def main() -> None:
+    for name, text in tables().items():
         (RESULTS / name).write_text(text)
         print(f"## {name}\n{text}")
 

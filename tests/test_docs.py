@@ -76,3 +76,17 @@ def test_the_evaluate_example_is_the_documented_default_run():
             QUICK["default"]["final"][key], abs=1e-9
         ), key
     assert f"AUROC    {QUICK['default']['final']['test_auroc']:.4f}" in example["printout"]
+
+
+def test_the_speed_tables_are_rendered_from_the_committed_speed_reports():
+    """docs/performance.md's tables equal a fresh rendering of docs/benchmarks/*/speed.csv (no timing)."""
+    spec = importlib.util.spec_from_file_location("speed_tables", ROOT / "benchmarks" / "speed_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rendered = module.tables()
+    assert (
+        "| MLP | CODASCA | 4.35 | 2.13 (0.491) | 126 (29) | 13.7 (3.15) | 4.52 (1.04) |"
+        in rendered["speed_cpu_k64.md"]
+    )
+    for name, text in rendered.items():
+        assert (ROOT / "benchmarks" / "results" / name).read_text() == text, name
