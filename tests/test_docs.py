@@ -84,9 +84,5 @@ def test_the_speed_tables_are_rendered_from_the_committed_speed_reports():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rendered = module.tables()
-    assert (
-        "| MLP | CODASCA | 4.35 | 2.13 (0.491) | 126 (29) | 13.7 (3.15) | 4.52 (1.04) |"
-        in rendered["speed_cpu_k64.md"]
-    )
     for name, text in rendered.items():
         assert (ROOT / "benchmarks" / "results" / name).read_text() == text, name
