@@ -4,10 +4,11 @@
     nice -n 10 python benchmarks/fcsg.py auprc       # Table 2: final test AP
     nice -n 10 python benchmarks/fcsg.py maml        # Fig. 2-3: few-shot accuracy vs rounds
     python benchmarks/fcsg.py auprc --render-only    # table + figure from the committed CSVs
+                                                     # (invariant and maml too)
 
-Each writes ``benchmarks/results/fcsg_<task>.csv`` and ``docs/figures/fcsg_<task>.png``;
-auprc and maml also ``fcsg_<task>_tuning.csv`` (validation scores per learning rate) and
-``fcsg_<task>.md`` (the table in docs/fcsg.md). Learning rates are chosen on validation
+Each writes ``benchmarks/results/fcsg_<task>.csv``, ``docs/figures/fcsg_<task>.png`` and
+``fcsg_<task>.md`` (the table in docs/fcsg.md); auprc and maml also ``fcsg_<task>_tuning.csv``
+(validation scores per learning rate). Learning rates are chosen on validation
 splits carved from the clients' training data, never on the test set.
 """
 
@@ -66,15 +67,14 @@ def write_csv(name: str, rows: list[dict]) -> Path:
 # -- Fig. 1: invariant logistic regression ---------------------------------------------------
 
 
-def invariant(args) -> None:
-    import matplotlib.pyplot as plt
+INVARIANT_RATIOS, INVARIANT_MS = (1.0, 1.5, 2.0), (1, 10, 100)
 
-    ratios, ms = (1.0, 1.5, 2.0), (1, 10, 100)
+
+def invariant(args) -> None:
     algs = {"fcsg": {}, "fcsg_m": {"beta": args.beta}}
     rows = []
-    fig, axes = plt.subplots(len(ms), len(ratios), figsize=(11, 8), sharex=True, sharey=True)
-    for i, m in enumerate(ms):
-        for j, ratio in enumerate(ratios):
+    for m in INVARIANT_MS:
+        for ratio in INVARIANT_RATIOS:
             for alg, options in algs.items():
                 for seed in range(args.seeds):
                     start = time.perf_counter()
@@ -93,20 +93,44 @@ def invariant(args) -> None:
                     ]
                     print(f"m={m} σ2/σ1={ratio} {alg} seed {seed}: final acc {curve[-1][1]:.4f} "
                           f"({time.perf_counter() - start:.1f}s)", flush=True)  # fmt: skip
-                mean = _mean_curve(rows, m=m, ratio=ratio, algorithm=alg)
-                axes[i, j].plot(*mean, label=alg.upper().replace("_", "-"))
+    print(write_csv("invariant", rows))
+    render_invariant(args)
+
+
+def render_invariant(args) -> None:
+    """Figure and ``fcsg_invariant.md`` (accuracy at the middle and last round) from the CSV."""
+    import matplotlib.pyplot as plt
+
+    rows = read_csv("invariant")
+    algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+    seeds = len({r["seed"] for r in rows})
+    last = max(r["round"] for r in rows)
+    mid = min({r["round"] for r in rows}, key=lambda t: abs(t - last / 2))
+    fig, axes = plt.subplots(
+        len(INVARIANT_MS), len(INVARIANT_RATIOS), figsize=(11, 8), sharex=True, sharey=True
+    )
+    label = {a: a.upper().replace("_", "-") for a in algs}
+    lines = [
+        "| m | σ2/σ1 | " + " | ".join(f"{label[a]} r{t}" for t in (mid, last) for a in algs) + " |",
+        "|---|---|" + "---|" * (2 * len(algs)),
+    ]
+    for i, m in enumerate(INVARIANT_MS):
+        for j, ratio in enumerate(INVARIANT_RATIOS):
+            curves = {a: _mean_curve(rows, m=m, ratio=ratio, algorithm=a) for a in algs}
+            for a, curve in curves.items():
+                axes[i, j].plot(*curve, label=label[a])
             axes[i, j].set_title(f"m = {m}, σ2/σ1 = {ratio}", fontsize=9)
             axes[i, j].grid(alpha=0.3)
+            cells = [f"{dict(zip(*curves[a]))[t]:.4f}" for t in (mid, last) for a in algs]
+            lines.append(f"| {m} | {ratio} | " + " | ".join(cells) + " |")
     for ax in axes[-1]:
         ax.set_xlabel("communication round")
     for ax in axes[:, 0]:
         ax.set_ylabel("test accuracy")
     axes[0, 0].legend()
-    fig.suptitle(
-        f"Invariant logistic regression, 16 clients, 50 local steps, lr {args.lr}, {args.seeds} seed(s)"
-    )
+    fig.suptitle(f"Invariant logistic regression, 16 clients, 50 local steps, lr {args.lr}, {seeds} seed(s)")
     _save(fig, "invariant")
-    print(write_csv("invariant", rows))
+    write_md("invariant", lines)
 
 
 def _mean_curve(rows: list[dict], **match) -> tuple[list[int], list[float]]:
@@ -364,7 +388,8 @@ def main() -> None:
     p.add_argument("--beta", type=float, default=0.1)
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--every", type=int, default=4)
-    p.set_defaults(fn=invariant)
+    p.add_argument("--render-only", action="store_true", help="redraw figure and table from the CSV")
+    p.set_defaults(fn=invariant, render=render_invariant)
     p = sub.add_parser("auprc")
     p.add_argument("--datasets", default="digits,synthetic")
     p.add_argument("--clients", type=int, default=8)

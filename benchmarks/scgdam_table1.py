@@ -90,7 +90,10 @@ def main() -> None:
     ap.add_argument("--render-only", action="store_true", help="write the .md tables from --out, run nothing")
     args = ap.parse_args()
     if args.render_only:
-        return render(json.loads(args.out.read_text()), args.out)
+        render(json.loads(args.out.read_text()), args.out)
+        if ablation_path(args.out).exists():
+            render_ablation(ablation_path(args.out))
+        return None
     torch.set_num_threads(1)
     if args.ablation:
         return ablation(args)
@@ -170,6 +173,20 @@ def render(results: dict, raw: Path) -> None:
         if runs:
             path.write_text(table({**results, "runs": runs}) + "\n")
             print(path.read_text())
+    tuning = raw.with_name(raw.stem + "_tuning.md")
+    tuning.write_text(tuning_table(results) + "\n")
+    print(tuning.read_text())
+
+
+def tuning_table(results: dict) -> str:
+    """Markdown: the validation AUROC of every grid step, per (dataset, imratio, method)."""
+    steps = " / ".join(f"{s:g}" for s in EFFECTIVE_STEPS)
+    lines = [f"| setting | method | val AUROC for effective step {steps} | chosen |", "|---|---|---|---|"]
+    for key, t in results["tuning"].items():
+        dataset, imratio, method = key.split("/")
+        scores = " / ".join(f"{v:.3f}" for v in t["val_auroc"])
+        lines.append(f"| {dataset} {imratio} | {method} | {scores} | {t['chosen']} |")
+    return "\n".join(lines)
 
 
 ABLATIONS = {
@@ -182,9 +199,13 @@ ABLATIONS = {
 
 
 def ablation(args) -> None:
-    """LocalSCGDAM variants with the step chosen in --out's tuning (p = 8); not used for tuning."""
+    """LocalSCGDAM variants with the step chosen in --out's tuning (p = 8); not used for tuning.
+
+    Raw AUROCs go to ``<out>_ablation.json``, the table to ``<out>_ablation.md``.
+    """
     results = json.loads(args.out.read_text())
-    rows = ["| dataset | variant | test AUROC, p = 8 |", "|---|---|---|"]
+    start = time.perf_counter()
+    rows = []
     for dataset in args.datasets:
         tuned = results["tuning"][f"{dataset}/{args.imratios[0]}/localscgdam"]
         for name, extra in ABLATIONS.items():
@@ -201,9 +222,31 @@ def ablation(args) -> None:
                 )
                 for s in args.seeds
             ]
-            rows.append(f"| {dataset} | {name} | {np.nanmean(aucs):.3f} ± {np.nanstd(aucs):.3f} |")
-            print(rows[-1], flush=True)
-    print("\n".join(rows))
+            rows.append(dict(dataset=dataset, imratio=args.imratios[0], variant=name, test_auroc=aucs))
+            print(f"{dataset} {name}: {np.nanmean(aucs):.3f} ± {np.nanstd(aucs):.3f}", flush=True)
+    call = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    raw = ablation_path(args.out)
+    raw.write_text(
+        json.dumps(
+            {"args": call, "rows": rows, "wall_seconds": round(time.perf_counter() - start, 1)}, indent=2
+        )
+        + "\n"
+    )
+    render_ablation(raw)
+
+
+def ablation_path(out: Path) -> Path:
+    return out.with_name(out.stem + "_ablation.json")
+
+
+def render_ablation(raw: Path) -> None:
+    """``<raw>.md`` from the ablation's raw AUROCs."""
+    lines = ["| dataset | variant | test AUROC, p = 8 |", "|---|---|---|"]
+    for r in json.loads(raw.read_text())["rows"]:
+        a = np.asarray(r["test_auroc"], dtype=float)
+        lines.append(f"| {r['dataset']} | {r['variant']} | {np.nanmean(a):.3f} ± {np.nanstd(a):.3f} |")
+    raw.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(raw.with_suffix(".md").read_text())
 
 
 def table(results: dict) -> str:

@@ -66,3 +66,23 @@ def test_seed_0_of_the_documented_comparison_reproduces(tmp_path):
         final = group.runs[0].summary["final"]
         for key, value in documented.items():
             assert final[key] == pytest.approx(value, abs=TOLERANCE), (group.label, key)
+
+
+def test_the_evaluate_example_is_the_documented_default_run():
+    """docs/cli.md's `fedxrisk evaluate` printout and the README's default run are the same run."""
+    example = json.loads((ROOT / "benchmarks" / "results" / "evaluate_example.json").read_text())
+    for key in ("test_auroc", "test_ap", "test_pauc30_norm"):
+        assert example["evaluation"]["summary"][key] == pytest.approx(
+            QUICK["default"]["final"][key], abs=1e-9
+        ), key
+    assert f"AUROC    {QUICK['default']['final']['test_auroc']:.4f}" in example["printout"]
+
+
+def test_the_speed_tables_are_rendered_from_the_committed_speed_reports():
+    """docs/performance.md's tables equal a fresh rendering of docs/benchmarks/*/speed.csv (no timing)."""
+    spec = importlib.util.spec_from_file_location("speed_tables", ROOT / "benchmarks" / "speed_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rendered = module.tables()
+    for name, text in rendered.items():
+        assert (ROOT / "benchmarks" / "results" / name).read_text() == text, name
