@@ -172,31 +172,64 @@ def wall_times(rounds: int) -> list[dict]:
     return rows
 
 
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def render(raw: Path) -> None:
+    """``distributed_overhead.md`` and ``distributed_wall.md`` next to ``raw``, from its JSON."""
+    results = json.loads(raw.read_text())
+    lines = [
+        "| payload | tensors | bytes | packed mean | raw all_reduce | ratio (median, min) | per tensor |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["overhead"]:
+        (pm, pn), (rm, rn), (tm, tn) = r["packed"], r["raw"], r["per_tensor"]
+        lines.append(
+            f"| {r['payload']} | {r['tensors']} | {r['bytes']:,} | {pm:.3f} / {pn:.3f} | {rm:.3f} / {rn:.3f} "
+            f"| {pm / rm:.2f}×, {pn / rn:.2f}× | {tm:.3f} / {tn:.3f} |"
+        )
+    (raw.parent / "distributed_overhead.md").write_text("\n".join(lines) + "\n")
+    lines = [
+        "| run | training + eval (summary.json) | whole command | CPU, all processes |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in results["wall"]:
+        lines.append(f"| {r['run']} | {r['train_s']:.2f} | {r['total_s']:.2f} | {r['cpu_s']:.2f} |")
+    (raw.parent / "distributed_wall.md").write_text("\n".join(lines) + "\n")
+    for name in ("distributed_overhead.md", "distributed_wall.md"):
+        print((raw.parent / name).read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=RESULTS / "distributed.json", help="raw results (JSON)")
+    parser.add_argument(
+        "--render-only", action="store_true", help="write the .md tables from --out, run nothing"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         overhead_worker(args.reps)
         return
+    if args.render_only:
+        render(args.out)
+        return
+    load_before = os.getloadavg()
     proc = _torchrun(2, [str(Path(__file__).resolve()), "--worker", "--reps", str(args.reps)])
     rows = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    print("## packed mean vs raw all_reduce (2 gloo ranks; ms, median / minimum over reps)\n")
-    print("| payload | tensors | bytes | packed mean | raw all_reduce | ratio (median, min) | per tensor |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        (pm, pn), (rm, rn), (tm, tn) = r["packed"], r["raw"], r["per_tensor"]
-        print(
-            f"| {r['payload']} | {r['tensors']} | {r['bytes']:,} | {pm:.3f} / {pn:.3f} | {rm:.3f} / {rn:.3f} "
-            f"| {pm / rm:.2f}×, {pn / rn:.2f}× | {tm:.3f} / {tn:.3f} |"
-        )
-    print(f"\n## wall time, codasca, K = 4, {args.rounds} rounds of I = 8 (seconds)\n")
-    print("| run | training + eval (summary.json) | whole command | CPU, all processes |")
-    print("|---|---:|---:|---:|")
-    for r in wall_times(args.rounds):
-        print(f"| {r['run']} | {r['train_s']:.2f} | {r['total_s']:.2f} | {r['cpu_s']:.2f} |")
+    results = {
+        "args": {"reps": args.reps, "rounds": args.rounds},
+        "date": time.strftime("%Y-%m-%d"),
+        "cpus": os.cpu_count(),
+        "overhead": rows,
+        "wall": wall_times(args.rounds),
+        "loadavg_1min": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    render(args.out)
 
 
 if __name__ == "__main__":

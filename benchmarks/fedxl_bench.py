@@ -12,12 +12,22 @@ takes the same number of local steps. "Centralized" is the same algorithm with
 K = 1, a batch K times larger (the samples all clients see per step) and I = 1
 (pools refreshed every step).
 
-Bytes are per client, up + down, split into model tensors (w, m, buffers,
-control variates, a, b, α, …) and scores (FeDXL's gathered scores and u).
+Learning rates are selected per method and dataset on a validation split (20 %
+of every client's training shard, ``fedxrisk.data.validation.hold_out``; the
+test set is never seen) on one cell (protocol class, K = 16, I = 8, tuning seeds
+100 and 101) from the same grid for every method: the best mean final validation AUROC
+(AUROC group) or pAUC(FPR ≤ 0.3) (FeDXL2, Local Pair-pAUC); CE FedAvg takes its
+AUROC choice in both groups.
 
-    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --jobs 2 --out benchmarks/results/fedxl_digits.json
-    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --dataset synthetic --jobs 2 \
-        --out benchmarks/results/fedxl_synthetic.json
+Bytes are per client, up + down, split into model tensors (w, m, buffers,
+control variates, a, b, α, …) and scores (FeDXL's pooled scores and u).
+
+Writes ``benchmarks/results/fedxl_<dataset>.json`` (raw rows and the tuning) and
+``fedxl_<dataset>.md`` (the tables in docs/fedxl.md); ``--render-only`` rebuilds
+the .md from the .json without running anything.
+
+    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --jobs 2
+    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --dataset synthetic --jobs 2
 """
 
 from __future__ import annotations
@@ -28,7 +38,6 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -38,20 +47,21 @@ from fedxrisk.algorithms.fedxl import SCORE_KEYS
 
 B, B1 = 32, 16  # batch size; FeDXL's positives per batch (the rest negatives)
 FEDXL = {"positives_per_batch": B1, "passive_samples": 16, "tau": 2}
-# lr: the best of {0.3, 1, 3} (and 0.5/1.5/2 where those were close) for each method on one
-# cell (protocol class, K = 16, I = 8, seed 0); see docs/fedxl.md
 METHODS: dict[str, dict[str, Any]] = {
-    "FeDXL1": {"algorithm": "fedxl1", "options": FEDXL, "lr": 1.0},
-    "LocalPair": {"algorithm": "localpair", "options": {"positives_per_batch": B1}, "lr": 2.0},
-    "CE FedAvg": {"algorithm": "localsgdm", "options": {}, "lr": 0.3},
-    "CODASCA": {"algorithm": "codasca", "options": {}, "lr": 3.0},
-    "FeDXL2": {"algorithm": "fedxl2", "options": FEDXL, "lr": 0.5},
+    "FeDXL1": {"algorithm": "fedxl1", "options": FEDXL, "tune_on": "test_auroc"},
+    "LocalPair": {"algorithm": "localpair", "options": {"positives_per_batch": B1}, "tune_on": "test_auroc"},
+    "CE FedAvg": {"algorithm": "localsgdm", "options": {}, "tune_on": "test_auroc"},
+    "CODASCA": {"algorithm": "codasca", "options": {}, "tune_on": "test_auroc"},
+    "FeDXL2": {"algorithm": "fedxl2", "options": FEDXL, "tune_on": "test_pauc30_norm"},
     "LocalPair-pAUC": {
         "algorithm": "localpair",
         "options": {"positives_per_batch": B1, "objective": "pauc", "beta": 0.1},
-        "lr": 1.5,
+        "tune_on": "test_pauc30_norm",
     },
 }
+LR_GRID = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)  # the same for every method
+TUNE_CELL = ("class", 16, 8)  # protocol, K, I
+TUNE_SEEDS = (100, 101)  # split, model and sampling seeds used only for tuning
 CENTRAL = {"Centralized FeDXL1": "FeDXL1", "Centralized FeDXL2": "FeDXL2"}
 GROUPS = {
     "AUROC": ["FeDXL1", "LocalPair", "CE FedAvg", "CODASCA", "Centralized FeDXL1"],
@@ -60,7 +70,7 @@ GROUPS = {
 METRICS = ("test_auroc", "test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 
 
-def _config(method: str, protocol: str, k: int, window: int, seed: int, args) -> dict[str, Any]:
+def _config(method: str, protocol: str, k: int, window: int, seed: int, lr: float, args) -> dict[str, Any]:
     central = method in CENTRAL
     spec = METHODS[CENTRAL.get(method, method)]
     options = dict(spec["options"])
@@ -74,53 +84,112 @@ def _config(method: str, protocol: str, k: int, window: int, seed: int, args) ->
         imratio=args.imratio,
         partition="class" if protocol == "class" and not central else "iid",
         feature_shift=protocol == "shift",
-        model="mlp",
         rounds=args.steps if central else args.steps // window,
         local_steps=1 if central else window,
         batch_size=B * k if central else B,
-        lr=spec["lr"],
-        stages=2,
+        lr=lr,
         seed=seed,
-        engine="vmap",
-        eval_every=10**6,  # evaluate once, at the end
         options=options,
     )
 
 
-def _run(job: tuple[str, str, int, int, int, dict[str, Any]]) -> dict[str, Any]:
+def _run(job: tuple[str, str, int, int, int, dict[str, Any], bool]) -> dict[str, Any]:
+    """One run; with ``validation`` the metrics are on the held-out part of the clients' shards."""
     import torch
 
-    from fedxrisk.experiment import RunConfig, run_experiment
+    from fedxrisk.algorithms import ALGORITHMS, Schedule
+    from fedxrisk.data import make_federated
+    from fedxrisk.data.validation import hold_out
+    from fedxrisk.engines import NonFiniteLoss, Simulation
+    from fedxrisk.metrics import evaluate
+    from fedxrisk.models import build_model
+    from fedxrisk.problem import Problem
 
     torch.set_num_threads(1)
-    method, protocol, k, window, seed, cfg = job
+    method, protocol, k, window, seed, cfg, validation = job
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = run_experiment(RunConfig(**cfg), Path(tmp) / "run").summary
-    by = summary["communication"]["by_variable"]
+    data = make_federated(
+        cfg["dataset"],
+        cfg["clients"],
+        cfg["partition"],
+        cfg["imratio"],
+        seed,
+        feature_shift=cfg["feature_shift"],
+    )
+    if validation:
+        data = hold_out(data, seed)
+    problem = Problem(build_model("mlp", data.data.input_shape, seed), data.data.pos_ratio)
+    alg = ALGORITHMS[cfg["algorithm"]](problem, **cfg["options"])
+    schedule = Schedule.build(cfg["rounds"], cfg["local_steps"], cfg["lr"], stages=2)
+    sim = Simulation(alg, data, schedule, cfg["batch_size"], seed, "vmap")
+    try:
+        while not sim.done:
+            sim.run_round()
+        metrics = evaluate(problem, *sim.global_model(), data)
+    except NonFiniteLoss:
+        metrics = {m: math.nan for m in METRICS}
+    by = sim.ledger.summary()["by_variable"]
     scores = sum(v["up"] + v["down"] for name, v in by.items() if name in SCORE_KEYS)
     models = sum(v["up"] + v["down"] for name, v in by.items() if name not in SCORE_KEYS)
     return {
-        "method": method, "protocol": protocol, "K": k, "I": window, "seed": seed,
-        **{m: summary["final"][m] for m in METRICS},
+        "method": method, "protocol": protocol, "K": k, "I": window, "seed": seed, "lr": cfg["lr"],
+        **{m: metrics[m] for m in METRICS},
         "model_bytes": models, "score_bytes": scores, "seconds": time.perf_counter() - start,
     }  # fmt: skip
 
 
-def _jobs(args) -> list[tuple]:
+def _tuning_jobs(args) -> list[tuple]:
+    protocol, k, window = TUNE_CELL
+    return [
+        (m, protocol, k, window, seed, _config(m, protocol, k, window, seed, lr, args), True)
+        for m in METHODS
+        for lr in LR_GRID
+        for seed in TUNE_SEEDS
+    ]
+
+
+def _validation(tuning: list[dict[str, Any]], method: str, lr: float) -> float:
+    """Mean over the tuning seeds of the method's selection metric; NaN if any run diverged."""
+    key = METHODS[method]["tune_on"]
+    return statistics.mean(r[key] for r in tuning if r["method"] == method and r["lr"] == lr)
+
+
+def select(tuning: list[dict[str, Any]]) -> dict[str, float]:
+    """Each method's lr: the best mean final validation metric (its ``tune_on``); NaN (diverged) loses."""
+    best = {}
+    for method in METHODS:
+        scored = [(_validation(tuning, method, lr), lr) for lr in LR_GRID]
+        best[method] = max(scored, key=lambda t: -math.inf if math.isnan(t[0]) else t[0])[1]
+    return best
+
+
+def _jobs(args, lrs: dict[str, float]) -> list[tuple]:
     jobs = []
     methods = list(dict.fromkeys(GROUPS["AUROC"] + GROUPS["pAUC"]))
     for protocol, seed in itertools.product(args.protocols, range(args.seeds)):
         for method in methods:
+            lr = lrs[CENTRAL.get(method, method)]
             if method in CENTRAL:  # does not depend on I; K only sets its batch (use the largest K)
                 k = max(args.clients)
-                jobs.append((method, protocol, k, 1, seed, _config(method, protocol, k, 1, seed, args)))
+                jobs.append(
+                    (method, protocol, k, 1, seed, _config(method, protocol, k, 1, seed, lr, args), False)
+                )
                 continue
             for k, window in itertools.product(args.clients, args.windows):
-                jobs.append(
-                    (method, protocol, k, window, seed, _config(method, protocol, k, window, seed, args))
-                )
+                cfg = _config(method, protocol, k, window, seed, lr, args)
+                jobs.append((method, protocol, k, window, seed, cfg, False))
     return jobs
+
+
+def _map(jobs: list[tuple], workers: int, label: str) -> list[dict[str, Any]]:
+    rows = []
+    with ProcessPoolExecutor(workers) as pool:
+        for i, row in enumerate(pool.map(_run, jobs), 1):
+            rows.append(row)
+            print(f"[{label} {i}/{len(jobs)}] {row['method']:<20} {row['protocol']:<5} K={row['K']:<2} "
+                  f"I={row['I']:<2} seed={row['seed']} lr={row['lr']} auroc={row['test_auroc']:.3f} "
+                  f"pauc30={row['test_pauc30_norm']:.3f} ({row['seconds']:.1f}s)", flush=True)  # fmt: skip
+    return rows
 
 
 def _fmt(values: list[float]) -> str:
@@ -131,16 +200,31 @@ def _fmt(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {sd:.3f}"
 
 
-def table(rows: list[dict[str, Any]], args) -> str:
+def tuning_table(tuning: list[dict[str, Any]], lrs: dict[str, float]) -> str:
+    """Validation metric per method and lr (the chosen lr in bold)."""
+    head = ["method", "selected on", *(f"lr {lr:g}" for lr in LR_GRID)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method, spec in METHODS.items():
+        cells = []
+        for lr in LR_GRID:
+            value = _validation(tuning, method, lr)
+            text = "diverged" if math.isnan(value) else f"{value:.3f}"
+            cells.append(f"**{text}**" if lr == lrs[method] else text)
+        name = "pAUC₃₀ (norm)" if spec["tune_on"] == "test_pauc30_norm" else "AUROC"
+        out.append("| " + " | ".join([method, name, *cells]) + " |")
+    return "\n".join(out)
+
+
+def table(rows: list[dict[str, Any]], args: dict[str, Any]) -> str:
     """Markdown tables, one per group × protocol: mean ± std over seeds."""
     out = []
-    for group, protocol in itertools.product(GROUPS, args.protocols):
+    for group, protocol in itertools.product(GROUPS, args["protocols"]):
         metrics = (
             ("test_auroc",) if group == "AUROC" else ("test_pauc30_norm", "test_pauc30_mcclish", "test_auroc")
         )
-        out.append(f"\n**{group}, protocol `{protocol}`** ({args.dataset}, imratio {args.imratio}, "
-                   f"{args.steps} local steps, {args.seeds} seeds)\n")  # fmt: skip
-        head = ["method", "K", "I", *metrics, "model MB/client", "score MB/client"]
+        out.append(f"\n**{group}, protocol `{protocol}`** ({args['dataset']}, imratio {args['imratio']}, "
+                   f"{args['steps']} local steps, {args['seeds']} seeds)\n")  # fmt: skip
+        head = ["method", "K", "I", "lr", *metrics, "model MB/client", "score MB/client"]
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for method in GROUPS[group]:
@@ -160,12 +244,21 @@ def table(rows: list[dict[str, Any]], args) -> str:
                     else [f"{sel[0]['model_bytes'] / 1e6:.2f}", f"{sel[0]['score_bytes'] / 1e6:.3f}"]
                 )
                 kk, ii = ("1", "1") if central else (str(k), str(window))
-                out.append(
-                    "| "
-                    + " | ".join([method, kk, ii, *(_fmt([r[m] for r in sel]) for m in metrics), *mb])
-                    + " |"
-                )
+                values = [_fmt([r[m] for r in sel]) for m in metrics]
+                out.append("| " + " | ".join([method, kk, ii, f"{sel[0]['lr']:g}", *values, *mb]) + " |")
     return "\n".join(out)
+
+
+def render(results: dict[str, Any]) -> str:
+    args = results["args"]
+    lrs = results["lrs"]
+    text = [
+        f"Learning rates ({args['dataset']}), selected on the validation split (cell class, K = 16, I = 8, "
+        f"mean over seeds {TUNE_SEEDS[0]} and {TUNE_SEEDS[1]}); final validation metric per lr:\n",
+        tuning_table(results["tuning"], lrs),
+        table(results["rows"], args),
+    ]
+    return "\n".join(text) + "\n"
 
 
 def main() -> None:
@@ -178,22 +271,29 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=128, help="local steps per client in every run")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
-    p.add_argument("--out", default=None, help="write the raw rows as JSON here")
+    p.add_argument(
+        "--out", default=None, help="raw results (default benchmarks/results/fedxl_<dataset>.json)"
+    )
+    p.add_argument("--render-only", action="store_true", help="rebuild the .md from the .json; run nothing")
     args = p.parse_args()
-    jobs = _jobs(args)
-    start = time.perf_counter()
-    rows = []
-    with ProcessPoolExecutor(args.jobs) as pool:
-        for i, row in enumerate(pool.map(_run, jobs), 1):
-            rows.append(row)
-            print(f"[{i}/{len(jobs)}] {row['method']:<20} {row['protocol']:<5} K={row['K']:<2} I={row['I']:<2} "
-                  f"seed={row['seed']} auroc={row['test_auroc']:.3f} pauc30={row['test_pauc30_norm']:.3f} "
-                  f"({row['seconds']:.1f}s)", flush=True)  # fmt: skip
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
-    print(table(rows, args))
-    print(f"\n{len(jobs)} runs in {time.perf_counter() - start:.0f} s")
+    out = Path(args.out or f"benchmarks/results/fedxl_{args.dataset}.json")
+    if not args.render_only:
+        start = time.perf_counter()
+        tuning = _map(_tuning_jobs(args), args.jobs, "tune")
+        lrs = select(tuning)
+        print("selected learning rates:", lrs, flush=True)
+        jobs = _jobs(args, lrs)
+        rows = _map(jobs, args.jobs, "run")
+        call = {k: v for k, v in vars(args).items() if k not in ("render_only", "jobs", "out")}
+        wall = time.perf_counter() - start
+        results = {"args": call, "tuning": tuning, "lrs": lrs, "rows": rows, "seconds": wall}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"{len(tuning) + len(jobs)} runs in {wall:.0f} s")
+    results = json.loads(out.read_text())
+    text = render(results)
+    out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -106,27 +107,45 @@ def main() -> None:
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads for fedxrisk (Flower's actors use 1)"
     )
+    p.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="also write the report there (docs/benchmarks/flower.md; benchmarks/speed_tables.py renders its table)",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    lines: list[str] = []
+
+    def out(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ["PYTHONPATH"] = os.pathsep.join(sys.path)  # Ray workers import fedxrisk and speed
     import flwr
 
-    print(
+    out("# Flower versus fedxrisk: the same FedAvg task\n")
+    out(
+        f"Command: `{' '.join(['python', *sys.argv])}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times).\n"
+    )
+    out(
         f"FedAvg, MLP, {args.rounds} rounds × {WINDOW} local SGD steps of batch {BATCH}, "
         f"flwr {flwr.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads.\n"
     )
-    print("| K | Flower total s | Flower rounds s | fedxrisk vmap s | fedxrisk loop s | Flower / vmap |")
-    print("|---|---|---|---|---|---|")
+    out("| K | Flower total s | Flower rounds s | fedxrisk vmap s | fedxrisk loop s | Flower / vmap |")
+    out("|---|---|---|---|---|---|")
     for k in (int(c) for c in args.clients.split(",")):
         ours(k, 1, "vmap")  # warm-up (imports, allocator)
         t_vmap = ours(k, args.rounds, "vmap")
         t_loop = ours(k, args.rounds, "loop")
         total, rounds_only = flower(k, args.rounds)
-        print(
+        out(
             f"| {k} | {total:.1f} | {rounds_only:.1f} | {t_vmap:.2f} | {t_loop:.2f} | {total / t_vmap:.0f}× |"
         )
-        sys.stdout.flush()
+    if args.report is not None:
+        args.report.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Schedule
 from fedxrisk.data import make_federated
-from fedxrisk.data.federated import FederatedData
+from fedxrisk.data.validation import hold_out
 from fedxrisk.engines import NonFiniteLoss, Simulation
 from fedxrisk.metrics import evaluate
 from fedxrisk.models import build_model
@@ -56,25 +55,11 @@ def grid(method: str) -> list[tuple[float, dict]]:
     return out
 
 
-def with_validation(data: FederatedData, seed: int, fraction: float = 0.2) -> FederatedData:
-    """Hold out ``fraction`` of every client's shard as the 'test' set (for tuning only)."""
-    rng = np.random.default_rng([seed, 99])
-    shards, held = [], []
-    for shard in data.shards:
-        perm = rng.permutation(shard)
-        cut = int(len(shard) * fraction)
-        held.append(perm[:cut])
-        shards.append(np.sort(perm[cut:]))
-    val = torch.from_numpy(np.concatenate(held))
-    binary = replace(data.data, x_test=data.data.x_train[val], y_test=data.data.y_train[val])
-    return FederatedData(binary, shards)
-
-
 def run(method, dataset, imratio, p, seed, lr, options, steps, validation=False) -> float:
     # allow_missing_class: at imratio 0.01 a client may hold no positive (only its loss terms count)
     data = make_federated(dataset, 4, "iid", imratio, seed, allow_missing_class=True)
     if validation:
-        data = with_validation(data, seed)
+        data = hold_out(data, seed)
     net = build_model("mlp", data.data.input_shape, seed)
     problem = Problem(net, data.data.pos_ratio)
     alg = ALGORITHMS[method](problem, **options)
@@ -102,7 +87,13 @@ def main() -> None:
         "--update", action="store_true", help="rerun only these settings inside an existing --out"
     )
     ap.add_argument("--ablation", action="store_true", help="LocalSCGDAM variants at the tuned step, p = 8")
+    ap.add_argument("--render-only", action="store_true", help="write the .md tables from --out, run nothing")
     args = ap.parse_args()
+    if args.render_only:
+        render(json.loads(args.out.read_text()), args.out)
+        if ablation_path(args.out).exists():
+            render_ablation(ablation_path(args.out))
+        return None
     torch.set_num_threads(1)
     if args.ablation:
         return ablation(args)
@@ -168,7 +159,34 @@ def main() -> None:
     results["wall_seconds"] = results.get("wall_seconds", 0) + round(time.perf_counter() - start, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(table(results))
+    render(results, args.out)
+
+
+def render(results: dict, raw: Path) -> None:
+    """``<raw>.md``: imratio 0.1 (the paper's Table 1); ``<raw>_imratios.md``: the other ratios."""
+    main_rows = [r for r in results["runs"] if r["imratio"] == 0.1]
+    others = [r for r in results["runs"] if r["imratio"] != 0.1]
+    for path, runs in (
+        (raw.with_suffix(".md"), main_rows),
+        (raw.with_name(raw.stem + "_imratios.md"), others),
+    ):
+        if runs:
+            path.write_text(table({**results, "runs": runs}) + "\n")
+            print(path.read_text())
+    tuning = raw.with_name(raw.stem + "_tuning.md")
+    tuning.write_text(tuning_table(results) + "\n")
+    print(tuning.read_text())
+
+
+def tuning_table(results: dict) -> str:
+    """Markdown: the validation AUROC of every grid step, per (dataset, imratio, method)."""
+    steps = " / ".join(f"{s:g}" for s in EFFECTIVE_STEPS)
+    lines = [f"| setting | method | val AUROC for effective step {steps} | chosen |", "|---|---|---|---|"]
+    for key, t in results["tuning"].items():
+        dataset, imratio, method = key.split("/")
+        scores = " / ".join(f"{v:.3f}" for v in t["val_auroc"])
+        lines.append(f"| {dataset} {imratio} | {method} | {scores} | {t['chosen']} |")
+    return "\n".join(lines)
 
 
 ABLATIONS = {
@@ -181,9 +199,13 @@ ABLATIONS = {
 
 
 def ablation(args) -> None:
-    """LocalSCGDAM variants with the step chosen in --out's tuning (p = 8); not used for tuning."""
+    """LocalSCGDAM variants with the step chosen in --out's tuning (p = 8); not used for tuning.
+
+    Raw AUROCs go to ``<out>_ablation.json``, the table to ``<out>_ablation.md``.
+    """
     results = json.loads(args.out.read_text())
-    rows = ["| dataset | variant | test AUROC, p = 8 |", "|---|---|---|"]
+    start = time.perf_counter()
+    rows = []
     for dataset in args.datasets:
         tuned = results["tuning"][f"{dataset}/{args.imratios[0]}/localscgdam"]
         for name, extra in ABLATIONS.items():
@@ -200,9 +222,31 @@ def ablation(args) -> None:
                 )
                 for s in args.seeds
             ]
-            rows.append(f"| {dataset} | {name} | {np.nanmean(aucs):.3f} ± {np.nanstd(aucs):.3f} |")
-            print(rows[-1], flush=True)
-    print("\n".join(rows))
+            rows.append(dict(dataset=dataset, imratio=args.imratios[0], variant=name, test_auroc=aucs))
+            print(f"{dataset} {name}: {np.nanmean(aucs):.3f} ± {np.nanstd(aucs):.3f}", flush=True)
+    call = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    raw = ablation_path(args.out)
+    raw.write_text(
+        json.dumps(
+            {"args": call, "rows": rows, "wall_seconds": round(time.perf_counter() - start, 1)}, indent=2
+        )
+        + "\n"
+    )
+    render_ablation(raw)
+
+
+def ablation_path(out: Path) -> Path:
+    return out.with_name(out.stem + "_ablation.json")
+
+
+def render_ablation(raw: Path) -> None:
+    """``<raw>.md`` from the ablation's raw AUROCs."""
+    lines = ["| dataset | variant | test AUROC, p = 8 |", "|---|---|---|"]
+    for r in json.loads(raw.read_text())["rows"]:
+        a = np.asarray(r["test_auroc"], dtype=float)
+        lines.append(f"| {r['dataset']} | {r['variant']} | {np.nanmean(a):.3f} ± {np.nanstd(a):.3f} |")
+    raw.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(raw.with_suffix(".md").read_text())
 
 
 def table(results: dict) -> str:

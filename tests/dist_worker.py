@@ -20,25 +20,32 @@ from fedxrisk.engines import DistCollective, DistributedSimulation, SimCollectiv
 from fedxrisk.engines.distributed import DistGroup, client_layout
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.simulation import LoopEngine
+from fedxrisk.experiment import RunConfig
+from fedxrisk.experiment import build as experiment_build
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
+from helpers import write_image_folder
 
 # (algorithm, clients, clients_per_rank, local steps, stages, model, buffer policy): with 2 ranks
 SCENARIOS = [
     ("localsgdm", 2, 1, 3, 1, "mlp", "average"),
-    ("codaplus", 4, 2, 3, 2, "mlp", "average"),
+    ("codaplus", 4, 2, 3, 2, "cnn", "average"),  # BatchNorm statistics restart from the stage average
     ("codasca", 3, "auto", 3, 2, "mlp", "average"),
     ("coda", 4, 2, 3, 2, "mlp", "average"),
     ("npa", 2, 1, 1, 2, "mlp", "average"),
-    ("codasca", 4, 2, 2, 1, "cnn", "local"),
+    ("codasca", 4, 2, 2, 2, "cnn", "local", (("form", "code"),)),  # the authors' script's options
 ]
 ROUNDS = 4
+# FeDXL2's server-side score pools (comm.pool) over an uneven layout (3 clients on 2 ranks)
+FEDXL_SPEC = ("fedxl2", 3, "auto", 2, 1, "mlp", "average")
+FEDXL_OPTIONS = {"positives_per_batch": 4, "passive_samples": 4}
 
 
-def build(alg, clients, per_rank, steps, stages, model, policy, rounds=ROUNDS, seed=0):
+def build(alg, clients, per_rank, steps, stages, model, policy, options=None, rounds=ROUNDS, seed=0):
+    """``options``: a dict, or a tuple of (name, value) pairs (scenario specs stay hashable)."""
     data = make_federated("digits", clients, "class", 0.3, seed)
     net = build_model(model, data.data.input_shape, seed)
-    algorithm = ALGORITHMS[alg](Problem(net, data.data.pos_ratio, policy, "global"))
+    algorithm = ALGORITHMS[alg](Problem(net, data.data.pos_ratio, policy, "global"), **dict(options or {}))
     schedule = Schedule.build(rounds, steps, 0.1, stages)
     return DistributedSimulation(algorithm, data, schedule, 8, seed, clients_per_rank=per_rank, timeout=60)
 
@@ -86,6 +93,26 @@ class Counter:
             setattr(dist, n, fn)
 
 
+def streamed_config(folder: Path, engine: str, stream: bool) -> RunConfig:
+    """The streamed scenario (tests/test_distributed.py runs the loop reference in memory)."""
+    return RunConfig(
+        algorithm="codasca", dataset="folder", data_dir=str(folder), clients=4, imratio=None, partition="iid",
+        rounds=3, stages=1, local_steps=2, batch_size=6, engine=engine, stream=stream,
+        clients_per_rank=2 if engine == "distributed" else 1, workers=1, dist_timeout=60, tensorboard=False,
+    )  # fmt: skip
+
+
+def streamed_run(out: Path) -> dict:
+    """Each rank streams its own two clients' shards from an image folder (its own copy)."""
+    folder = out / f"images-{dist.get_rank()}"
+    write_image_folder(folder, per_class=16, size=8)
+    sim = experiment_build(streamed_config(folder, "distributed", True)).simulation
+    while not sim.done:
+        sim.run_round()
+    stream = sim.local_data.stream
+    return {"states": sim.state_dict()["states"], "shards": len(stream.shards), "misses": stream.misses}
+
+
 CLI_ARGS = ["--engine", "distributed", "-K", "4", "--clients-per-rank", "2", "--rounds", "4", "--stages", "2"]
 CLI_ARGS += ["-I", "2", "--eval-every", "2", "--algorithm", "codasca", "--dist-timeout", "60", "-q"]
 
@@ -112,6 +139,8 @@ def main(out: Path) -> None:
             }
         )
 
+    results["streamed"] = streamed_run(out)
+
     # checkpoint: stop after 2 rounds, resume in a fresh simulation
     spec = ("codasca", 3, "auto", 3, 2, "mlp", "average")
     first = build(*spec)
@@ -123,6 +152,11 @@ def main(out: Path) -> None:
     while not resumed.done:
         resumed.run_round()
     results["resumed"] = {"spec": spec, "states": resumed.state_dict()["states"]}
+
+    fedxl = build(*FEDXL_SPEC, rounds=3, options=FEDXL_OPTIONS)
+    while not fedxl.done:
+        fedxl.run_round()
+    results["fedxl"] = {"states": fedxl.state_dict()["states"], "ledger": fedxl.ledger.summary()}
 
     # gather with an uneven layout (3 clients on 2 ranks: 2 + 1), mixed dtypes
     group = DistGroup.current()

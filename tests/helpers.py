@@ -79,6 +79,24 @@ def idx_bytes(array: np.ndarray) -> bytes:
     return header + array.astype(np.uint8).tobytes()
 
 
+def write_image_folder(root: Any, per_class: int = 12, size: int = 8, seed: int = 0) -> list[Any]:
+    """Two class folders ``a`` and ``b`` of random RGB PNGs (class ``b`` brighter); the paths."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    paths = []
+    for c, name in enumerate(("a", "b")):
+        (Path(root) / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 160, (size, size, 3)) + 90 * c
+            path = Path(root) / name / f"{i:03d}.png"
+            Image.fromarray(pixels.astype(np.uint8)).save(path)
+            paths.append(path)
+    return paths
+
+
 class PositivesProbe(Algorithm):
     """Counts what the engine feeds it: positives and samples seen, and the p the AUC losses
     would use on each batch (``problem.batch_p``); no learning, no communication."""

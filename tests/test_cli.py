@@ -94,7 +94,8 @@ def test_nan_loss_stops_keeps_history_and_names_the_round(tmp_path):
     assert summary["status"] == "failed" and "at round" in summary["error"]
     failed_round = int(summary["error"].split("at round ")[1].split(";")[0])
     rows = list(csv.DictReader(open(out / "history.csv")))
-    assert len(rows) == failed_round  # every completed round was evaluated and kept
+    # rounds are 1-based as in history.csv: every round before the failed one was evaluated and kept
+    assert [int(r["round"]) for r in rows] == list(range(1, failed_round))
 
 
 def test_existing_run_is_not_overwritten(tmp_path):

@@ -197,3 +197,15 @@ def test_code_form_applies_the_authors_settings():
     )
     run_all(sim)
     assert float(sim.states["alpha"].min()) >= 0.0  # AUCM's α stays in [0, 999]
+
+
+def test_coda_refuses_one_stage_because_it_would_be_codaplus(tmp_path):
+    """Issue 13.2: with stages = 1 CoDA's restart and closed-form α never run (it was CODA+)."""
+    from fedxrisk.experiment import ConfigError, RunConfig, run_experiment
+
+    with pytest.raises(ValueError, match="coda needs stages ≥ 2: .* exactly codaplus"):
+        make_sim("coda", stages=1)
+    cfg = RunConfig(algorithm="coda", rounds=2, stages=1, clients=2)
+    with pytest.raises(ConfigError, match="coda needs stages ≥ 2"):
+        run_experiment(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -52,8 +52,9 @@ def worker_results(tmp_path_factory):
 
 @functools.cache
 def _loop_reference(spec, rounds=4):
-    alg, clients, _, steps, stages, model, policy = spec
+    alg, clients, _, steps, stages, model, policy, *options = spec
     kw = dict(clients=clients, rounds=rounds, local_steps=steps, stages=stages, model=model)
+    kw["options"] = dict(options[0]) if options else None
     return run_all(make_sim(alg, "loop", partition="class", buffer_policy=policy, **kw))
 
 
@@ -95,6 +96,34 @@ def test_uneven_gather_and_checkpoint_resume(worker_results):
     assert results["gather_ok"] and results["gather_ledger_equal"]
     loop = _loop_reference(results["resumed"]["spec"])
     assert max_abs_diff(loop.states, results["resumed"]["states"]) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:data.batch_size = .* exceeds the data of:UserWarning")  # tiny shards
+def test_each_rank_streams_its_own_shards_like_the_loop_engine(worker_results, tmp_path):
+    from dist_worker import streamed_config
+    from fedxrisk.experiment import build
+    from helpers import write_image_folder
+
+    _, results, _ = worker_results
+    write_image_folder(tmp_path, per_class=16, size=8)
+    loop = run_all(build(streamed_config(tmp_path, "loop", False)).simulation)
+    assert results["streamed"]["shards"] == 2 and results["streamed"]["misses"] == 0  # 2 of the 4 clients
+    assert max_abs_diff(loop.states, results["streamed"]["states"]) < 1e-5
+
+
+def test_fedxl_score_pools_equal_the_loop_engine_on_an_uneven_layout(worker_results):
+    """comm.pool across ranks: the same merged, shuffled pools (and bytes) as the simulation."""
+    from dist_worker import FEDXL_OPTIONS, FEDXL_SPEC
+
+    _, results, _ = worker_results
+    alg, clients, _, steps, stages, model, policy = FEDXL_SPEC
+    loop = run_all(
+        make_sim(alg, "loop", clients=clients, rounds=3, local_steps=steps, stages=stages, model=model,
+                 partition="class", buffer_policy=policy, options=FEDXL_OPTIONS)
+    )  # fmt: skip
+    assert max_abs_diff(loop.states, results["fedxl"]["states"]) < 1e-5
+    assert results["fedxl"]["ledger"] == loop.ledger.summary()
+    assert results["fedxl"]["ledger"]["collective_calls"]["pool"] == 4  # the seed and 3 rounds
 
 
 def test_torchrun_cli_run_equals_loop_run_and_only_rank0_reports(worker_results, tmp_path):

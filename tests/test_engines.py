@@ -23,6 +23,20 @@ def test_loop_and_vmap_agree(alg):
     assert loop.ledger.summary() == vmap.ledger.summary()
 
 
+@pytest.mark.parametrize(
+    "alg, options",
+    [
+        ("codasca", {"form": "code"}),  # sequential α, own prox reference, variates kept (issue 13.3)
+        ("codaplus", {"form": "code", "clip_scope": "all", "prox_reference": "global"}),
+    ],
+)
+def test_loop_and_vmap_agree_on_the_code_form_options(alg, options):
+    kw = dict(clients=3, rounds=4, local_steps=2, stages=2, partition="class", options=options)
+    loop, vmap = run_all(make_sim(alg, "loop", **kw)), run_all(make_sim(alg, "vmap", **kw))
+    assert max_abs_diff(loop.states, vmap.states) < 1e-5
+    assert loop.ledger.summary() == vmap.ledger.summary()
+
+
 @pytest.mark.parametrize("policy", ["average", "local"])
 @pytest.mark.parametrize("alg", ["localsgdm", "codasca"])
 def test_batchnorm_model_agrees_and_follows_buffer_policy(alg, policy):
@@ -41,7 +55,8 @@ def test_batchnorm_model_agrees_and_follows_buffer_policy(alg, policy):
 
 @pytest.mark.parametrize("alg", CORE)
 def test_communicated_state_is_identical_on_all_clients(alg):
-    sim = run_all(make_sim(alg, "vmap", clients=4, rounds=2, local_steps=_window(alg), partition="class"))
+    kw = dict(clients=4, rounds=2, local_steps=_window(alg), stages=2, partition="class")
+    sim = run_all(make_sim(alg, "vmap", **kw))
     for name in sim.algorithm.communicates:
         if name in sim.states:
             assert_equal_across_clients(sim.states[name], name)

@@ -50,33 +50,38 @@ def runs(tmp_path_factory):
     # class folders of 32×32 images: class 1 brighter
     for split, count in (("train", 10), ("test", 6)):
         for c in (0, 1):
-            (root / "img" / split / f"c{c}").mkdir(parents=True)
+            (root / "data" / "img" / split / f"c{c}").mkdir(parents=True)
             for i in range(count):
                 level = int(rng.integers(40, 140)) + 70 * c
                 pixels = np.clip(rng.normal(level, 30, size=(32, 32, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(root / "img" / split / f"c{c}" / f"{i}.png")
+                Image.fromarray(pixels).save(root / "data" / "img" / split / f"c{c}" / f"{i}.png")
     # tabular: 4 features on different scales
-    (root / "tab").mkdir()
+    (root / "data" / "tab").mkdir(parents=True)
     feats = rng.normal(size=(80, 4)) * [1, 10, 100, 0.1] + [0, 5, -50, 1]
     label = (feats[:, 0] + feats[:, 1] / 10 + rng.normal(size=80) > 0.5).astype(int)
     for name, rows in (("train.csv", slice(0, 56)), ("test.csv", slice(56, 80))):
-        with open(root / "tab" / name, "w", newline="") as f:
+        with open(root / "data" / "tab" / name, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["f0", "f1", "f2", "f3", "label"])
             w.writerows([[*map(float, r), int(t)] for r, t in zip(feats[rows], label[rows])])
     configs = {
         "digits": RunConfig(**TINY),
         "ml": RunConfig(dataset="npz", data_dir=str(root / "ml.npz"), imratio=None, partition="iid", **TINY),
-        "img": RunConfig(dataset="folder", data_dir=str(root / "img"), imratio=None, partition="iid", **TINY),
+        "img": RunConfig(
+            dataset="folder", data_dir=str(root / "data" / "img"), imratio=None, partition="iid", **TINY
+        ),
         "tab": RunConfig(
-            dataset="tabular", data_dir=str(root / "tab"), imratio=None, partition="iid", **TINY
+            dataset="tabular", data_dir=str(root / "data" / "tab"), imratio=None, partition="iid", **TINY
         ),
     }
-    for name, cfg in configs.items():
+    for name, cfg in configs.items():  # data in root/data: a run's --out must be a new folder
         run_experiment(cfg, root / name)
     return root
 
 
+@pytest.mark.filterwarnings(
+    "ignore:data.batch_size = .* exceeds every client's data:UserWarning"
+)  # tiny shards
 def test_evaluate_reproduces_the_runs_final_metrics_and_client_counts(runs, tmp_path):
     result = fedxrisk.evaluate(runs / "digits", bootstrap=50, out=tmp_path)
     summary = json.loads((runs / "digits" / "summary.json").read_text())
@@ -127,7 +132,7 @@ def test_per_site_and_per_label_table_from_a_dataset_split_fits_80_columns(runs,
 
 
 def test_manifest_evaluation_per_site_equals_direct_computation(runs, tmp_path):
-    test = runs / "img" / "test"
+    test = runs / "data" / "img" / "test"
     files = sorted(test.rglob("*.png"))
     with open(tmp_path / "m.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -139,7 +144,7 @@ def test_manifest_evaluation_per_site_equals_direct_computation(runs, tmp_path):
     result = fedxrisk.evaluate(
         runs / "img", manifest=tmp_path / "m.csv", bootstrap=20, batch_size=5, out=tmp_path
     )
-    data = read_image_folder(runs / "img")
+    data = read_image_folder(runs / "data" / "img")
     y, s = data.y_test.astype(float), _direct(runs / "img", data.x_test)[:, 0]
     m = result["overall"]["score"]
     assert m["auroc"] == pytest.approx(auroc(y, s), abs=1e-12)
@@ -165,14 +170,16 @@ def test_predict_npz_equals_model_outputs(runs, tmp_path):
 
 
 def test_predict_images_and_tabular_match_training_preprocessing(runs, tmp_path):
-    test = runs / "img" / "test"
+    test = runs / "data" / "img" / "test"
     pred = fedxrisk.predict(runs / "img", test, tmp_path / "img.csv", batch_size=5)
-    data = read_image_folder(runs / "img")  # the reader that trained the model, decoding everything
+    data = read_image_folder(runs / "data" / "img")  # the reader that trained the model, decoding everything
     assert [i[0] for i in pred.ids] == [str(p.relative_to(test)) for p in sorted(test.rglob("*.png"))]
     assert np.allclose(pred.logits[:, 0], _direct(runs / "img", data.x_test)[:, 0], atol=1e-6)
     # tabular: the raw test rows, standardized with the run's training statistics
-    tab = read_tabular_csv(runs / "tab")
-    pred = fedxrisk.predict(runs / "tab", runs / "tab" / "test.csv", tmp_path / "tab.csv", scores="logit")
+    tab = read_tabular_csv(runs / "data" / "tab")
+    pred = fedxrisk.predict(
+        runs / "tab", runs / "data" / "tab" / "test.csv", tmp_path / "tab.csv", scores="logit"
+    )
     rows = _read(tmp_path / "tab.csv")
     assert list(rows[0]) == ["row", "logit"] and [int(r["row"]) for r in rows] == list(range(24))
     expected = _direct(runs / "tab", tab.x_test)[:, 0]
@@ -250,7 +257,7 @@ def test_missing_and_corrupt_images_named_nothing_written(runs, tmp_path):
     _refused(_cli(["predict", runs / "img", tmp_path / "m.csv", "--out", out]),
              f"{tmp_path / 'm.csv'}: 2 image(s) not found: {tmp_path / 'a.png'}, {tmp_path / 'b.png'}", out)  # fmt: skip
     folder = tmp_path / "imgs"
-    shutil.copytree(runs / "img" / "test" / "c0", folder)
+    shutil.copytree(runs / "data" / "img" / "test" / "c0", folder)
     (folder / "z.png").write_bytes(b"not a png")
     result = _cli(["predict", runs / "img", folder, "--out", out, "--batch-size", "2"])
     assert result.exit_code == 2 and f"Error: {folder / 'z.png'}: cannot decode image" in result.output

@@ -168,6 +168,42 @@ def test_local_scgd_with_gamma_one_and_one_outer_sample_equals_fcsg():
     assert max_abs_diff(ref.states["w"], scgd.states["w"]) < 1e-6
 
 
+def test_local_scgd_per_task_inner_state_with_gamma_one_equals_fcsg_for_several_tasks():
+    """Issue 13.6: y_i = ĝ_i at γ = 1, so each task's gradient is its own CSG estimate;
+    the shared y (the mean of the ĝ_i) is a different method once b > 1."""
+    ref = run_all(_inv_sim("fcsg", clients=2, b=3))
+    per_task = run_all(_inv_sim("local_scgd", clients=2, b=3, gamma=1.0))
+    shared = run_all(_inv_sim("local_scgd", clients=2, b=3, gamma=1.0, inner_state="shared"))
+    assert max_abs_diff(ref.states["w"], per_task.states["w"]) < 1e-6
+    assert max_abs_diff(ref.states["w"], shared.states["w"]) > 1e-3
+
+
+@pytest.mark.parametrize("inner_state", ["per_task", "shared"])
+def test_local_scgd_step_equals_a_hand_written_reference(inner_state):
+    """d = 1/b Σ_i ∂ĝ_iᵀ∇f_ξi(y_i) + ∇r with y_i = (1 − γ)y + γĝ_i (per task) or y_i = mean_i of
+    those (shared), written as the gradient of f at the interpolated point divided by γ."""
+    gamma, lr = 0.3, 0.1
+    sim = _inv_sim("local_scgd", clients=1, b=3, gamma=gamma, inner_state=inner_state)
+    alg, obj, problem = sim.algorithm, sim.algorithm._objective, sim.algorithm.problem
+    w, buffers = problem.init_model()
+    y = torch.tensor(0.7)
+    data = InvariantLRData(num_clients=1, m=4, outer_batch=3, seed=0)
+    sample = {k: index(v, 0) for k, v in data.batch(np.zeros((1, 3), dtype=np.int64)).items()}
+    state = {"w": w, "buffers": buffers, "y": y, "loss": torch.zeros(())}
+    out = alg.local_step(state, sample, StepContext(1, 1, 0, 0, lr, 3))
+
+    x = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    g = obj.inner_mean(problem, x, buffers, sample["xi"], sample["eta"])
+    y_rows = (1 - gamma) * y + gamma * g  # row i depends on x through ĝ_i only: ∂f_i/∂x = γ ∂ĝ_iᵀ∇f_i
+    if inner_state == "shared":  # same gradient path, value moved to the shared point ȳ
+        y_rows = y_rows + (y_rows.mean(0) - y_rows).detach()
+    total = obj.outer(problem, y_rows, sample["xi"]).sum() / 3 / gamma
+    d = torch.autograd.grad(total + obj.regularizer(problem, x), x)
+    assert torch.allclose(out["y"], ((1 - gamma) * y + gamma * g.mean(0)).detach(), atol=1e-7)
+    for k in w:
+        assert torch.allclose(out["w"][k], w[k] - lr * d[k], atol=1e-6), k
+
+
 def test_init_batches_estimate_u1_at_x0_from_B_outer_samples():
     sim = _inv_sim("fcsg_m", clients=1, rounds=1, window=2, b=2, init_batches=2, beta=0.5)
     w0, buffers = sim.algorithm.problem.init_model()

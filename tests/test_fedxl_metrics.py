@@ -66,7 +66,7 @@ def test_run_outputs_name_both_paucs(tmp_path):
         assert 0.0 <= summary["final"][key] <= 1.0
         assert summary["best"][key] == max(float(r[key]) for r in rows)
     by = summary["communication"]["by_variable"]
-    assert {"w", "pos_scores", "neg_scores"} == set(by)
+    assert {"w", "pos_pool", "neg_pool"} == set(by)
 
 
 def test_metrics_rank_infinite_scores_and_give_nan_for_nan_scores():

@@ -90,6 +90,25 @@ def test_protocol_matches_loop_engine(algorithm, tmp_path):
     assert transport.messages == K * (calls + 2)
 
 
+def test_protocol_matches_loop_engine_with_the_code_form_options(tmp_path):
+    """Issue 13.3: CODASCA form = "code" (own prox reference per site, variates kept at the
+    stage end, sequential α step) replays exactly through the Flower protocol."""
+    rc = run_config("codasca", tmp_path, options=json.dumps({"form": "code"}))
+    summary, transport = run_local(rc, trial_nodes())
+    sim, params, _ = reference("codasca", rc)
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    for k, node in enumerate(sorted(transport.saved)):
+        site_state = unflatten(transport.saved[node].arrays["state"])
+        assert max_abs_diff(site_state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < 1e-6
+    assert summary["communication"] == sim.ledger.summary()
+
+
+def test_coordinator_refuses_coda_with_one_stage(tmp_path):
+    """Issue 13.2 through Flower: the coordinator runs the engines' schedule check."""
+    with pytest.raises(FederationError, match="coda: coda needs stages ≥ 2"):
+        run_local(run_config("coda", tmp_path, stages=1), trial_nodes())
+
+
 def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
     """FeDXL2's per-sample u is sized by the largest shard over all sites (405 and 495 samples here):
     the server derives it from the set-up counts; class-aware batches, the begin gather, pools
@@ -100,7 +119,7 @@ def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
     assert [s["samples"] for s in summary["sites"]] == [405, 495]
     for k, node in enumerate(sorted(transport.saved)):
         state = unflatten(transport.saved[node].arrays["state"])
-        assert state["u"].shape == (1, 495)
+        assert state["log_u"].shape == (1, 495)
         assert max_abs_diff(state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < 1e-6
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
     assert summary["communication"] == sim.ledger.summary()
@@ -167,6 +186,29 @@ def test_folder_sites_reproduce_the_trial(tmp_path):
     assert folder_summary["communication"] == trial_summary["communication"]
 
 
+def test_streaming_sites_read_their_own_files_lazily_and_reproduce_the_trial(tmp_path, monkeypatch):
+    """Sites with node config stream = true decode train.npz per batch (memory-mapped): same run."""
+    from fedxrisk.data.stream import Stream
+
+    fetched = []
+    fetch = Stream.fetch
+    monkeypatch.setattr(
+        Stream, "fetch", lambda self, index: fetched.append(index.shape) or fetch(self, index)
+    )
+    cfg = FlowerConfig.from_run_config({**SPLIT})
+    folders = export_trial(cfg, "digits", K, tmp_path / "sites")
+    nodes = {
+        2000 + i: {"data-dir": str(f), "partition-id": i, "stream": True, "workers": 1}
+        for i, f in enumerate(folders)
+    }
+    rc = run_config("codasca", tmp_path / "a", **{"test-data": str(tmp_path / "sites" / "test.npz")})
+    streamed, _ = run_local(rc, nodes)
+    trial, _ = run_local(run_config("codasca", tmp_path / "b"), trial_nodes())
+    assert len(fetched) == K * rc["rounds"] * rc["local-steps"] and fetched[0] == (1, rc["batch-size"])
+    assert streamed["final"] == trial["final"]
+    assert streamed["communication"] == trial["communication"]
+
+
 def _site(folder, x, y, with_val=False):
     folder.mkdir(parents=True)
     np.savez(folder / "train.npz", x=x, y=y)
@@ -220,6 +262,63 @@ def test_site_without_positives_is_reported_and_can_be_allowed(tmp_path):
     rc = {**rc, "allow-missing-class": True, "out-dir": str(tmp_path / "out2")}
     summary, _ = run_local(rc, nodes)
     assert summary["status"] == "completed" and summary["sites"][1]["positives"] == 0
+
+
+def test_a_site_with_nan_features_is_refused_at_set_up_and_alone_named(tmp_path):
+    """Before: set-up passed and round 1 blamed both sites ("non-finite loss or model")."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.float32)
+    bad_x = x.copy()
+    bad_x[[4, 9], 1] = np.nan
+    nodes = {
+        1: {"data-dir": _site(tmp_path / "good", x, y)},
+        2: {"data-dir": _site(tmp_path / "bad", bad_x, y)},
+    }
+    rc = run_config("codasca", tmp_path / "out", stages=1, rounds=1, **{"test-data": "", "model": "linear"})
+    with pytest.raises(FederationError) as failure:
+        run_local(rc, nodes)
+    bad = tmp_path / "bad" / "train.npz"
+    assert str(failure.value) == (
+        f"set-up: node 2 failed: SiteDataError: {bad}: 2 non-finite value(s) (NaN/inf) in rows 4, 9 (0-based); "
+        "fix or drop those rows"
+    )
+
+
+class RecordingTransport(LocalTransport):
+    """LocalTransport that keeps every (request, reply) pair of the run."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.log: list[tuple] = []
+
+    def send(self, requests, op):
+        replies = super().send(requests, op)
+        self.log += [(requests[n], replies.get(n)) for n in requests]
+        return replies
+
+
+def test_pool_masks_stay_on_the_server_and_a_missing_class_is_not_revealed(tmp_path):
+    """FeDXL1 with one site holding no positive: its masks go up, only valid scores come down."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    good = _site(tmp_path / "good", x, (x[:, 0] > 0).astype(np.float32))
+    bad = _site(tmp_path / "bad", x, np.zeros(40, np.float32))
+    rc = run_config("fedxl1", tmp_path / "out", stages=1, rounds=2, **{"test-data": "", "model": "linear"})
+    rc["allow-missing-class"] = True
+    _, transport = run_local(rc, {1: {"data-dir": good}, 2: {"data-dir": bad}}, RecordingTransport)
+    sent_up = [
+        r.arrays["payload"] for _, r in transport.log if r is not None and r.config.get("kind") == "pool"
+    ]
+    down = [q.arrays["answer"] for q, _ in transport.log if q.config.get("kind") == "pool"]
+    assert len(sent_up) == 2 * 3 and len(down) == 2 * 3  # 2 sites × (the seed + 2 rounds)
+    assert any(int(p["valid/pos_pool"].sum()) == 0 for p in sent_up)  # the bad site's mask: up only
+    for answer in down:
+        assert set(answer) == {"pos_pool/scores", "neg_pool/scores"}  # no mask, no per-site layout
+        assert not bool((answer["pos_pool/scores"] == -1.0).any())
+        assert (
+            len(answer["pos_pool/scores"]) == 2 * 4 or len(answer["pos_pool/scores"]) == 4
+        )  # good site only
 
 
 @pytest.mark.parametrize(
@@ -342,3 +441,21 @@ def test_new_app_writes_every_run_config_key(tmp_path):
     assert (cfg.algorithm, cfg.rounds, cfg.options) == ("localsgdm", 4, {})
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         write_app(tmp_path / "bad", {"algorithm": "nope"})
+
+
+def test_init_from_starts_every_site_from_the_file_as_the_loop_engine(tmp_path):
+    from fedxrisk.experiment import RunConfig, build
+    from fedxrisk.models import build_model
+
+    torch.save(build_model("mlp", (1, 8, 8), 7).state_dict(), tmp_path / "w.pt")
+    rc = run_config("codasca", tmp_path / "out", **{"init-from": str(tmp_path / "w.pt"), "reset-head": True})
+    run_local(rc, trial_nodes())
+    cfg = RunConfig(
+        algorithm="codasca", engine="loop", clients=K, rounds=3, local_steps=2, batch_size=8, lr=0.1, stages=2,
+        init_from=str(tmp_path / "w.pt"), reset_head=True, **SPLIT,
+    )  # fmt: skip
+    sim = build(cfg).simulation
+    while not sim.done:
+        sim.run_round()
+    params, _ = sim.global_model()
+    assert max_abs_diff(torch.load(tmp_path / "out" / "model.pt")["params"], params) < 1e-6

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
+from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
 from torch import nn
 
+from fedxrisk import pipeline
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.cli import main
 from fedxrisk.config import config_to_toml, load_config
@@ -22,7 +22,7 @@ from fedxrisk.experiment import (
     run_experiment,
 )
 from fedxrisk.init_from import head_name, load_weights
-from fedxrisk.models import MODELS, build_model
+from fedxrisk.models import MODELS, DenseNet, build_model
 from fedxrisk.pipeline import PRETRAIN_DIR, pretrain_config
 
 # BatchNorm model: buffers must travel with the weights
@@ -72,6 +72,7 @@ def test_every_algorithm_starts_from_exactly_the_loaded_weights(finished, engine
             **BASE | {"algorithm": name, "engine": engine, "batch_size": 32}, init_from=str(finished.out_dir)
         )
         cfg.local_steps = ALGORITHMS[name].fixed_window or 2
+        cfg.stages = 2 if name == "coda" else 1  # CoDA refuses one stage (it would be CODA+)
         start = _start(build(cfg))
         assert set(start) == set(saved), name
         for k, v in saved.items():
@@ -207,10 +208,21 @@ PRE = {"rounds": 2, "lr": 0.05}
 
 @pytest.fixture(scope="module")
 def two_stage(tmp_path_factory):
-    return run_experiment(RunConfig(**TWO, pretrain=PRE), tmp_path_factory.mktemp("two") / "run")
+    """The run, and each stage's starting models (all clients) as training began."""
+    starts, train = [], pipeline._train
+
+    def spy(setup, out, callback, ckpt):
+        starts.append({k: v.clone() for k, v in _start(setup).items()})
+        return train(setup, out, callback, ckpt)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "_train", spy)
+        result = run_experiment(RunConfig(**TWO, pretrain=PRE), tmp_path_factory.mktemp("two") / "run")
+    return result, starts
 
 
 def test_two_stage_main_stage_starts_from_exactly_the_pretrained_model(two_stage):
+    two_stage, (_, main_start) = two_stage
     out = two_stage.out_dir
     pre = load_run(out / PRETRAIN_DIR)
     assert pre.summary["algorithm"] == "localsgdm" and pre.summary["rounds"] == 2
@@ -218,10 +230,13 @@ def test_two_stage_main_stage_starts_from_exactly_the_pretrained_model(two_stage
     assert two_stage.summary["init"]["pretrain"]["final"] == pre.summary["final"]
     for key in METRICS:  # round 0 of the AUC stage evaluates the pretrained model
         assert two_stage.history[0][key] == pre.summary["final"][key], key
-    cfg = RunConfig(**TWO, pretrain=PRE)
-    start, saved = _start(build(cfg, init_path=out / PRETRAIN_DIR)), _weights(out / PRETRAIN_DIR)
+    saved = _weights(out / PRETRAIN_DIR)
+    assert set(main_start) == set(saved)
+    for k, v in saved.items():  # every client of the AUC stage starts from stage 1's model.pt
+        assert torch.equal(main_start[k], v.expand_as(main_start[k])), k
+    resumed = _start(build(RunConfig(**TWO, pretrain=PRE), init=out / PRETRAIN_DIR))  # the resume path
     for k, v in saved.items():
-        assert torch.equal(start[k], v.expand_as(start[k])), k
+        assert torch.equal(resumed[k], v.expand_as(resumed[k])), k
 
 
 def test_two_stage_config_round_trips_and_names_bad_pretrain_keys(tmp_path):
@@ -240,6 +255,12 @@ def test_two_stage_config_round_trips_and_names_bad_pretrain_keys(tmp_path):
         load_config(tmp_path / "c.toml", ["pretrain.momentun=0.5"])
     with pytest.raises(ConfigError, match=r"^pretrain.rounds must be ≥ 1, got 0$"):
         load_config(tmp_path / "c.toml", ["pretrain.rounds=0"])
+    with pytest.raises(ConfigError, match=r"^pretrain.momentum must lie in \[0, 1\), got 1.5 \(localsgdm\)$"):
+        load_config(tmp_path / "c.toml", ["pretrain.momentum=1.5"])
+    with pytest.raises(
+        ConfigError, match=r"^pretrain.algorithm: unknown algorithm 'sgd'; choose 'centralized' or one of "
+    ):
+        load_config(tmp_path / "c.toml", ["pretrain.algorithm='sgd'"])
 
 
 def _interrupt_at(call: int):
@@ -275,10 +296,49 @@ def test_two_stage_resumes_from_either_stage(uninterrupted, tmp_path, call):
     assert [r["round"] for r in resumed.history] == [0, 1, 2, 3]
 
 
-def test_cli_pretrain_rounds_runs_both_stages(tmp_path):
-    result, out = _cli(tmp_path, "--pretrain-rounds", "1", "--reset-head", "--eval-every", "1")
+def test_bundled_two_stage_config_runs_from_one_command(tmp_path):
+    config = Path(__file__).resolve().parents[1] / "configs" / "two_stage.toml"
+    result, out = _cli(tmp_path, "--config", str(config), "--pretrain-rounds", "2", "--eval-every", "1")
     assert result.exit_code == 0, result.output
-    summary = load_run(out).summary
-    assert summary["init"]["pretrain"]["rounds"] == 1 and summary["init"]["reset_head"] is True
-    assert not math.isnan(load_run(out).history[0]["test_auroc"])
-    assert dataclasses.asdict(load_config(out / "config.toml"))["pretrain"] == {"rounds": 1}
+    run, pre = load_run(out), load_run(out / PRETRAIN_DIR)
+    assert (pre.summary["algorithm"], pre.summary["rounds"], pre.summary["status"]) == (
+        "localsgdm",
+        2,
+        "completed",
+    )
+    assert run.summary["init"]["pretrain"]["rounds"] == 2 and run.summary["init"]["reset_head"] is True
+    assert [r["round"] for r in run.history] == [0, 1] and run.summary["algorithm"] == "codasca"
+    expected = {
+        "algorithm": "localsgdm",
+        "rounds": 2,
+        "local_steps": 8,
+        "lr": 0.1,
+        "stages": 1,
+        "momentum": 0.9,
+    }
+    assert load_config(out / "config.toml").pretrain == expected
+
+
+def test_torchvision_densenet_file_with_old_key_names_loads_with_a_fresh_head(tmp_path):
+    small = dict(blocks=(2, 1), growth=8, init_features=16)  # DenseNet-121's layout, fewer layers
+    torch.manual_seed(1)
+    imagenet = DenseNet((3, 32, 32), 1000, **small).state_dict()
+    old = {k.replace("norm1", "norm.1").replace("conv2", "conv.2"): v for k, v in imagenet.items()}
+    assert "features.denseblock1.denselayer1.norm.1.weight" in old
+    torch.save(old, tmp_path / "densenet121-a639ec97.pth")
+    torch.manual_seed(0)
+    model = DenseNet((3, 32, 32), 5, **small)
+    info = load_weights(model, "densenet121", tmp_path / "densenet121-a639ec97.pth", reset_head=True)
+    assert info["head"] == "classifier" and model.classifier.weight.shape == (5, 24)
+    for k, v in model.state_dict().items():
+        if not k.startswith("classifier."):
+            assert torch.equal(v, imagenet[k]), k
+
+
+def test_compare_varies_the_pretrain_stage():
+    from fedxrisk.compare import build_variants
+
+    base = {"experiment": {"rounds": 2}, "algorithm": {"stages": 1}, "pretrain": {"rounds": 1}}
+    variants = build_variants(base, vary={"pretrain.rounds": [1, 3]})
+    assert [v.label for v in variants] == ["codasca pretrain.rounds=1", "codasca pretrain.rounds=3"]
+    assert [v.configs[0].pretrain for v in variants] == [{"rounds": 1}, {"rounds": 3}]

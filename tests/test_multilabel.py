@@ -17,6 +17,7 @@ from fedxrisk.metrics import evaluate
 from fedxrisk.models import build_model
 from fedxrisk.objectives import auc_square_loss, aucm_loss
 from fedxrisk.problem import Problem
+from fedxrisk.tree import index
 from helpers import max_abs_diff, run_all
 
 L = 3
@@ -47,6 +48,8 @@ def _sim(alg: str, engine: str, options=None, mode: str = "global") -> Simulatio
         ("codaplus", {"form": "code"}, "batch"),
         ("coda", None, "local"),
         ("localsgdm", None, "global"),
+        ("localscgdam", {"first_order": True, "alpha_h": 1.0, "beta_x": 1.0, "beta_y": 1.0}, "global"),
+        ("localsgdam", None, "global"),
     ],
 )
 def test_multilabel_loop_and_vmap_agree(alg, options, mode):
@@ -66,6 +69,40 @@ def test_multilabel_loss_is_the_mean_of_per_label_losses(loss):
     a, b, alpha, p = (torch.rand(L, generator=g) for _ in range(4))
     per_label = [loss(s[:, j], y[:, j], a[j], b[j], alpha[j], p[j]) for j in range(L)]
     torch.testing.assert_close(loss(s, y, a, b, alpha, p), torch.stack(per_label).mean())
+
+
+@pytest.mark.parametrize("alg", ["localscgdam", "localsgdam"])
+def test_scgdam_family_keeps_one_a_b_alpha_per_label_and_averages_the_label_losses(alg):
+    """Issue 13.1: on a 3-label task each label has its own (a, b, α); the loss is the mean of the
+    per-label AUC losses, so ∂F/∂α_j is label j's own derivative divided by L."""
+    from fedxrisk.objectives.compositional import inner_map
+
+    options = {"alpha_h": 1.0, "beta_x": 1.0, "beta_y": 1.0} if alg == "localscgdam" else None
+    sim = _sim(alg, "loop", options)
+    algorithm, problem = sim.algorithm, sim.algorithm.problem
+    state = index(sim.states, 0)
+    assert state["a"].shape == state["b"].shape == state["alpha"].shape == (L,)
+    g = torch.Generator().manual_seed(1)
+    a, b, alpha = (torch.rand(L, generator=g) for _ in range(3))
+    state.update(a=a, b=b, alpha=alpha)
+    batch = {k: v[0] for k, v in sim.data.batch(np.arange(24).reshape(1, 24) % 10).items()}
+    w = state["w"]
+    if alg == "localscgdam":  # the outer loss is taken at the inner point g(x)
+        w = inner_map(problem, {"w": w, "a": a, "b": b}, state["buffers"], batch, algorithm.rho)[0]["w"]
+        _, galpha, f = algorithm.compositional_gradient(state, batch)
+    else:
+        (_, galpha), (f, _) = torch.func.grad_and_value(algorithm._objective, argnums=(0, 1), has_aux=True)(
+            {"w": w, "a": a, "b": b}, alpha, state["buffers"], state["p"], batch
+        )
+    s = torch.sigmoid(problem.logits(w, state["buffers"], batch["x"])[0]).detach()
+    alpha_leaf = alpha.clone().requires_grad_(True)
+    per_label = [
+        auc_square_loss(s[:, j], batch["y"][:, j], a[j], b[j], alpha_leaf[j], state["p"][j]) for j in range(L)
+    ]
+    expected = torch.stack(per_label).mean()
+    (expected_galpha,) = torch.autograd.grad(expected, alpha_leaf)
+    torch.testing.assert_close(f, expected.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(galpha, expected_galpha, atol=1e-6, rtol=1e-6)
 
 
 def test_per_label_metrics_match_sklearn():

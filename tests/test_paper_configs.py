@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, PARTITIONS
@@ -24,7 +25,7 @@ SECTIONS = {
     "experiment": {"seed", "rounds", "eval_every"},
     "data": {"dataset", "imratio", "partition", "clients", "dirichlet_alpha", "positive_classes",
              "batch_size", "allow_missing_class", "data_dir"},
-    "model": {"model", "buffer_policy"},
+    "model": {"model", "buffer_policy", "init_from", "reset_head"},
     "algorithm": {"algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"},
     "engine": {"engine", "device"},
 }  # fmt: skip
@@ -38,10 +39,12 @@ NULLABLE = {
 
 
 def load_config(path: Path) -> tuple[dict, dict]:
-    """(RunConfig fields, algorithm options) of a paper config."""
+    """(RunConfig fields, algorithm options) of a paper config; a [pretrain] table is ``fields["pretrain"]``."""
     raw = tomllib.loads(path.read_text())
-    assert set(raw) == set(SECTIONS), f"{path.name}: sections {sorted(raw)}"
+    assert set(raw) - {"pretrain"} == set(SECTIONS), f"{path.name}: sections {sorted(raw)}"
     fields, options = {}, {}
+    if "pretrain" in raw:
+        fields["pretrain"] = raw.pop("pretrain")
     for section, values in raw.items():
         for key, value in values.items():
             if key in NULLABLE and value == "none":
@@ -106,16 +109,19 @@ def _cifar(root: Path, classes: int, per_class: int) -> None:
         (folder / name).write_bytes(pickle.dumps({b"data": data, key.encode(): labels.tolist()}))
 
 
-def _chestxray(root: Path) -> None:
+def _chestxray(root: Path, sources: int = 5, split: bool = False, patients: int = 8) -> None:
+    """With ``split``, half of source 0's patients are the test set (as CheXpert's validation set)."""
     rng = np.random.default_rng(0)
-    lines = ["path,source,patient,Cardiomegaly,Edema,Consolidation,Atelectasis,Pleural Effusion"]
-    for s in range(5):
-        for p in range(8):
+    header = "path,source,patient,Cardiomegaly,Edema,Consolidation,Atelectasis,Pleural Effusion"
+    lines = [header + (",split" if split else "")]
+    for s in range(sources):
+        for p in range(patients):
             for i in range(2):
                 path = f"img/{s}_{p}_{i}.png"
                 _png(root / path, 100 * s + 10 * p + i)
                 labels = ",".join(str(v) for v in rng.choice([1, 0, 0, -1], 5))
-                lines.append(f"{path},site{s},s{s}p{p},{labels}")
+                part = ("," + ("test" if s == 0 and p >= patients // 2 else "train")) if split else ""
+                lines.append(f"{path},site{s},s{s}p{p},{labels}{part}")
     (root / "manifest.csv").write_text("\n".join(lines) + "\n")
 
 
@@ -151,7 +157,7 @@ def _mnist(root: Path) -> None:
             (root / f"{prefix}-{kind}-ubyte").write_bytes(idx_bytes(array))
 
 
-def make_tiny(dataset: str, root: Path) -> None:
+def make_tiny(dataset: str, root: Path, fields: dict | None = None) -> None:
     if dataset in ("cifar10", "cifar100"):
         _cifar(root, 10 if dataset == "cifar10" else 100, 6 if dataset == "cifar10" else 3)
     elif dataset == "folder":
@@ -159,6 +165,8 @@ def make_tiny(dataset: str, root: Path) -> None:
             for c in range(4):
                 for i in range(n):
                     _png(root / split / f"class{c}" / f"{i}.png", 1000 * c + i)
+    elif dataset == "chestxray_ih" and "fdam_chexpert" in (fields or {}).get("data_dir", ""):
+        _chestxray(root, fields["clients"], split=True, patients=4)  # Tables 4-5: K sources, CheXpert valid
     elif dataset == "chestxray_ih":
         _chestxray(root)
     elif dataset in ("mnist", "fashionmnist"):
@@ -171,20 +179,46 @@ def make_tiny(dataset: str, root: Path) -> None:
         raise AssertionError(f"no tiny generator for {dataset}: add one")
 
 
+def _weights_for(fields: dict, tmp_path: Path) -> str:
+    """A state dict file the config's (smoke) model accepts, in place of the files the user provides."""
+    from fedxrisk.experiment import build
+
+    path = tmp_path / "weights.pt"
+    torch.save(build(RunConfig(**fields)).problem.model.state_dict(), path)
+    return str(path)
+
+
 RUNNABLE = [p for p in CONFIGS if load_config(p)[0]["algorithm"] in ALGORITHMS]
 
 
 @pytest.mark.parametrize("path", RUNNABLE, ids=[p.stem for p in RUNNABLE])
+@pytest.mark.filterwarnings("ignore:clients .* hold only one class:UserWarning")  # tiny files, allowed here
+@pytest.mark.filterwarnings(
+    "ignore:data.batch_size = .* exceeds every client's data:UserWarning"
+)  # tiny files
 def test_config_runs_a_few_steps_on_tiny_files(path, tmp_path):
     fields, options = load_config(path)
-    make_tiny(fields["dataset"], tmp_path / "data")
+    make_tiny(fields["dataset"], tmp_path / "data", fields)
     smoke = dict(rounds=1, local_steps=2, stages=1, batch_size=2, eval_every=1, device="cpu", engine="vmap",
                  allow_missing_class=True, data_dir=str(tmp_path / "data"))  # fmt: skip
     if fields["model"].startswith("densenet"):  # DenseNet-121 itself is checked in test_models_zoo.py
         smoke["model"] = "linear"
     if "positives_per_batch" in options:  # FeDXL's B1 positives + B2 negatives, shrunk alike
         smoke["batch_size"], options["positives_per_batch"] = 4, 2
+    if fields.get("init_from"):  # ImageNet weights or stage 1 of another config: the smoke model's own
+        smoke["init_from"] = _weights_for({**fields, **smoke, "init_from": None, "pretrain": None}, tmp_path)
+    if "pretrain" in fields:
+        smoke["pretrain"] = {
+            **fields["pretrain"],
+            "rounds": 1,
+            "local_steps": 2,
+            "stages": 1,
+            "eval_every": 1,
+        }
     result = run_experiment(RunConfig(**{**fields, **smoke}, options=options), tmp_path / "run")
+    if "pretrain" in fields:
+        assert result.summary["init"]["pretrain"]["status"] == "completed"
+        assert result.history[0]["round"] == 0  # the AUC stage's first row: the pretrained model
     final = result.summary["final"]
     assert result.summary["status"] == "completed" and result.summary["num_clients"] == fields["clients"]
     if fields["dataset"] == "chestxray_ih":

@@ -1,42 +1,52 @@
-"""fedxrisk: federated learning of AUC-type risks (AUROC, pAUC, AP) on imbalanced data."""
+"""fedxrisk: federated learning of AUC-type risks (AUROC, pAUC, AP) on imbalanced data.
 
-from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
-from fedxrisk.compare import compare_experiments
-from fedxrisk.config import load_config
-from fedxrisk.data import make_federated
-from fedxrisk.engines import Simulation
-from fedxrisk.experiment import RunConfig, load_run, resume_experiment, run_experiment
-from fedxrisk.plots import plot_runs
-from fedxrisk.problem import Problem
+The public names below are imported on first use (PEP 562), so that
+``import fedxrisk`` and the command line start without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os as _os
+import sys as _sys
+from typing import Any
+
+if "torch" not in _sys.modules and "RANK" in _os.environ and "WORLD_SIZE" in _os.environ:
+    # A rank launched by torchrun: when a peer dies, torch's C++ store client prints a warning
+    # with a 20-line C++ stack for every failed heartbeat before our one-line diagnosis. Only
+    # errors are kept; TORCH_CPP_LOG_LEVEL is read once, when torch loads (set it to override).
+    _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 __version__ = "0.1.0"
 
-# Imported on first use (they pull in matplotlib, PIL, scipy): name → module.
-_LAZY = {"evaluate": "fedxrisk.evaluation", "predict": "fedxrisk.prediction"}
+_WHERE = {
+    "ALGORITHMS": "fedxrisk.algorithms",
+    "Algorithm": "fedxrisk.algorithms",
+    "Schedule": "fedxrisk.algorithms",
+    "compare_experiments": "fedxrisk.compare",
+    "load_config": "fedxrisk.config",
+    "make_federated": "fedxrisk.data",
+    "Simulation": "fedxrisk.engines",
+    "RunConfig": "fedxrisk.runconfig",
+    "load_run": "fedxrisk.experiment",
+    "resume_experiment": "fedxrisk.experiment",
+    "run_experiment": "fedxrisk.experiment",
+    "plot_runs": "fedxrisk.plots",
+    "Problem": "fedxrisk.problem",
+    "evaluate": "fedxrisk.evaluation",
+    "predict": "fedxrisk.prediction",
+}
+
+__all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'fedxrisk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'fedxrisk' has no attribute {name!r}")
 
-
-__all__ = [
-    "ALGORITHMS",
-    "Algorithm",
-    "Problem",
-    "RunConfig",
-    "Schedule",
-    "Simulation",
-    "compare_experiments",
-    "evaluate",
-    "load_config",
-    "load_run",
-    "make_federated",
-    "plot_runs",
-    "predict",
-    "resume_experiment",
-    "run_experiment",
-]
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

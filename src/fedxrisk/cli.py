@@ -7,22 +7,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.table import Column, Table
 
-from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.config import apply_override, config_from_sections, parse_value, read_config_file, section_of
-from fedxrisk.data import DATASETS, PARTITIONS
-from fedxrisk.engines import ENGINE_NAMES, DistributedError, NonFiniteLoss
-from fedxrisk.engines.distributed import launched_rank
-from fedxrisk.experiment import ConfigError, RunConfig, default_out_dir, resume_experiment, run_experiment
-from fedxrisk.models import MODELS
+# Only torch-free modules here: `fedxrisk --help`, `fedxrisk list` and argument errors must not
+# import torch (benchmarks/startup.py); commands import what they need when they run.
+from fedxrisk.runconfig import ConfigError, RunConfig
+
+if TYPE_CHECKING:
+    from fedxrisk.engines import NonFiniteLoss
 
 console = Console(stderr=True)
 DEFAULTS = RunConfig()
@@ -44,6 +43,14 @@ class BadConfig(click.ClickException):
     exit_code = 2
 
 
+def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
+    """The NaN message, what was kept, and how to continue."""
+    kept = f"{e}. History so far is kept in {folder}"
+    if (folder / "checkpoint.pt").exists():
+        return f"{kept}; continue from the last finite checkpoint with smaller steps: fedxrisk run --resume {folder} --set algorithm.lr=<lower>"
+    return f"{kept}; no checkpoint was reached: start again with a lower --lr"
+
+
 @contextmanager
 def _config_errors() -> Iterator[None]:
     try:
@@ -54,6 +61,8 @@ def _config_errors() -> Iterator[None]:
 
 def _parse_option(text: str) -> tuple[str, Any]:
     """``key=value`` with value parsed as a TOML value (number, bool, list, "none") or kept as text."""
+    from fedxrisk.config import parse_value
+
     if "=" not in text:
         raise ConfigError(f"--option expects KEY=VALUE, got {text!r}")
     key, raw = text.split("=", 1)
@@ -69,6 +78,8 @@ def _resolve(
     config_file: str | None, flags: dict[str, Any], options: tuple[str, ...], overrides: tuple[str, ...]
 ) -> dict[str, Any]:
     """Config file, then flags typed on the command line, then ``--option``, then ``--set``."""
+    from fedxrisk.config import apply_override, read_config_file, section_of
+
     doc = read_config_file(config_file) if config_file else {}
     for key, value in flags.items():
         doc.setdefault(section_of(key), {})[key] = value
@@ -214,23 +225,33 @@ def run(
 
     Settings come from --config FILE, then the flags typed here, then --set.
     """
+    from fedxrisk.config import config_from_sections
+    from fedxrisk.engines import DistributedError, NonFiniteLoss
+    from fedxrisk.engines.distributed import launched_rank
+    from fedxrisk.experiment import default_out_dir, resume_experiment, run_experiment
+
     pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
     given = _given(click.get_current_context(), flags)
     with _config_errors():
         if resume is not None:
-            extra = [*given, *(["--config"] if config_file else []), *(["--set"] if overrides else [])]
+            extra = [*given, *(["--config"] if config_file else [])]
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
             extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:
-                raise ConfigError(f"--resume continues a run with its own config; drop {', '.join(extra)}")
+                raise ConfigError(
+                    f"--resume continues a run with its own config; drop {', '.join(extra)} "
+                    "(it takes only --set algorithm.lr=… / algorithm.lr_decay=…)"
+                )
             folder = Path(resume)
-            job = lambda callback: resume_experiment(folder, callback)
+            job = lambda callback: resume_experiment(folder, callback, overrides)
         else:
             if pretrain_rounds is not None:  # --set pretrain.rounds still wins
                 overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
             cfg = config_from_sections(_resolve(config_file, given, options, overrides))
             folder = Path(out) if out else default_out_dir(cfg)
             job = lambda callback: run_experiment(cfg, folder, callback)
+        from fedxrisk.data.stream import BadFileError
+
         secondary = launched_rank() != 0  # under torchrun only rank 0 reports
         try:
             if quiet or secondary:
@@ -239,7 +260,12 @@ def run(
                 with _progress() as progress:
                     result = job(_Bar(progress, "training"))
         except NonFiniteLoss as e:
-            console.print(f"[red]error:[/red] {e}. History so far is kept in the output folder.")
+            console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
+            sys.exit(1)
+        except BadFileError as e:  # a corrupt file met while training: the checkpoint is kept
+            console.print(
+                f"[red]error:[/red] {escape(str(e).replace('RUN_DIR', str(folder)))}", soft_wrap=True
+            )
             sys.exit(1)
         except DistributedError as e:
             console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
@@ -256,52 +282,72 @@ def run(
 
 
 class _Bar:
-    """A progress callback: one bar per run, showing the round, test AUROC and ETA."""
+    """A progress callback: one bar per run, showing the round, test AUROC and ETA.
 
-    def __init__(self, progress: Progress, description: str | None = None):
+    A bar appears with the first round reported, so a run that fails its checks, or that a
+    comparison reads back finished, leaves no empty "round 0/None" line."""
+
+    def __init__(self, progress: Progress, description: str = ""):
         self.progress = progress
-        self.task = None if description is None else self.start(description)
+        self.description, self.task = description, None
 
-    def start(self, description: str) -> Any:
-        self.task = self.progress.add_task(description, total=None, auroc="   -  ")
-        return self.task
+    def start(self, description: str) -> None:
+        self.description, self.task = description, None
 
     def __call__(self, row: dict[str, Any], done: int, total: int) -> None:
+        if self.task is None:
+            if not self.progress.live.is_started:
+                self.progress.start()
+            self.task = self.progress.add_task(self.description, total=total, auroc="   -  ")
         auroc = f"{row['test_auroc']:.4f}" if row else None
         self.progress.update(self.task, completed=done, total=total, **({"auroc": auroc} if auroc else {}))
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        TextColumn("round {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("test AUROC {task.fields[auroc]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
+@contextmanager
+def _progress() -> Iterator[Progress]:
+    """Progress bars on stderr, drawn from the first bar on (see :class:`_Bar`).
+
+    Lines stay two columns short of the terminal: the "^C" a terminal echoes after Ctrl-C then
+    does not wrap the line, which left a second copy of it on screen."""
+    width = max(20, console.width - 2)
+    bar = max(5, min(40, width - 90))  # the columns after the label take 55 characters
+    whole = lambda chars: Column(no_wrap=True, min_width=chars)  # numbers are never cut; a long label is
+    progress = Progress(
+        TextColumn(
+            "{task.description}", table_column=Column(no_wrap=True, max_width=max(8, width - 56 - bar))
+        ),
+        TextColumn("round {task.completed}/{task.total}", table_column=whole(len("round 1000/1000"))),
+        BarColumn(bar_width=bar),
+        TextColumn("test AUROC {task.fields[auroc]}", table_column=whole(len("test AUROC 0.0000"))),
+        TimeElapsedColumn(table_column=whole(7)),
+        TextColumn("ETA", table_column=whole(3)),
+        TimeRemainingColumn(table_column=whole(7)),
+        console=Console(file=console.file, width=width, force_terminal=console.is_terminal or None),
     )
+    try:
+        yield progress
+    finally:
+        if progress.live.is_started:
+            progress.stop()
 
 
 def _fmt(x: Any) -> str:
+    if isinstance(x, list):  # per-label metrics
+        return ", ".join(map(_fmt, x))
     return f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
 def _print_summary(s: dict[str, Any], out: Any) -> None:
-    table = Table(
-        title=f"{s['algorithm']} on {s['dataset']}: K={s['num_clients']}, I={s['local_steps']}, {s['rounds']} rounds"
-    )
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for k, v in s["final"].items():
-        table.add_row(f"final {k}", _fmt(v))
-    table.add_row("best test_auroc", f"{_fmt(s['best']['test_auroc'])} (round {s['best']['round']})")
+    from fedxrisk.tables import fit_table
+
+    title = f"{s['algorithm']} on {s['dataset']}: K={s['num_clients']}, I={s['local_steps']}, {s['rounds']} rounds"
+    rows = [(f"final {k}", _fmt(v)) for k, v in s["final"].items()]
+    rows.append(("best test_auroc", f"{_fmt(s['best']['test_auroc'])} (round {s['best']['round']})"))
     comm = s["communication"]
-    table.add_row("bytes up / client", f"{comm['bytes_up_per_client']:,}")
-    table.add_row("bytes down / client", f"{comm['bytes_down_per_client']:,}")
-    table.add_row("wall seconds", _fmt(s["wall_seconds"]))
-    Console().print(table)
+    rows.append(("bytes up / client", f"{comm['bytes_up_per_client']:,}"))
+    rows.append(("bytes down / client", f"{comm['bytes_down_per_client']:,}"))
+    rows.append(("wall seconds", _fmt(s["wall_seconds"])))
+    Console().print(fit_table(title, ["metric", "value"], rows, Console().width))
     if s.get("init"):
         source = s["init"]["from"] or "a fresh model"
         Console().print(
@@ -316,19 +362,20 @@ def _print_summary(s: dict[str, Any], out: Any) -> None:
 @main.command(name="list")
 def list_() -> None:
     """Algorithms (with hyperparameters), datasets, partitions, models and engines."""
+    from fedxrisk.catalog import load
+
+    catalog = load()  # generated from the registries; no torch import
     table = Table(title="algorithms")
     table.add_column("name")
     table.add_column("communicates")
     table.add_column("hyperparameters (defaults)")
-    for name, cls in ALGORITHMS.items():
-        hp = ", ".join(f"{k}={v}" for k, v in cls.hyperparameters().items())
-        table.add_row(name, ", ".join(cls.communicates), hp)
+    for name, entry in catalog["algorithms"].items():
+        hp = ", ".join(f"{k}={v}" for k, v in entry["hyperparameters"].items())
+        table.add_row(name, ", ".join(entry["communicates"]), hp)
     out = Console()
     out.print(table)
-    out.print("datasets:   " + ", ".join(DATASETS))
-    out.print("partitions: " + ", ".join(PARTITIONS))
-    out.print("models:     " + ", ".join(MODELS))
-    out.print("engines:    " + ", ".join(ENGINE_NAMES))
+    for key in ("datasets", "partitions", "models", "engines"):
+        out.print(f"{key + ':':<11} " + ", ".join(catalog[key]))
 
 
 def _comma_list(text: str | None, cast: type) -> list[Any] | None:
@@ -372,6 +419,7 @@ def compare(
     curves.csv, and one run folder per variant and seed.
     """
     from fedxrisk.compare import build_variants, display_rows, parse_vary, run_comparison
+    from fedxrisk.tables import fit_table
 
     with _config_errors():
         base = _resolve(config_file, {}, (), overrides)
@@ -389,12 +437,9 @@ def compare(
         click.echo(str(result.out_dir))
         return
     header, cells = display_rows(result.rows)
-    table = Table(title=f"comparison: {result.groups[0].label if len(result.groups) == 1 else 'variants'}")
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in cells:
-        table.add_row(*row)
-    Console().print(table)
+    title = f"comparison: {result.groups[0].label if len(result.groups) == 1 else 'variants'}"
+    out = Console()
+    out.print(fit_table(title, header, cells, out.width))
     names = ", ".join(p.name for p in result.files)
     Console().print(f"written to [bold]{result.out_dir}[/bold] ({names})")
 

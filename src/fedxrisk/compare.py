@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.config import SECTIONS, config_from_sections, hyperparameter_types, section_keys
+from fedxrisk.config import PRETRAIN, SECTIONS, config_from_sections, hyperparameter_types, section_keys
 from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.experiment import (
     CHECKPOINT,
@@ -40,6 +40,7 @@ from fedxrisk.experiment import (
     run_experiment,
     write_json_atomic,
 )
+from fedxrisk.names import resolve
 from fedxrisk.plots import Group, plot_groups, variant_labels
 
 TABLE_FIELDS = (
@@ -73,8 +74,9 @@ class ComparisonResult:
 
 def _split_name(name: str) -> tuple[str, str]:
     section, dot, key = name.partition(".")
-    if not dot or section not in SECTIONS:
-        raise ConfigError(f"vary {name!r}: expected SECTION.KEY with a section among {', '.join(SECTIONS)}")
+    sections = [*SECTIONS, PRETRAIN]  # [pretrain]: vary the first stage of a two-stage run
+    if not dot or section not in sections:
+        raise ConfigError(f"vary {name!r}: expected SECTION.KEY with a section among {', '.join(sections)}")
     return section, key
 
 
@@ -93,9 +95,7 @@ def build_variants(
     base = {s: dict(t) for s, t in base.items()}
     algorithm_table = base.setdefault("algorithm", {})
     algorithms = list(algorithms or [algorithm_table.get("algorithm", RunConfig.algorithm)])
-    for name in algorithms:
-        if name not in ALGORITHMS:
-            raise ConfigError(f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
+    algorithms = [resolve(name, ALGORITHMS) for name in algorithms]  # paper spellings → registry keys
     if len(set(algorithms)) < len(algorithms):
         raise ConfigError(f"an algorithm is listed twice: {algorithms}")
     hyper = {name: hyperparameter_types(name) for name in algorithms}

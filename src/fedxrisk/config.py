@@ -6,6 +6,7 @@ A config file has five sections; every key is optional (missing keys keep
     [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard
     [data]        dataset, imratio, partition, clients, dirichlet_alpha,
                   positive_classes, batch_size, allow_missing_class,
+                  stream, workers, memory_budget, on_bad_file (data/stream.py),
                   num_samples, positives_per_batch
     [model]       model, buffer_policy, init_from, reset_head
     [algorithm]   algorithm, lr, local_steps, stages, lr_decay, window_growth,
@@ -38,6 +39,7 @@ from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.experiment import ConfigError, RunConfig, validate
+from fedxrisk.names import resolve
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -198,11 +200,12 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
                 values[key] = _check(f"{section}.{key}", value, fields[key])
             elif section != "algorithm":
                 raise _unknown(f"{section}.{key}", section_keys(section), f"[{section}]")
-    algorithm = values.get("algorithm", RunConfig.algorithm)
-    if algorithm not in ALGORITHMS:
-        raise ConfigError(
-            f"algorithm.algorithm: unknown algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}"
-        )
+    rounds = values.get("rounds", RunConfig.rounds)
+    if "stages" not in values and 1 <= rounds < RunConfig.stages:  # --rounds 2: one stage per round
+        values["stages"] = rounds
+    algorithm = values["algorithm"] = resolve(  # "CODA+" → codaplus: the key is what gets recorded
+        values.get("algorithm", RunConfig.algorithm), ALGORITHMS, "algorithm.algorithm"
+    )
     hparams = hyperparameter_types(algorithm)
     options = {}
     for key, value in doc.get("algorithm", {}).items():
@@ -275,6 +278,21 @@ def sections_from_flat(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return doc
 
 
+def flat_unchecked(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's ``config.toml`` as the flat dict ``RunConfig.to_dict()`` gives, NOT validated:
+    reading a run folder (``fedxrisk plot``) must not depend on this machine (CUDA, torchrun's
+    variables of a distributed run)."""
+    fields, flat, options = _fields(), {}, {}
+    for section, table in doc.items():
+        for key, value in (table if isinstance(table, Mapping) else {}).items():
+            if key in fields:
+                coerced = _coerce(value, fields[key])
+                flat[key] = value if coerced is _MISMATCH else coerced
+            elif section == "algorithm":
+                options[key] = value
+    return {**flat, "options": options}
+
+
 def config_from_flat(flat: Mapping[str, Any]) -> RunConfig:
     return config_from_sections(sections_from_flat(flat))
 
@@ -285,7 +303,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
+        ) from None
     if path.suffix == ".json":
         try:
             obj = json.loads(text)

@@ -15,8 +15,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,12 @@ from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.classaware import owns_positives, use_class_aware_batches
 from fedxrisk.data import DATASETS, PARTITIONS, FederatedData, make_federated
 from fedxrisk.engines import ENGINE_NAMES, DistributedSimulation, NonFiniteLoss, Simulation
-from fedxrisk.engines.distributed import DEFAULT_TIMEOUT, check_launch
+from fedxrisk.engines.distributed import check_launch, launched_rank
 from fedxrisk.metrics import evaluate
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
+from fedxrisk.runconfig import DEFAULT_LOCAL_STEPS, ConfigError, RunConfig  # noqa: F401  (re-exported)
+from fedxrisk.validate import check_batch_size, check_out_dir, read_checkpoint, validate_settings
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 HISTORY_FIELDS = (
@@ -39,72 +41,8 @@ HISTORY_FIELDS = (
     "client_auroc_mean", "client_auroc_std", "bytes_up_per_client",
     "bytes_down_per_client", "wall_seconds",
 )  # fmt: skip
-DEFAULT_LOCAL_STEPS = 8
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = 1
-
-
-class ConfigError(ValueError):
-    """An invalid experiment setting; the message names the setting."""
-
-
-@dataclass
-class RunConfig:
-    """Everything that defines a run. ``options`` holds the algorithm's hyperparameters."""
-
-    algorithm: str = "codasca"
-    dataset: str = "digits"
-    clients: int = 8
-    imratio: float | None = 0.1
-    partition: str = "class"
-    dirichlet_alpha: float = 0.5
-    positive_classes: list[int] | None = None
-    model: str = "mlp"
-    rounds: int = 100
-    local_steps: int | None = None  # None: the algorithm's fixed window, else 8
-    batch_size: int = 32
-    lr: float | None = None  # None: the algorithm's default_lr
-    stages: int = 3
-    lr_decay: float = 3.0
-    window_growth: float = 1.0
-    seed: int = 0
-    engine: str = "vmap"
-    device: str = "cpu"
-    eval_every: int = 5
-    buffer_policy: str = "average"
-    pos_ratio_mode: str = "global"
-    allow_missing_class: bool = False
-    feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
-    data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
-    num_samples: int | None = None  # size of a generated dataset (mnist1d, synthetic); None: its default
-    positives_per_batch: int = 0  # > 0: class-aware batches for any algorithm (fedxrisk.classaware)
-    stream: bool | str = "auto"  # file datasets: decode from disk while training (data/stream.py)
-    workers: int | None = None  # decoding worker processes when streaming; None: half the cores
-    memory_budget: int | str | None = None  # "auto" streams above it, e.g. "4GB"; None: ¼ of RAM
-    on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
-    clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
-    dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
-    checkpoint_every: int = 10  # rounds between checkpoints; 0: none
-    tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
-    init_from: str | None = None  # start from a run folder's model.pt or a state dict file (init_from.py)
-    reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
-    pretrain: dict[str, Any] | None = None  # a first stage's settings (pipeline.py); None: one stage
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def resolved_local_steps(self) -> int:
-        fixed = ALGORITHMS[self.algorithm].fixed_window if self.algorithm in ALGORITHMS else None
-        return self.local_steps if self.local_steps is not None else (fixed or DEFAULT_LOCAL_STEPS)
-
-    def resolved_lr(self) -> float:
-        if self.lr is not None:
-            return self.lr
-        return ALGORITHMS[self.algorithm].default_lr if self.algorithm in ALGORITHMS else 0.1
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["local_steps"] = self.resolved_local_steps()
-        out["lr"] = self.resolved_lr()
-        return out
 
 
 def _choice(name: str, value: Any, allowed) -> None:
@@ -139,8 +77,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(
             f"{cfg.algorithm} communicates every {fixed} step(s); local_steps must be {fixed}, got {steps}"
         )
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {cfg.device!r} requested but CUDA is not available")
+    validate_settings(cfg)
     _validate_batches(cfg)
     known = ALGORITHMS[cfg.algorithm].hyperparameters()
     unknown = sorted(set(cfg.options) - set(known))
@@ -152,32 +89,10 @@ def validate(cfg: RunConfig) -> None:
             check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    if cfg.init_from is not None and not Path(cfg.init_from).exists():
-        raise ConfigError(f"model.init_from: {cfg.init_from!r} does not exist")
     if cfg.pretrain is not None:
         from fedxrisk.pipeline import check_pretrain
 
         check_pretrain(cfg)
-
-
-def _validate_batches(cfg: RunConfig) -> None:
-    """data.num_samples and class-aware batches (data.positives_per_batch), before any data."""
-    from fedxrisk.data.datasets import SIZED_DATASETS
-
-    if cfg.num_samples is not None and (cfg.dataset not in SIZED_DATASETS or cfg.num_samples < 100):
-        raise ConfigError(
-            f"num_samples sizes a generated dataset {list(SIZED_DATASETS)} and must be ≥ 100, "
-            f"got {cfg.num_samples} for {cfg.dataset!r}"
-        )
-    p, cls = cfg.positives_per_batch, ALGORITHMS[cfg.algorithm]
-    if "positives_per_batch" in cfg.options and not owns_positives(cls):
-        raise ConfigError(
-            f"positives_per_batch is a data setting for {cfg.algorithm}: use data.positives_per_batch "
-            "(--set data.positives_per_batch=N); it works for every algorithm"
-        )
-    own = cfg.options.get("positives_per_batch")
-    if p and own is not None and own != p:
-        raise ConfigError(f"positives_per_batch = {p} but the {cfg.algorithm} option says {own}; set one")
 
 
 def _check_stream_settings(cfg: RunConfig) -> None:
@@ -207,6 +122,26 @@ class Setup:
     init: dict[str, Any] | None = None  # where the weights came from (init_from.load_weights)
 
 
+def _validate_batches(cfg: RunConfig) -> None:
+    """data.num_samples and class-aware batches (data.positives_per_batch), before any data."""
+    from fedxrisk.data.datasets import SIZED_DATASETS
+
+    if cfg.num_samples is not None and (cfg.dataset not in SIZED_DATASETS or cfg.num_samples < 100):
+        raise ConfigError(
+            f"num_samples sizes a generated dataset {list(SIZED_DATASETS)} and must be ≥ 100, "
+            f"got {cfg.num_samples} for {cfg.dataset!r}"
+        )
+    p, cls = cfg.positives_per_batch, ALGORITHMS[cfg.algorithm]
+    if "positives_per_batch" in cfg.options and not owns_positives(cls):
+        raise ConfigError(
+            f"positives_per_batch is a data setting for {cfg.algorithm}: use data.positives_per_batch "
+            "(--set data.positives_per_batch=N); it works for every algorithm"
+        )
+    own = cfg.options.get("positives_per_batch")
+    if p and own is not None and own != p:
+        raise ConfigError(f"positives_per_batch = {p} but the {cfg.algorithm} option says {own}; set one")
+
+
 def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
     """The run's training shards and test set as training sees them (``fedxrisk evaluate`` too),
     and the streaming choice (``data.stream.StreamChoice``, None for bundled data); no stream attached."""
@@ -216,34 +151,40 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
     data = make_federated(
         source, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
         cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
-        cfg.feature_shift, cfg.num_samples,
+        cfg.feature_shift, one_class_ok=not ALGORITHMS[cfg.algorithm].needs_both_classes,
+        num_samples=cfg.num_samples,
     )  # fmt: skip
     return data, choice
 
 
-def build(cfg: RunConfig, init_path: str | Path | None = None, data: FederatedData | None = None) -> Setup:
+def build(
+    cfg: RunConfig, init: str | Path | dict[str, Any] | None = None, data_from: Setup | None = None
+) -> Setup:
     """Validate and build everything; raises :class:`ConfigError` before any output exists.
 
-    The model starts from ``init_path`` if given, else from ``cfg.init_from`` (a
-    two-stage config's ``init_from`` belongs to its first stage); ``data`` skips loading.
+    The model starts from ``init`` (a path, or a state dict in memory) if given, else from
+    ``cfg.init_from`` (a two-stage config's ``init_from`` belongs to its first stage).
+    ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
     """
     validate(cfg)
     from fedxrisk.data.stream import attach_stream
 
-    if init_path is None and cfg.pretrain is None:
-        init_path = cfg.init_from
-    choice = None
+    if init is None and cfg.pretrain is None:
+        init = cfg.init_from
     try:
-        if data is None:
+        if data_from is not None:  # its stream restarts when the new Simulation starts
+            data, choice = data_from.data, data_from.stream
+        else:
             data, choice = build_data(cfg)
             attach_stream(data, choice, cfg.device)
+        batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
-        init = None
-        if init_path is not None or cfg.reset_head:
+        source = None
+        if init is not None or cfg.reset_head:
             from fedxrisk.init_from import load_weights
 
-            init = load_weights(model, cfg.model, init_path, cfg.reset_head)
+            source = load_weights(model, cfg.model, init, cfg.reset_head)
         problem = Problem(
             model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
         )
@@ -259,14 +200,14 @@ def build(cfg: RunConfig, init_path: str | Path | None = None, data: FederatedDa
         )
         if cfg.engine == "distributed":
             sim: Simulation = DistributedSimulation(
-                algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.device,
+                algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
                 cfg.clients_per_rank, cfg.dist_timeout,
             )  # fmt: skip
         else:
-            sim = Simulation(algorithm, data, schedule, cfg.batch_size, cfg.seed, cfg.engine, cfg.device)
+            sim = Simulation(algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device)
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim, stream=choice, init=init)
+    return Setup(cfg, data, problem, algorithm, sim, choice, source)
 
 
 def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
@@ -311,7 +252,7 @@ def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint written by :func:`save_checkpoint` (tensors and plain Python only)."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(Path(path))
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError(f"{path}: checkpoint format {ckpt.get('format')!r}, expected {CHECKPOINT_FORMAT}")
     return ckpt
@@ -335,11 +276,14 @@ class RunResult:
     out_dir: Path
 
     def table(self) -> Any:
-        """The history as a pandas DataFrame, one row per evaluation (needs pandas)."""
+        """The history as a pandas DataFrame, one row per evaluation (extra: ``fedxrisk[pandas]``)."""
         try:
             import pandas as pd
         except ImportError as e:
-            raise ImportError("RunResult.table() needs pandas; RunResult.history has the same rows") from e
+            raise ImportError(
+                'RunResult.table() needs pandas: pip install "fedxrisk[pandas]"; '
+                "RunResult.history has the same rows as a list of dicts"
+            ) from e
         return pd.DataFrame(self.history, columns=list(HISTORY_FIELDS))
 
 
@@ -357,7 +301,10 @@ def run_experiment(
     so far is kept, the summary records ``status: failed`` and the round, and
     :class:`NonFiniteLoss` is raised.
     """
+    validate(cfg)
     out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
+    if launched_rank() == 0:  # before the data is loaded: a bad --out fails fast
+        check_out_dir(out)
     if cfg.pretrain is not None:
         from fedxrisk.pipeline import run_two_stage
 
@@ -370,26 +317,27 @@ def run_experiment(
 
 def start_run_folder(cfg: RunConfig, out: Path) -> None:
     """Refuse a folder holding a run, else create it and write ``config.toml``."""
-    from fedxrisk.config import config_to_toml
-
     if (out / "summary.json").exists():
         raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
     if (out / CHECKPOINT).exists():
         raise ConfigError(f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`")
     out.mkdir(parents=True, exist_ok=True)
-    header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
-    text = config_to_toml(cfg, header)
-    _replace_atomic(out / "config.toml", lambda f: f.write(text))
+    _write_config(out, cfg)
 
 
-def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> RunResult:
-    """Continue a killed run from its last checkpoint (or from the start if it had none yet).
+def resume_experiment(
+    run_dir: str | Path, callback: Callback | None = None, overrides: Sequence[str] = ()
+) -> RunResult:
+    """Continue a killed or failed run from its last checkpoint (or from the start if it had none yet).
 
     The final metrics equal those of an uninterrupted run bit for bit (same
     machine, engine and seed): the checkpoint holds every client's state and
     sampler RNG, the byte ledger, the history and the best row so far.
     ``history.csv`` is rewritten from the checkpoint, dropping rows evaluated
-    after it; ``wall_seconds`` counts the time of the rounds kept.
+    after it; ``wall_seconds`` counts the time of the rounds kept. A run whose
+    summary exists but whose ``model.pt`` does not (killed in between) is
+    finished the same way. ``overrides`` (``algorithm.lr=…``, ``algorithm.lr_decay=…``)
+    continue a run that failed on a NaN loss with smaller steps.
     """
     from fedxrisk.config import config_from_flat, load_config
 
@@ -398,7 +346,8 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
         raise ConfigError(f"{out} is not a run folder")
     if (out / "summary.json").exists():
         status = json.loads((out / "summary.json").read_text()).get("status")
-        raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
+        if status == "completed" and (out / "model.pt").exists():
+            raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
     ckpt = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     if ckpt is not None:
         cfg = config_from_flat(ckpt["config"])
@@ -406,6 +355,9 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
         cfg = load_config(out / "config.toml")
     else:
         raise ConfigError(f"{out} holds neither {CHECKPOINT} nor config.toml: not a fedxrisk run folder")
+    if overrides:
+        cfg = resume_overrides(cfg, overrides)
+        _write_config(out, cfg)
     if cfg.pretrain is not None:
         from fedxrisk.pipeline import resume_two_stage
 
@@ -414,6 +366,32 @@ def resume_experiment(run_dir: str | Path, callback: Callback | None = None) -> 
     if ckpt is not None:
         setup.simulation.load_state_dict(ckpt["simulation"])
     return _train(setup, out, callback, ckpt)
+
+
+RESUME_KEYS = ("algorithm.lr", "algorithm.lr_decay")
+
+
+def resume_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """``cfg`` with ``--set`` overrides that a resumed run may take (the step size only)."""
+    from fedxrisk.config import apply_override, config_from_sections, config_to_sections
+
+    doc = config_to_sections(cfg)
+    for text in overrides:
+        name = text.split("=", 1)[0].strip()
+        if name not in RESUME_KEYS:
+            raise ConfigError(
+                f"--resume takes --set {' or '.join(RESUME_KEYS)} only (to continue with smaller steps), got {name!r}"
+            )
+        apply_override(doc, text)
+    return config_from_sections(doc)
+
+
+def _write_config(out: Path, cfg: RunConfig) -> None:
+    from fedxrisk.config import config_to_toml
+
+    header = f"fedxrisk {cfg.algorithm} on {cfg.dataset}; re-run with: fedxrisk run --config config.toml"
+    text = config_to_toml(cfg, header)
+    _replace_atomic(out / "config.toml", lambda f: f.write(text))
 
 
 def _tensorboard(out: Path, cfg: RunConfig, resumed_round: int) -> Any:
@@ -500,12 +478,13 @@ def _train(setup: Setup, out: Path, callback: Callback | None, ckpt: dict[str, A
                 tb.close()
     summary = _summary(setup, history, best, elapsed(), failure)
     summary["resumed_at_rounds"] = resumed
+    if primary and failure is None:
+        _save_model(setup, out / "model.pt")  # before the summary: the summary commits the run
     if primary:
         write_json_atomic(out / "summary.json", summary)
     if failure is not None:
         raise failure
     if primary:
-        _save_model(setup, out / "model.pt")
         (out / CHECKPOINT).unlink(missing_ok=True)
     return RunResult(summary, history, out)
 
@@ -547,9 +526,9 @@ def load_run(run_dir: str | Path) -> RunResult:
     if (out / "summary.json").exists():
         summary = json.loads((out / "summary.json").read_text())
     elif (out / "config.toml").exists():
-        from fedxrisk.config import load_config
+        from fedxrisk.config import flat_unchecked, read_config_file
 
-        summary = {"status": "unfinished", "config": load_config(out / "config.toml").to_dict()}
+        summary = {"status": "unfinished", "config": flat_unchecked(read_config_file(out / "config.toml"))}
     else:
         raise ConfigError(f"{out} is not a run folder (no summary.json or config.toml)")
     history = []

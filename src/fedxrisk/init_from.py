@@ -96,9 +96,13 @@ def _listing(items: list[str]) -> str:
 
 
 def load_weights(
-    model: nn.Module, model_name: str, path: str | Path | None, reset_head: bool = False
+    model: nn.Module,
+    model_name: str,
+    source: str | Path | Mapping[str, torch.Tensor] | None,
+    reset_head: bool = False,
 ) -> dict[str, Any]:
-    """Load ``path`` into ``model`` in place (strictly); re-initialise nothing but the head.
+    """Load ``source`` (a path, or a state dict in memory) into ``model`` in place, strictly;
+    with ``reset_head`` the head keeps its fresh initialisation.
 
     Returns what the run summary records under ``init``. Raises :class:`ConfigError`
     naming every missing, unexpected and shape-mismatched key.
@@ -112,9 +116,15 @@ def load_weights(
     prefix = f"{head}." if reset_head else None
     own = model.state_dict()
     in_head = (lambda k: k.startswith(prefix)) if prefix else (lambda k: False)
-    if path is None:  # reset_head alone: the fresh model already has a freshly initialised head
+    if source is None:  # reset_head alone: the fresh model already has a freshly initialised head
         return {"from": None, "reset_head": reset_head, "head": head}
-    state, saved_model = read_state(path)
+    if isinstance(source, Mapping):
+        state, saved_model, path = {k: v.detach() for k, v in source.items()}, None, "the given state dict"
+    else:
+        (state, saved_model), path = read_state(source), str(source)
+    adapt = getattr(model, "adapt_state_dict", None)  # a model's own key renames (DenseNet: torchvision's)
+    if adapt is not None:
+        state = adapt(state)
     missing = [
         f"{k} {_shape(v)}"
         for k, v in own.items()
@@ -140,9 +150,9 @@ def load_weights(
             f" (the file holds a {saved_model!r} model)" if saved_model and saved_model != model_name else ""
         )
         raise ConfigError(
-            f"model.init_from: {str(path)!r} does not fit model {model_name!r}{saved}: " + "; ".join(parts)
+            f"model.init_from: {path!r} does not fit model {model_name!r}{saved}: " + "; ".join(parts)
         )
     loaded = {k: state[k].to(own[k].dtype) if k in state else own[k] for k in own if not in_head(k)}
     with torch.no_grad():
         model.load_state_dict({**own, **loaded}, strict=True)
-    return {"from": str(path), "reset_head": reset_head, "head": head, "keys_loaded": len(loaded)}
+    return {"from": path, "reset_head": reset_head, "head": head, "keys_loaded": len(loaded)}

@@ -35,12 +35,14 @@ from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.experiment import (
+    CHECKPOINT,
     ConfigError,
     RunConfig,
     RunResult,
+    Setup,
     _train,
     build,
-    resume_experiment,
+    load_checkpoint,
     start_run_folder,
     validate,
 )
@@ -61,6 +63,13 @@ def _algorithm_name(name: str) -> str:
     return PRETRAIN_ALGORITHM if name == CENTRALIZED else name
 
 
+def _check_algorithm(name: Any) -> None:
+    if name != CENTRALIZED and name not in ALGORITHMS:
+        raise ConfigError(
+            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
+        )
+
+
 def pretrain_from_table(table: Any) -> dict[str, Any]:
     """Type-check a ``[pretrain]`` table (stage keys plus the algorithm's hyperparameters)."""
     from fedxrisk.config import _check, _fields, _unknown, hyperparameter_types
@@ -68,10 +77,7 @@ def pretrain_from_table(table: Any) -> dict[str, Any]:
     if not isinstance(table, Mapping):
         raise ConfigError(f"[pretrain] must be a table of keys, got {table!r}")
     name = table.get("algorithm", PRETRAIN_ALGORITHM)
-    if name != CENTRALIZED and name not in ALGORITHMS:
-        raise ConfigError(
-            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
-        )
+    _check_algorithm(name)
     fields, hparams = _fields(), hyperparameter_types(_algorithm_name(name))
     out: dict[str, Any] = {}
     for key, value in table.items():
@@ -115,10 +121,7 @@ def check_pretrain(cfg: RunConfig) -> None:
         raise ConfigError(f"pretrain must be a dict of settings or None, got {cfg.pretrain!r}")
     unknown = set(cfg.pretrain) - set(STAGE_KEYS)
     name = cfg.pretrain.get("algorithm", PRETRAIN_ALGORITHM)
-    if name != CENTRALIZED and name not in ALGORITHMS:
-        raise ConfigError(
-            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
-        )
+    _check_algorithm(name)
     unknown -= set(ALGORITHMS[_algorithm_name(name)].hyperparameters())
     if unknown:
         raise ConfigError(
@@ -128,11 +131,17 @@ def check_pretrain(cfg: RunConfig) -> None:
         raise ConfigError(
             "pretrain.algorithm: 'centralized' runs in one process; use engine loop, vmap or compile"
         )
+    stage, names = pretrain_config(cfg), dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
     try:
-        validate(pretrain_config(cfg))
+        validate(stage)
     except ConfigError as e:
-        names = dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
         raise ConfigError(qualify(str(e), names)) from None
+    try:  # the algorithm's own range checks, before any data is loaded
+        ALGORITHMS[stage.algorithm](None, **stage.options)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ConfigError(f"{qualify(str(e), names)} ({stage.algorithm})") from None
+    except Exception:  # the constructor needs a real problem: checked when the stage is built
+        pass
 
 
 def _summary_of(folder: Path) -> dict[str, Any]:
@@ -145,12 +154,27 @@ def _summary_of(folder: Path) -> dict[str, Any]:
     return summary
 
 
+def _finish_stage1(setup: Setup, folder: Path, callback: Callback | None, ckpt: dict[str, Any] | None):
+    """Train stage 1 to its end; its summary and final network, in memory (under torchrun every
+    rank holds it, so no rank waits for rank 0 to write ``model.pt``)."""
+    result = _train(setup, folder, callback, ckpt)
+    params, buffers = setup.simulation.global_model()
+    return result.summary, {k: v.detach().clone() for k, v in {**params, **buffers}.items()}  # no views
+
+
 def _main_stage(
-    cfg: RunConfig, out: Path, callback: Callback | None, data: Any, ckpt: dict[str, Any] | None
+    cfg: RunConfig,
+    out: Path,
+    callback: Callback | None,
+    ckpt: dict[str, Any] | None,
+    data_from: Setup | None = None,
+    stage1: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> RunResult:
-    """Build the main stage from ``out/pretrain/model.pt`` (or its checkpoint) and train it."""
-    pre = _summary_of(out / PRETRAIN_DIR)
-    setup = build(cfg, init_path=out / PRETRAIN_DIR, data=data)
+    """Build the main stage from stage 1's network (``stage1``, else ``out/pretrain``) and train it."""
+    if stage1 is None:
+        stage1 = _summary_of(out / PRETRAIN_DIR), None
+    pre, weights = stage1
+    setup = build(cfg, init=weights if weights is not None else out / PRETRAIN_DIR, data_from=data_from)
     setup.init = {
         **(setup.init or {}),
         "from": PRETRAIN_DIR,
@@ -162,16 +186,15 @@ def _main_stage(
 
 
 def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -> RunResult:
-    """Stage 1 in ``out/pretrain``, then the main stage in ``out`` from its model.
+    """Stage 1 in ``out/pretrain``, then the main stage in ``out`` from its network.
 
     Both stages are built (data loaded, ``init_from`` read) before anything is written.
     """
     main = build(cfg)  # validates the main stage and loads its data
     pcfg = pretrain_config(cfg)
     shared = cfg.pretrain.get("algorithm") != CENTRALIZED  # type: ignore[union-attr]
-    pre = build(pcfg, data=main.data if shared else None)
-    data = main.data
-    del main  # its client states; the main stage is rebuilt from the pretrained model
+    pre = build(pcfg, data_from=main if shared else None)
+    main.simulation = main.algorithm = main.problem = None  # type: ignore[assignment]  # keep only the data
     if pre.simulation.is_primary:
         if (out / PRETRAIN_DIR).exists():
             raise ConfigError(
@@ -179,8 +202,9 @@ def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -
             )
         start_run_folder(cfg, out)
         start_run_folder(pcfg, out / PRETRAIN_DIR)
-    _train(pre, out / PRETRAIN_DIR, callback, None)
-    return _main_stage(cfg, out, callback, data, None)
+    stage1 = _finish_stage1(pre, out / PRETRAIN_DIR, callback, None)
+    del pre  # stage 1's client states
+    return _main_stage(cfg, out, callback, None, main, stage1)
 
 
 def resume_two_stage(
@@ -188,12 +212,14 @@ def resume_two_stage(
 ) -> RunResult:
     """Continue a killed two-stage run: finish stage 1 if needed, then the main stage."""
     folder = out / PRETRAIN_DIR
+    stage1 = None
     if ckpt is None and not (folder / "summary.json").exists():
-        if (folder / "config.toml").exists():
-            resume_experiment(folder, callback)
-        else:  # killed before stage 1 wrote anything
-            pre = build(pretrain_config(cfg))
-            if pre.simulation.is_primary:
-                start_run_folder(pre.config, folder)
-            _train(pre, folder, callback, None)
-    return _main_stage(cfg, out, callback, None, ckpt)
+        pre = build(pretrain_config(cfg))
+        pre_ckpt = load_checkpoint(folder / CHECKPOINT) if (folder / CHECKPOINT).exists() else None
+        if pre_ckpt is not None:
+            pre.simulation.load_state_dict(pre_ckpt["simulation"])
+        elif pre.simulation.is_primary:  # killed before stage 1's first checkpoint
+            start_run_folder(pre.config, folder)
+        stage1 = _finish_stage1(pre, folder, callback, pre_ckpt)
+        del pre, pre_ckpt  # stage 1's client states
+    return _main_stage(cfg, out, callback, ckpt, stage1=stage1)

@@ -1,15 +1,20 @@
 """Test AUROC versus rounds and versus bytes communicated, one line per run group.
 
-Runs whose configs differ only in the seed form one group (one line: the mean
-over seeds, a band of ± one standard deviation). Labels name the algorithm and
-the settings that differ between groups; the title names what they share
-(dataset, imratio, K clients, window I). Every PNG comes with ``curves.csv``,
-the per-run numbers behind it.
+Runs whose *effective* configs (hyperparameters left at their defaults
+filled in) differ only in the seed form one group: one line, the mean over
+its distinct seeds with a band of ± one standard deviation; a seed run twice
+counts once, and the legend gives n, the seeds per line. Labels name the
+algorithm and the settings that differ between groups; the title names what
+they share (dataset, imratio, K clients, window I). Lines differ in colour
+and, past ten, in line style; a crowded legend goes outside the axes. Every
+PNG comes with ``curves.csv``, the per-run numbers behind it. Reading runs
+never builds or launches anything.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.experiment import ConfigError, RunResult, load_run
+from fedxrisk.experiment import ConfigError, RunConfig, RunResult, load_run
 
 # Settings that do not change the numbers (or are the repetition itself).
-NOT_COMPARED = ("seed", "checkpoint_every", "tensorboard")
+NOT_COMPARED = ("seed", "checkpoint_every", "tensorboard", "dist_timeout")
 SHORT = {"local_steps": "I", "clients": "K"}
 CURVE_FIELDS = ("label", "seed", "round", "bytes_per_client", "test_auroc", "test_ap", "run_dir")
 PLOTS = ("auroc_vs_rounds.png", "auroc_vs_bytes.png")
@@ -80,38 +85,80 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def _flat(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A run config with the algorithm's hyperparameters as keys of their own."""
-    return {**{k: v for k, v in cfg.items() if k != "options"}, **cfg.get("options", {})}
+    """The effective run config: the algorithm's hyperparameters (defaults filled in) and a first
+    stage's settings (as ``pretrain.KEY``) as keys of their own, settings missing from an older run's
+    config at RunConfig's defaults."""
+    alg = ALGORITHMS.get(cfg.get("algorithm"))
+    skip = ("options", "lr", "pretrain")
+    defaults = {k: v for k, v in dataclasses.asdict(RunConfig()).items() if k not in skip}
+    hyper = {**(alg.hyperparameters() if alg else {}), **cfg.get("options", {})}
+    stage1 = {f"pretrain.{k}": v for k, v in (cfg.get("pretrain") or {}).items()}
+    return {
+        **defaults,
+        **{k: v for k, v in cfg.items() if k not in ("options", "pretrain")},
+        **hyper,
+        **stage1,
+    }
+
+
+def config_key(cfg: dict[str, Any]) -> str:
+    """Equal for runs that differ only in the seed (or in settings that do not change the numbers)."""
+    return repr(
+        sorted(
+            (k, repr(list(v) if isinstance(v, tuple) else v))
+            for k, v in _flat(cfg).items()
+            if k not in NOT_COMPARED
+        )
+    )
+
+
+def _default(cfg: dict[str, Any], key: str) -> Any:
+    alg = ALGORITHMS.get(cfg.get("algorithm"))
+    return alg.hyperparameters().get(key) if alg else None
 
 
 def variant_labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     """One label per config: the algorithm plus the settings that differ between configs.
 
-    The seed is left out (runs differing only in it form one line), and so is
-    the learning rate when every config uses its algorithm's default."""
+    A run setting (or a first stage's) is named when it differs between configs; a hyperparameter when
+    it differs between configs of its algorithm, or from its default (a default
+    written out explicitly is not named). The seed is left out (runs
+    differing only in it form one line), and so is the learning rate when every
+    config uses its algorithm's default."""
     flats = [_flat(c) for c in configs]
-    keys = list(dict.fromkeys(k for f in flats for k in f))
-    differing = [
-        k
-        for k in keys
-        if k not in (*NOT_COMPARED, "algorithm")
-        and len({repr(f.get(k)) for f in flats}) > 1
-        and not (k == "lr" and all(f["lr"] == ALGORITHMS[f["algorithm"]].default_lr for f in flats))
+    keys = [k for k in dict.fromkeys(k for f in flats for k in f) if k not in (*NOT_COMPARED, "algorithm")]
+    fields = {f.name for f in dataclasses.fields(RunConfig)} | {k for k in keys if k.startswith("pretrain.")}
+    differs = {k: len({repr(f.get(k)) for f in flats}) > 1 for k in keys if k in fields}
+    if all(f["lr"] == getattr(ALGORITHMS.get(f["algorithm"]), "default_lr", None) for f in flats):
+        differs["lr"] = False
+
+    def named(k: str, f: dict[str, Any]) -> bool:
+        if k in fields:
+            return differs[k]
+        same_algorithm = {repr(g[k]) for g in flats if g["algorithm"] == f["algorithm"] and k in g}
+        return len(same_algorithm) > 1 or repr(f[k]) != repr(_default(f, k))
+
+    return [
+        " ".join([f["algorithm"], *(setting(k, f[k]) for k in keys if k in f and named(k, f))]) for f in flats
     ]
-    return [" ".join([f["algorithm"], *(setting(k, f[k]) for k in differing if k in f)]) for f in flats]
 
 
 def group_runs(runs: Sequence[RunResult]) -> list[Group]:
-    """Group runs whose configs differ only in the seed; label groups by what differs between them."""
-    labels = variant_labels([run.summary["config"] for run in runs])
-    groups: dict[str, Group] = {}
-    for label, run in zip(labels, runs, strict=True):
-        groups.setdefault(label, Group(label)).runs.append(run)
-    return list(groups.values())
+    """Group runs whose effective configs differ only in the seed, one run per seed (the one with
+    the longest history); label groups by what differs between them."""
+    by_key: dict[str, dict[Any, RunResult]] = {}
+    for run in runs:
+        seeds = by_key.setdefault(config_key(run.summary["config"]), {})
+        seed = run.summary["config"].get("seed")
+        if seed not in seeds or len(run.history) > len(seeds[seed].history):
+            seeds[seed] = run
+    members = [list(seeds.values()) for seeds in by_key.values()]
+    labels = variant_labels([m[0].summary["config"] for m in members])
+    return [Group(label, m) for label, m in zip(labels, members, strict=True)]
 
 
 def title_suffix(groups: Sequence[Group]) -> str:
-    """The settings all groups share, e.g. ``digits, imratio=0.1, K=8, I=8 (mean ± std over 3 seeds)``."""
+    """The settings all groups share, e.g. ``digits, imratio=0.1, K=8, I=8 (mean ± std over the n seeds of each line)``."""
     configs = [g.config for g in groups]
     parts = []
     for key in ("dataset", "imratio", "clients", "local_steps"):
@@ -121,8 +168,30 @@ def title_suffix(groups: Sequence[Group]) -> str:
             parts.append(str(value) if key == "dataset" else setting(key, value))
     if len({repr(c.get("local_steps")) for c in configs}) > 1:
         parts.append("I: see legend")
-    seeds = max(len(g.runs) for g in groups)
-    return ", ".join(parts) + (f" (mean ± std over {seeds} seeds)" if seeds > 1 else "")
+    several = max(len(g.runs) for g in groups) > 1
+    return ", ".join(parts) + (" (mean ± std over the n seeds of each line)" if several else "")
+
+
+LINE_STYLES = ("-", "--", ":", "-.")
+LEGEND_INSIDE = 5  # more lines than this: the legend goes to the right of the axes
+
+
+def line_styles(n: int) -> list[dict[str, Any]]:
+    """Distinct (colour, line style) for ``n`` lines: the ten tab10 colours, then the next line style."""
+    from matplotlib import colormaps
+
+    colours = colormaps["tab10"].colors
+    return [
+        {"color": colours[i % len(colours)], "linestyle": LINE_STYLES[(i // len(colours)) % len(LINE_STYLES)]}
+        for i in range(n)
+    ]
+
+
+def legend_labels(groups: Sequence[Group]) -> list[str]:
+    """The group labels, with ``(n=…)`` seeds per line when any line averages several."""
+    if max(len(g.runs) for g in groups) == 1:
+        return [g.label for g in groups]
+    return [f"{g.label} (n={len(g.runs)})" for g in groups]
 
 
 def _byte_unit(largest: float) -> tuple[float, str]:
@@ -141,8 +210,8 @@ def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "tes
     out.mkdir(parents=True, exist_ok=True)
     if not groups:
         raise ConfigError("nothing to plot: no runs")
-    curves = {g.label: g.curve(metric) for g in groups}
-    largest = max((float(c["bytes"].max()) for c in curves.values() if len(c["bytes"])), default=0.0)
+    curves = [g.curve(metric) for g in groups]
+    largest = max((float(c["bytes"].max()) for c in curves if len(c["bytes"])), default=0.0)
     scale, unit = _byte_unit(largest)
     suffix = title_suffix(groups)
     name = metric.replace("test_", "test ").replace("auroc", "AUROC").replace("ap", "AP")
@@ -150,17 +219,19 @@ def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "tes
         "auroc_vs_rounds.png": ("round", 1.0, "communication rounds"),
         "auroc_vs_bytes.png": ("bytes", scale, f"bytes communicated per client, up + down ({unit})"),
     }
+    styles, labels = line_styles(len(groups)), legend_labels(groups)
+    outside = len(groups) > LEGEND_INSIDE
     paths = []
     for filename, (xkey, xscale, xlabel) in axes.items():
-        fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+        fig = Figure(figsize=(10.0 if outside else 7.5, 4.8), layout="constrained")
         ax = fig.subplots()
-        for label, c in curves.items():
+        for c, style, label in zip(curves, styles, labels):
             x = c[xkey] / xscale
             marker = "o" if len(x) <= 30 else None
-            (line,) = ax.plot(x, c["mean"], marker=marker, markersize=3, label=label)
+            ax.plot(x, c["mean"], marker=marker, markersize=3, label=label, **style)
             if (c["n"] > 1).any():
                 ax.fill_between(
-                    x, c["mean"] - c["std"], c["mean"] + c["std"], color=line.get_color(), alpha=0.2
+                    x, c["mean"] - c["std"], c["mean"] + c["std"], color=style["color"], alpha=0.2
                 )
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"{name} (global model, test set)")
@@ -169,7 +240,10 @@ def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "tes
         if xkey == "round":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=9)
+        if outside:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=9)
+        else:
+            ax.legend(loc="best", fontsize=9)
         fig.savefig(out / filename, dpi=120)
         paths.append(out / filename)
     paths.append(write_curves(groups, out / "curves.csv"))

@@ -66,11 +66,22 @@ class Problem:
         return params, buffers
 
     def logits(
-        self, params: Tree, buffers: Tree, x: torch.Tensor
+        self, params: Tree, buffers: Tree, x: torch.Tensor, train: bool = True
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Logits of shape ``[batch]`` (``[batch, L]``) and the buffers after this forward pass."""
+        """Logits of shape ``[batch]`` (``[batch, L]``) and the buffers after this forward pass.
+
+        ``train=False`` runs the template in eval mode (BatchNorm uses and keeps its running statistics).
+        """
         buffers = {k: v.clone() for k, v in buffers.items()}
-        out = functional_call(self.model, (params, buffers), (x,))
+        if train:
+            out = functional_call(self.model, (params, buffers), (x,))
+        else:
+            was = self.model.training
+            self.model.eval()
+            try:
+                out = functional_call(self.model, (params, buffers), (x,))
+            finally:
+                self.model.train(was)
         return out.reshape(out.shape[0], *self.label_shape), buffers
 
     def client_pos_ratio(self, local_ratio: float | list[float]) -> float | list[float]:

@@ -83,6 +83,12 @@ class Collective(Protocol):
     def gather(self, tree: Tree) -> Tree:
         """Each leaf ``[*shape]`` becomes ``[num_clients, *shape]`` on every client."""
 
+    def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
+        """Merge per-sample records on the server (:mod:`fedxrisk.engines.pooling`): each group's
+        leaves ``[n, ...]`` with a 0/1 mask ``valid[group]`` ``[n]`` (seen by the server only)
+        become the valid entries of all clients, shuffled by ``(run seed, key, group)``:
+        ``[N, ...]`` on every client."""
+
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         """Run a per-client function (no communication) over stacked trees."""
 
@@ -105,6 +111,9 @@ class Algorithm:
             client lacking a class fills those slots from the other class).
         begin_batch: when True, the engine calls :meth:`begin` once before the
             first round with one regular batch per client (FeDXL seeds its pools).
+        needs_both_classes: the objective needs positives and negatives on every
+            client (AUC-type risks); False for cross-entropy, where a client holding
+            one class is ordinary (no ``allow_missing_class`` needed).
     """
 
     name: ClassVar[str] = ""
@@ -116,6 +125,7 @@ class Algorithm:
     uniforms_per_step: ClassVar[int] = 0
     positives_per_batch: int = 0
     begin_batch: ClassVar[bool] = False
+    needs_both_classes: ClassVar[bool] = True
 
     problem: Problem
 

@@ -11,9 +11,22 @@ Two forms (``form``), each option overridable on its own:
   the next stage restarts from the stage's average iterate (Alg. 2's output),
   CODASCA's control variates from the iterates (eq. 6).
 - ``"code"``: the authors' released script: AUCM loss, α's closed-form step
-  2(m + b − a) − 2α clamped to [0, 999], primal gradients clipped to [−1, 1],
-  weight decay 1e-5, the model continues from its last iterate while the prox
-  reference becomes the stage average, control variates = mean raw gradient.
+  2(m + b − a) − 2α clamped to [0, 999] and taken after the primal step (with the
+  updated a, b: ``dual_order="sequential"``), the network's gradients clipped to
+  [−1, 1] (not ∇a, ∇b: ``clip_scope="network"``), weight decay 1e-5, the model
+  continues from its last iterate while the prox reference becomes each client's
+  own stage average (``prox_reference="local"``); CODASCA's control variates are
+  the mean raw (unclipped) gradients, with the α variate accumulating the
+  closed-form direction the α step uses (``alpha_variate="direction"``), and they
+  are never reset at stage ends (``reset_variates=False``).
+
+Where the paper speaks, ``"paper"`` follows it (simultaneous primal-dual step,
+global prox reference, Alg. 4's zero variates at each stage start); where it does
+not (clipping scope, the α variate of a closed-form step), both forms follow the code.
+
+A restart from the stage average also restarts the float buffers (BatchNorm running
+statistics) from their stage average, averaged over clients under the ``average``
+buffer policy and per client under ``local``, consistently with the weights.
 
 Deviation (documented): CODASCA's theory returns a random round's iterate per
 stage; we use the stage's average iterate, as CODA+ does.
@@ -39,6 +52,7 @@ from fedxrisk.algorithms.base import (
     register,
     with_model,
 )
+from fedxrisk.algorithms.schedule import Schedule
 from fedxrisk.objectives import AUC_LOSSES, aucm_alpha_direction
 from fedxrisk.problem import Problem
 from fedxrisk.tree import tmap, zeros_like
@@ -46,11 +60,13 @@ from fedxrisk.tree import tmap, zeros_like
 FORMS: dict[str, dict[str, Any]] = {
     "paper": dict(
         loss="square", restart="average", dual_step="gradient", clip_grad=None,
-        weight_decay=0.0, control_variate="iterates",
+        weight_decay=0.0, control_variate="iterates", dual_order="simultaneous",
+        prox_reference="global", reset_variates=True,
     ),
     "code": dict(
         loss="aucm", restart="last", dual_step="closed_form", clip_grad=1.0,
-        weight_decay=1e-5, control_variate="gradients",
+        weight_decay=1e-5, control_variate="gradients", dual_order="sequential",
+        prox_reference="local", reset_variates=False,
     ),
 }  # fmt: skip
 ALPHA_MAX = 999.0  # the authors' clamp for AUCM's α
@@ -80,18 +96,31 @@ class CODAPlus(Algorithm):
     dual_step: str | None = None  # "gradient" | "closed_form"
     clip_grad: float | None = None
     weight_decay: float | None = None
+    clip_scope: str = "network"  # "network" (code: ∇w only) | "all" (∇w, ∇a, ∇b)
+    dual_order: str | None = None  # "simultaneous" (paper) | "sequential" (code: α after v, at the new a, b)
+    prox_reference: str | None = None  # "global" (paper: v0 = mean stage average) | "local" (code: own)
 
     def __post_init__(self) -> None:
         if self.form not in FORMS:
             raise ValueError(f"form must be one of {sorted(FORMS)}, got {self.form!r}")
+        explicit_order = self.dual_order is not None
         for key, value in FORMS[self.form].items():
             if hasattr(self, key) and getattr(self, key) is None:
                 setattr(self, key, value)
         self._check_choice("loss", sorted(AUC_LOSSES))
         self._check_choice("restart", ["average", "last"])
         self._check_choice("dual_step", ["gradient", "closed_form"])
+        self._check_choice("clip_scope", ["network", "all"])
+        self._check_choice("dual_order", ["simultaneous", "sequential"])
+        self._check_choice("prox_reference", ["global", "local"])
         if self.dual_step == "closed_form" and self.loss != "aucm":
             raise ValueError("dual_step='closed_form' is AUCM's α step; it needs loss='aucm'")
+        if self.dual_order == "sequential" and self.dual_step != "closed_form":
+            if explicit_order:
+                raise ValueError(
+                    "dual_order='sequential' needs dual_step='closed_form' (α's step at the new a, b)"
+                )
+            self.dual_order = "simultaneous"  # a gradient α step is taken at the same point as v's
         if self.prox < 0 or self.weight_decay < 0 or self.margin < 0:
             raise ValueError("prox, weight_decay and margin must be ≥ 0")
         if self.clip_grad is not None and self.clip_grad <= 0:
@@ -106,13 +135,16 @@ class CODAPlus(Algorithm):
         w, buffers = self.problem.init_model()
         zero = torch.zeros(self.problem.label_shape)  # one a, b, α per label
         v = {"w": w, "a": zero.clone(), "b": zero.clone()}
+        iterate_sum = {**zeros_like(v), "alpha": zero.clone()}  # for the stage average
+        if _float_buffers(buffers):  # BatchNorm statistics restart with the weights
+            iterate_sum["buffers"] = zeros_like(_float_buffers(buffers))
         return {
             **v,
             "alpha": zero.clone(),
             "buffers": buffers,
             "p": torch.tensor(self.problem.client_pos_ratio(client.pos_ratio)),
             "ref": tmap(torch.clone, v),  # v0 of the current stage
-            "iterate_sum": {**zeros_like(v), "alpha": zero.clone()},  # for the stage average
+            "iterate_sum": iterate_sum,
             "iterate_count": torch.zeros(()),
             "loss": torch.zeros(()),
         }
@@ -134,13 +166,21 @@ class CODAPlus(Algorithm):
         return gv, galpha, f, buffers
 
     def primal_direction(self, state: State, gv) -> dict[str, Any]:
-        """clip(∇_v F) + wd·v + γ(v − v0): the primal descent direction of stage s."""
+        """clip(∇_v F) + wd·v + γ(v − v0): the primal descent direction of stage s
+        (``clip_scope``: clip ∇w only, as the authors' code, or all of ∇v)."""
         if self.clip_grad is not None:
-            gv = tmap(lambda g: g.clamp(-self.clip_grad, self.clip_grad), gv)
+            clip = lambda g: g.clamp(-self.clip_grad, self.clip_grad)  # noqa: E731
+            gv = tmap(clip, gv) if self.clip_scope == "all" else dict(gv, w=tmap(clip, gv["w"]))
         return tmap(
             lambda g, v, v0: g + self.weight_decay * v + self.prox * (v - v0),
             gv, _primal(state), state["ref"],
         )  # fmt: skip
+
+    def dual_point(self, state: State, dv, lr: float) -> State:
+        """Where α's step is taken: the current (a, b), or after the primal step (sequential)."""
+        if self.dual_order == "simultaneous":
+            return state
+        return dict(state, a=state["a"] - lr * dv["a"], b=state["b"] - lr * dv["b"])
 
     def dual_direction(self, state: State, galpha: torch.Tensor) -> torch.Tensor:
         if self.dual_step == "closed_form":
@@ -155,7 +195,10 @@ class CODAPlus(Algorithm):
         """v ← v − η·dv, α ← α + η·dα, and accumulate the iterates for the stage average."""
         v = tmap(lambda x, d: x - lr * d, _primal(state), dv)
         alpha = self.project_alpha(state["alpha"] + lr * dalpha)
-        total = tmap(lambda acc, x: acc + x, state["iterate_sum"], {**v, "alpha": alpha})
+        point = {**v, "alpha": alpha}
+        if "buffers" in state["iterate_sum"]:
+            point["buffers"] = _float_buffers(buffers)
+        total = tmap(lambda acc, x: acc + x, state["iterate_sum"], point)
         return dict(
             state, **v, alpha=alpha, buffers=buffers, loss=f,
             iterate_sum=total, iterate_count=state["iterate_count"] + 1,
@@ -165,16 +208,22 @@ class CODAPlus(Algorithm):
         """Alg. 2: v ← v − η(∇_v F_k + γ(v − v0)),  α ← α + η ∇_α F_k."""
         gv, galpha, f, buffers = self.gradients(state, batch)
         dv = self.primal_direction(state, gv)
-        return self.apply_step(state, dv, self.dual_direction(state, galpha), ctx.lr, f, buffers)
+        dalpha = self.dual_direction(self.dual_point(state, dv, ctx.lr), galpha)
+        return self.apply_step(state, dv, dalpha, ctx.lr, f, buffers)
 
     # -- communication ---------------------------------------------------------
     def round_payload(self, state: State, ctx: RoundContext) -> dict[str, Any]:
-        """What a round averages: the model, a, b, α, and at stage ends the stage average."""
+        """What a round averages: the model, a, b, α, and at stage ends the stage average
+        (when it restarts the model or becomes the global prox reference)."""
         payload = {**model_payload(state, self.problem), "a": state["a"], "b": state["b"]}
         payload["alpha"] = state["alpha"]
-        if ctx.stage_end:
-            count = state["iterate_count"]
-            payload["stage_average"] = tmap(lambda s: s / _expand(count, s), state["iterate_sum"])
+        if ctx.stage_end and (self.restart == "average" or self.prox_reference == "global"):
+            average = _stage_average(state)
+            if "buffers" in average and not (
+                self.restart == "average" and self.problem.buffer_policy == "average"
+            ):
+                del average["buffers"]  # local statistics, or no restart: nothing to average
+            payload["stage_average"] = average
         return payload
 
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
@@ -185,10 +234,15 @@ class CODAPlus(Algorithm):
 
     def end_stage(self, state: State, avg: dict[str, Any], comm: Collective, ctx: RoundContext) -> State:
         """Alg. 1 line 3: the stage output becomes the next stage's v0 (and start point)."""
-        stage_avg = avg["stage_average"]
-        ref = {k: stage_avg[k] for k in ("w", "a", "b")}
+        own = _stage_average(state)
+        stage_avg = avg.get("stage_average", own)
+        ref = {k: (stage_avg if self.prox_reference == "global" else own)[k] for k in ("w", "a", "b")}
         if self.restart == "average":
-            state = dict(state, **tmap(torch.clone, ref), alpha=stage_avg["alpha"].clone())
+            restart = {k: stage_avg[k].clone() for k in ("a", "b", "alpha")}
+            state = dict(state, w=tmap(torch.clone, stage_avg["w"]), **restart)
+            if "buffers" in own:  # running statistics restart from their stage average too
+                buffers = stage_avg.get("buffers", own["buffers"])
+                state["buffers"] = {**state["buffers"], **tmap(torch.clone, buffers)}
         return dict(
             state, ref=ref,
             iterate_sum=zeros_like(state["iterate_sum"]),
@@ -201,6 +255,16 @@ def _expand(count: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return count.reshape(count.shape + (1,) * (like.dim() - count.dim()))
 
 
+def _stage_average(state: State) -> dict[str, Any]:
+    """This client's average of the stage's iterates (and float buffers)."""
+    count = state["iterate_count"]
+    return tmap(lambda s: s / _expand(count, s), state["iterate_sum"])
+
+
+def _float_buffers(buffers: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in buffers.items() if v.is_floating_point()}
+
+
 @register
 @dataclass
 class CODASCA(CODAPlus):
@@ -211,10 +275,13 @@ class CODASCA(CODAPlus):
 
     eta_g: float = 1.0  # server extrapolation; theory √K, tuned in {0.99, 0.999, 1, 1.1}
     control_variate: str | None = None  # "iterates" (eq. 6) | "gradients" (code: mean raw gradient)
+    alpha_variate: str = "direction"  # gradients variate of α: "direction" of α's step (code) | "gradient"
+    reset_variates: bool | None = None  # zero variates at stage starts (paper Alg. 4) or never (code)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_choice("control_variate", ["iterates", "gradients"])
+        self._check_choice("alpha_variate", ["direction", "gradient"])
         if self.eta_g <= 0:
             raise ValueError(f"eta_g must be > 0, got {self.eta_g}")
 
@@ -246,10 +313,10 @@ class CODASCA(CODAPlus):
             {k: c_local[k] for k in ("w", "a", "b")},
             {k: c[k] for k in ("w", "a", "b")},
         )
-        dalpha = self.dual_direction(state, galpha) - c_local["alpha"] + c["alpha"]
-        new = self.apply_step(state, dv, dalpha, ctx.lr, f, buffers)
-        if self.control_variate == "gradients":
-            raw = {**gv, "alpha": galpha}
+        direction = self.dual_direction(self.dual_point(state, dv, ctx.lr), galpha)
+        new = self.apply_step(state, dv, direction - c_local["alpha"] + c["alpha"], ctx.lr, f, buffers)
+        if self.control_variate == "gradients":  # unclipped ∇v; α: the step's direction or ∇_α F
+            raw = {**gv, "alpha": direction if self.alpha_variate == "direction" else galpha}
             new["grad_sum"] = tmap(lambda acc, g: acc + g, state["grad_sum"], raw)
         return new
 
@@ -280,9 +347,10 @@ class CODASCA(CODAPlus):
             c_local=c_local,
             c=avg["c"],
         )
-        if ctx.stage_end:  # Alg. 4 starts every stage with zero control variates
+        if ctx.stage_end:
             state = self.end_stage(state, avg, comm, ctx)
-            state.update(c_local=zeros_like(c_local), c=zeros_like(c_local))
+            if self.reset_variates:  # Alg. 4 starts every stage with zero control variates
+                state.update(c_local=zeros_like(c_local), c=zeros_like(c_local))
         return dict(state, start=self._point(state))
 
 
@@ -306,6 +374,15 @@ class CoDA(CODAPlus):
             raise ValueError("CoDA's closed-form α is the AUC square loss's; use loss='square'")
         if self.stage_batch_size < 1:
             raise ValueError(f"stage_batch_size must be ≥ 1, got {self.stage_batch_size}")
+
+    def validate_schedule(self, schedule: Schedule) -> None:
+        """CoDA's restarts and closed-form α happen at stage ends: one stage would make it CODA+."""
+        if len(schedule.stages) < 2:
+            raise ValueError(
+                "coda needs stages ≥ 2: its restart from the average iterate and its closed-form α "
+                "happen only at stage ends, so with stages = 1 it is exactly codaplus "
+                "(set stages, e.g. --stages 3, or use --algorithm codaplus)"
+            )
 
     def _class_score_sums(self, w, buffers, batch: Batch) -> dict[str, torch.Tensor]:
         s = torch.sigmoid(self.problem.logits(w, buffers, batch["x"])[0])

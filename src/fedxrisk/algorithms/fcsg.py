@@ -201,22 +201,30 @@ class LocalSCGD(_Conditional):
     """Local-SCGD (federated SCGD; Gao et al. 2022): a moving-average inner state
 
         y_{t+1} = (1 − γ) y_t + γ · mean_i ĝ_i(x_t),   ĝ_i = 1/m Σ_j g_ηij(x_t, ξ_i)
-        d_t = 1/b Σ_i (∂ĝ_i(x_t))ᵀ ∇f_ξi(y_{t+1}) + ∇r(x_t),   x_{t+1} = x_t − α d_t
+        d_t = 1/b Σ_i (∂ĝ_i(x_t))ᵀ ∇f_ξi(y_i) + ∇r(x_t),   x_{t+1} = x_t − α d_t
 
-    with x and y averaged every round. One y is shared by all outer samples: the
-    compositional view that ignores how the inner distribution depends on ξ,
-    which is the paper's argument against these baselines (§5.2).
-    The first step sets y from the first batch (γ = 1).
+    with x and y averaged every round. Where each outer sample's gradient is taken
+    (``inner_state``):
+
+    - ``"per_task"`` (default; the FCSG authors' baseline code): y_i = (1 − γ) y_t + γ ĝ_i,
+      each task at its own point; y_{t+1} = mean_i y_i.
+    - ``"shared"``: y_i = y_{t+1} for every i, the compositional view that ignores how
+      the inner distribution depends on ξ (the FCSG paper's argument, §5.2).
+
+    The first step sets y from the first batch (γ = 1), so ``per_task`` then equals FCSG.
     """
 
     name = "local_scgd"
     communicates = ("w", "y")
 
     gamma: float = 0.5  # weight of the new inner estimate ("inner state momentum")
+    inner_state: str = "per_task"  # "per_task" (FCSG authors' code) | "shared"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_beta("gamma", self.gamma)
+        if self.inner_state not in ("per_task", "shared"):
+            raise ValueError(f"inner_state must be 'per_task' or 'shared', got {self.inner_state!r}")
 
     def init(self, client: ClientInfo) -> State:
         w, buffers = self.problem.init_model()
@@ -224,7 +232,7 @@ class LocalSCGD(_Conditional):
         return {"w": w, "buffers": buffers, "y": y, "loss": torch.zeros(())}
 
     def compositional_gradient(self, state: State, sample: Sample, gamma: float):
-        """(d_t, y_{t+1}, mean_i f_ξi(y_{t+1})) on one sample."""
+        """(d_t, y_{t+1}, mean_i f_ξi(y_i)) on one sample."""
         obj, problem, buffers = self._objective, self.problem, state["buffers"]
         xi, eta = sample["xi"], sample["eta"]
         b, _ = sample_sizes(sample)
@@ -240,8 +248,11 @@ class LocalSCGD(_Conditional):
 
         g_now = obj.inner_mean(problem, state["w"], buffers, xi, eta)
         y = tmap(lambda yi, g: (1 - gamma) * yi + gamma * wmean(g), state["y"], g_now)
-        y_rows = tmap(lambda v: v.unsqueeze(0).expand(b, *v.shape), y)
-        # c_i = w_i ∇f_ξi(y_{t+1}), one row per outer sample
+        if self.inner_state == "per_task":  # y_i = (1 − γ) y_t + γ ĝ_i
+            y_rows = tmap(lambda yi, g: (1 - gamma) * yi.unsqueeze(0) + gamma * g, state["y"], g_now)
+        else:  # y_i = y_{t+1}
+            y_rows = tmap(lambda v: v.unsqueeze(0).expand(b, *v.shape), y)
+        # c_i = w_i ∇f_ξi(y_i), one row per outer sample
         c, f_value = grad_and_value(lambda yy: (obj.outer(problem, yy, xi) * weight).sum())(y_rows)
 
         def surrogate(params):  # Σ_i <ĝ_i(x), c_i> + r(x): its gradient is d_t

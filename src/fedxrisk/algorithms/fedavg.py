@@ -34,6 +34,7 @@ class LocalSGDM(Algorithm):
     """FedAvg with local momentum SGD on binary cross-entropy."""
 
     name = "localsgdm"
+    needs_both_classes = False  # cross-entropy: one-class clients are ordinary
     communicates = ("w", "m")
     default_lr = 0.3  # selected on validation in docs/evidence.md (digits, MNIST-1D; 1.0 diverges)
 

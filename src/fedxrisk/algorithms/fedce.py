@@ -50,6 +50,7 @@ class FedProx(Algorithm):
     """FedProx: local SGD with the proximal term (μ/2)‖w − w_r‖² toward the round's global model."""
 
     name = "fedprox"
+    needs_both_classes = False  # cross-entropy: one-class clients are ordinary
     communicates = ("w",)
 
     problem: Problem
@@ -80,6 +81,7 @@ class SCAFFOLD(Algorithm):
     """SCAFFOLD with option-II control variates and server step ``eta_g`` (full participation)."""
 
     name = "scaffold"
+    needs_both_classes = False  # cross-entropy: one-class clients are ordinary
     communicates = ("w", "c")
 
     problem: Problem

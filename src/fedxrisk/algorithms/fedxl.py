@@ -12,8 +12,9 @@ No client holds the pairs it needs. The gradient is split into **active**
 parts (h and ∇h of the client's own current samples under its current model)
 and **passive** parts (scores of other clients' samples, and for FeDXL2 their
 inner estimates u, computed with historical models). Every round each client
-records the scores of the samples it used (and u); at the round's end they are
-gathered (``comm.gather``) and merged into FIFO **pools** H1 (positives, with u)
+records the scores of the samples it used (and u); at the round's end the server
+pools them (``comm.pool``: valid entries only, shuffled, so no score is attributable
+to its client) and every client merges them into FIFO **pools** H1 (positives, with u)
 and H2 (negatives) holding the last ``tau`` rounds of all clients; local steps
 sample pools uniformly with replacement from ``batch["uniform"]``.
 
@@ -29,18 +30,27 @@ Design decisions (documented in docs/fedxl.md):
 - Pools are flat tensors of valid scores; ``count_*`` holds how many entries
   each of the last ``tau`` rounds contributed (oldest first), so the FIFO drops
   exactly the oldest round. Pool size ≤ tau · K · I · B (B1 or B2). Pools are
-  identical on all clients (they are built from the gathered scores).
+  identical on all clients (they are built from the same server answer). A slot
+  not of its pool's class is masked; the mask goes to the server only.
 - Pools are seeded before the first round (:meth:`FeDXL1.begin`) with one batch
   of scores per client under the initial model; the seed is the first FIFO round.
-- Per-positive u (FeDXL2) is a per-client table of length ``max_samples``
+- Pools are seeded in eval mode (BatchNorm uses its running statistics), as the
+  authors score their seed batch; local steps score in train mode.
+- Per-positive u (FeDXL2) is kept as log u (``log_u``: exp(ℓ/λ) overflows float32
+  for small λ, e.g. λ = 0.01 and ℓ = 4), a per-client table of length ``max_samples``
   (the largest shard, so all clients have equal shapes under vmap), indexed by
-  ``batch["local_index"]``, initialised to 1 (the authors' code), never averaged.
+  ``batch["local_index"]``, initialised to u = 1 (the authors' code), never averaged.
+  A positive drawn d times in one batch is d observations: its u takes the d
+  moving-average updates in slot order (:func:`log_u_in_order`).
 - Scores are recorded with the model that computed the step's gradient
   (before its update); u is recorded after the step's update.
+- Momentum (``beta < 1``) starts at m = G on the first step (``momentum_init = "grad"``,
+  the authors' code), or from m = 0 (``"zero"``, the textbook EMA).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,11 +80,36 @@ from fedxrisk.problem import Problem
 from fedxrisk.tree import tmap, zeros_like
 
 INVALID = -1.0  # marks a recorded slot whose sample is not of the slot's class (never pooled)
-SCORE_KEYS = ("pos_scores", "neg_scores", "pos_u")  # what the gather sends (ledger names)
+SCORE_KEYS = ("pos_pool", "neg_pool")  # what ``comm.pool`` sends (ledger names)
+MOMENTUM_INITS = ("grad", "zero")
+GRAD_SCALES = ("objective", "code")
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def log_u_in_order(
+    log_u: torch.Tensor, log_x: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    """Per slot, log u after u ← (1 − γ) u + γ x is applied once per valid copy of the slot's
+    sample in this batch, in slot order (copies share ``idx``); ``log_u`` is the value before the
+    step. For d copies with observations x_1..x_d: u' = (1−γ)^d u + Σ_c γ (1−γ)^(d−c) x_c.
+    Computed in log space (``log_x`` = log x); invalid slots keep ``log_u``. Vectorized, vmap-safe.
+    """
+    log_keep = math.log1p(-gamma) if gamma < 1 else -math.inf  # log (1 − γ)
+    ok = valid > 0
+    same = (idx[:, None] == idx[None, :]) & ok[:, None] & ok[None, :]  # slot j is a copy of slot i's sample
+    copies = same.sum(1)  # d, per slot
+    rank = (same & torch.ones_like(same).tril()).sum(1)  # c of each slot among its copies (1-based)
+
+    def decay(k: torch.Tensor) -> torch.Tensor:  # log (1 − γ)^k, with (1 − γ)^0 = 1 also for γ = 1
+        return torch.where(k == 0, 0.0, k * log_keep)
+
+    terms = math.log(gamma) + decay(copies[:, None] - rank[None, :]) + log_x[None, :]
+    terms = torch.where(same, terms, -math.inf)
+    new = torch.logsumexp(torch.cat([(decay(copies) + log_u)[:, None], terms], 1), 1)
+    return torch.where(ok, new, log_u)
 
 
 def _draw(pool: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor | None:
@@ -94,9 +129,12 @@ class PairwiseBase(Algorithm):
     surrogate: str = "squared_hinge"
     margin: float = 1.0
     beta: float = 1.0  # m ← (1 − β) m + β G, w ← w − η m; β = 1 is plain SGD (no momentum state)
+    momentum_init: str = "grad"  # "grad": m = G on the first step (authors' code); "zero": m starts at 0
 
     def __post_init__(self) -> None:
         check_surrogate(self.surrogate)
+        if self.momentum_init not in MOMENTUM_INITS:
+            raise ValueError(f"momentum_init must be one of {MOMENTUM_INITS}, got {self.momentum_init!r}")
         if self.positives_per_batch < 1:
             raise ValueError(f"positives_per_batch must be ≥ 1, got {self.positives_per_batch}")
         if not 0.0 < self.beta <= 1.0:
@@ -115,10 +153,12 @@ class PairwiseBase(Algorithm):
         state = {"w": w, "buffers": buffers, "loss": torch.zeros(())}
         if self.momentum:
             state["m"] = zeros_like(w)
+            if self.momentum_init == "grad":
+                state["m_first"] = torch.ones(())  # 1 until the first step has set m = G
         return state
 
-    def _scores(self, w, buffers, x: torch.Tensor):
-        logits, new_buffers = self.problem.logits(w, buffers, x)
+    def _scores(self, w, buffers, x: torch.Tensor, train: bool = True):
+        logits, new_buffers = self.problem.logits(w, buffers, x, train)
         return torch.sigmoid(logits), new_buffers
 
     def _masks(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,8 +172,13 @@ class PairwiseBase(Algorithm):
     def _descend(self, state: State, g, lr: float) -> dict[str, Any]:
         if not self.momentum:
             return {"w": tmap(lambda w, gi: w - lr * gi, state["w"], g)}
-        m = tmap(lambda mi, gi: (1 - self.beta) * mi + self.beta * gi, state["m"], g)
-        return {"w": tmap(lambda w, mi: w - lr * mi, state["w"], m), "m": m}
+        out = {}
+        beta = self.beta
+        if "m_first" in state:  # the first step's weight is 1 (m = G), then β; no branch on data (vmap)
+            beta = state["m_first"].clamp(min=self.beta)
+            out["m_first"] = torch.zeros_like(state["m_first"])
+        m = tmap(lambda mi, gi: (1 - beta) * mi + beta * gi, state["m"], g)
+        return {"w": tmap(lambda w, mi: w - lr * mi, state["w"], m), "m": m, **out}
 
     def _average(self, state: State, comm: Collective) -> State:
         """Average the model (and momentum: every tensor of it, unlike the authors' code)."""
@@ -158,11 +203,11 @@ class FeDXL1(PairwiseBase):
         G = mean_i mean_ζ ∂1ℓ(h(w;z_i), ζ) ∇h(w;z_i) + mean_j mean_ξ ∂2ℓ(ξ, h(w;z'_j)) ∇h(w;z'_j)
         w ← w − η G    (β < 1 adds momentum, not in the paper's FeDXL1)
 
-    Every I steps: average w; gather the recorded scores into H1/H2.
+    Every I steps: average w; pool the recorded scores into H1/H2 (server-side, shuffled).
     """
 
     name = "fedxl1"
-    communicates = ("w", "pool_pos", "pool_neg", "count_pos", "count_neg")
+    communicates = ("w", "m", "pool_pos", "pool_neg", "count_pos", "count_neg")  # m only if beta < 1
     begin_batch = True
     default_lr = 1.0  # sigmoid scores make the pairwise gradients small
 
@@ -225,41 +270,49 @@ class FeDXL1(PairwiseBase):
 
     # -- communication --------------------------------------------------------
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
-        """Average w (and m); all-gather this round's scores and merge them into the pools."""
-        return self._merge(self._average(state, comm), comm)
+        """Average w (and m); pool this round's scores on the server and merge them into the pools."""
+        return self._merge(self._average(state, comm), comm, key=ctx.plan.round + 1)
 
     def begin(self, state: State, comm: Collective, batch: Batch) -> State:
         """Seed the pools with one batch of scores per client under the initial model."""
-        return self._merge({**state, **comm.per_client(self._seed_records, state, batch)}, comm)
+        return self._merge({**state, **comm.per_client(self._seed_records, state, batch)}, comm, key=0)
 
     def _seed_records(self, state: State, batch: Batch) -> dict[str, torch.Tensor]:
-        scores, _ = self._scores(state["w"], state["buffers"], batch["x"])
+        # eval mode (BatchNorm's running statistics), as the authors score their seed batch
+        scores, _ = self._scores(state["w"], state["buffers"], batch["x"], train=False)
         vpos, vneg = self._masks(batch)
         b1 = self.positives_per_batch
         return self._record(state, scores[:b1], scores[b1:], vpos, vneg)
 
-    def _records(self, state: State) -> dict[str, torch.Tensor]:
-        return {"pos_scores": state["rec_pos"], "neg_scores": state["rec_neg"]}
+    def _records(self, state: State) -> dict[str, dict[str, torch.Tensor]]:
+        """What goes up, per pool: the recorded values (0 in slots not of the pool's class)."""
+        out = {}
+        for cls in ("pos", "neg"):
+            valid = state[f"rec_{cls}"] != INVALID
+            out[f"{cls}_pool"] = {"scores": torch.where(valid, state[f"rec_{cls}"], 0.0)}
+        if "rec_log_u" in state:
+            out["pos_pool"]["log_u"] = torch.where(state["rec_pos"] != INVALID, state["rec_log_u"], 0.0)
+        return out
 
-    def _merge(self, state: State, comm: Collective) -> State:
-        """One gather of every client's records; FIFO-append the valid ones, dropping the oldest round."""
-        got = {k: v.flatten(1) for k, v in comm.gather(self._records(state)).items()}  # [Kc, K·n]
+    def _merge(self, state: State, comm: Collective, key: int) -> State:
+        """One server-side pool of every client's records (valid entries only, shuffled, so no entry
+        is attributable to its client); FIFO-append them, dropping the oldest round."""
+        masks = {f"{cls}_pool": (state[f"rec_{cls}"] != INVALID).to(torch.uint8) for cls in ("pos", "neg")}
+        got = comm.pool(self._records(state), masks, key)  # leaves [Kc, N]
         out = dict(state)
         for cls in ("pos", "neg"):
-            scores = got[f"{cls}_scores"]
-            keep = scores[0] != INVALID  # same on every client: they received the same values
-            entries = scores[:, keep]
-            check_scores(entries, BOUNDED, f"gathered {cls} scores")
+            entries = got[f"{cls}_pool"]["scores"]
+            check_scores(entries, BOUNDED, f"pooled {cls} scores")
             counts = state[f"count_{cls}"]
             drop = int(counts[0, 0])
             out[f"pool_{cls}"] = torch.cat([state[f"pool_{cls}"][:, drop:], entries], 1)
-            if cls == "pos" and "pos_u" in got:
-                out["pool_u"] = torch.cat([state["pool_u"][:, drop:], got["pos_u"][:, keep]], 1)
+            if cls == "pos" and "log_u" in got["pos_pool"]:
+                out["pool_log_u"] = torch.cat([state["pool_log_u"][:, drop:], got["pos_pool"]["log_u"]], 1)
             new_count = torch.full_like(counts[:, :1], entries.shape[1])
             out[f"count_{cls}"] = torch.cat([counts[:, 1:], new_count], 1)
             out[f"rec_{cls}"] = state[f"rec_{cls}"][:, :0]
-        if "rec_u" in state:
-            out["rec_u"] = state["rec_u"][:, :0]
+        if "rec_log_u" in state:
+            out["rec_log_u"] = state["rec_log_u"][:, :0]
         return out
 
 
@@ -270,76 +323,93 @@ class FeDXL2(FeDXL1):
 
     Local step (§2.7; paper Alg. 2), ℓ_ij = ℓ(h(w;z_i), ζ_j) with ζ_j from H2:
 
-        u_i ← (1 − γ) u_i + γ mean_j exp(ℓ_ij / λ)                       (own positives)
-        G1 = mean_i mean_j exp(ℓ_ij/λ) / u_i · ∂1ℓ_ij ∇h(w;z_i)          (active)
-        G2 = mean_j mean_k exp(ℓ(ξ_k, h(w;z'_j))/λ) / ũ_k · ∂2ℓ ∇h(w;z'_j) (passive ξ_k, ũ_k from H1)
+        u_i ← (1 − γ) u_i + γ mean_j exp(ℓ_ij / λ)                        (own positives)
+        G1 = mean_i mean_j exp(ℓ_ij/λ) / u_i · ∂1ℓ_ij ∇h(w;z_i)           (active)
+        G2 = mean_j mean_k exp(ℓ(ξ_k, h(w;z'_j))/λ) / ũ_k · ∂2ℓ ∇h(w;z'_j)  (passive ξ_k, ũ_k from H1)
         m ← (1 − β) m + β (G1 + G2);  w ← w − η m
 
-    Every I steps: average w and m; gather the positives' scores and u and the
+    Every I steps: average w and m; pool the positives' scores and u and the
     negatives' scores into the pools. u is never averaged. With u equal to the
-    true inner mean, G1 + G2 is the gradient of the KL-DRO objective.
+    true inner mean, G1 + G2 is the gradient of the KL-DRO objective
+    F = mean_i λ log mean_j exp(ℓ_ij/λ) (``grad_scale = "objective"``, default);
+    the authors' code drops the factor λ of f(u) = λ log u and so descends ∇F / λ
+    (``grad_scale = "code"``; the same at their λ = 1; at λ ≠ 1 it equals
+    "objective" with the learning rate divided by λ).
+
+    Small λ: u is kept as log u and every weight exp(ℓ/λ)/u is formed as
+    exp(ℓ/λ − log u), so nothing overflows. Active weights are ≤ S/γ per copy by
+    construction (u is updated before use); a passive ũ_k is historical and may
+    underestimate exp(ℓ/λ) by far when λ is small, so passive weights are capped
+    at the same S/γ (S = ``passive_samples``). With ℓ ≤ 4 (squared hinge on
+    sigmoid scores) the cap never binds at λ = 1: e⁴ ≈ 55 < S/γ.
     """
 
     name = "fedxl2"
-    communicates = ("w", "m", "pool_pos", "pool_neg", "pool_u", "count_pos", "count_neg")
+    communicates = ("w", "m", "pool_pos", "pool_neg", "pool_log_u", "count_pos", "count_neg")
     default_lr = 1.5  # the median of the rates selected on validation in docs/evidence.md (0.5–5)
 
     beta: float = 0.1
     lam: float = 1.0  # λ (code: 1)
     gamma: float = 0.1  # moving-average rate of u (code: 0.1)
+    grad_scale: str = "objective"  # "objective": ∇F; "code": the authors' ∇F / λ
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_lambda(self.lam)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {self.gamma}")
+        if self.grad_scale not in GRAD_SCALES:
+            raise ValueError(f"grad_scale must be one of {GRAD_SCALES}, got {self.grad_scale!r}")
 
     def init(self, client: ClientInfo) -> State:
         state = super().init(client)
         size = max(client.max_samples, client.num_samples)
-        state.update(u=torch.ones(size), rec_u=torch.zeros(0), pool_u=torch.zeros(0))
+        state.update(log_u=torch.zeros(size), rec_log_u=torch.zeros(0), pool_log_u=torch.zeros(0))
         return state
-
-    def _records(self, state: State) -> dict[str, torch.Tensor]:
-        return {**super()._records(state), "pos_u": state["rec_u"]}
 
     def _seed_records(self, state: State, batch: Batch) -> dict[str, torch.Tensor]:
         rec = super()._seed_records(state, batch)
-        rec["rec_u"] = torch.cat(
-            [state["rec_u"], state["u"][batch["local_index"][: self.positives_per_batch]]]
-        )
+        seed_u = state["log_u"][batch["local_index"][: self.positives_per_batch]]
+        rec["rec_log_u"] = torch.cat([state["rec_log_u"], seed_u])
         return rec
 
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
         b1, lam = self.positives_per_batch, self.lam
+        scale = lam if self.grad_scale == "objective" else 1.0
+        cap = math.log(self.passive_samples / self.gamma)
         vpos, vneg = self._masks(batch)
         i_pos, zeta = self._passive(state, batch)
         idx = batch["local_index"][:b1]
-        u_old = state["u"][idx]
+        log_u_old = state["log_u"][idx]
 
         def surrogate(w):
+            # value whose gradient is Σ weight · ∇(ℓ/λ) with detached weights exp(ℓ/λ − log u)
             scores, buffers = self._scores(w, state["buffers"], batch["x"])
             s_pos, s_neg = scores[:b1], scores[b1:]
             if zeta is None:
-                u_new, g1 = u_old, scores.new_zeros(())
+                log_u_new, g1 = log_u_old, scores.new_zeros(())
             else:
-                inner = torch.exp(self._pairs(s_pos, zeta) / lam).mean(1)  # [B1]
-                u_new = torch.where(vpos > 0, (1 - self.gamma) * u_old + self.gamma * inner.detach(), u_old)
-                g1 = _masked_mean(lam * inner / u_new.detach(), vpos)
+                z = self._pairs(s_pos, zeta) / lam  # [B1, S] = log exp(ℓ/λ)
+                log_inner = torch.logsumexp(z.detach(), 1) - math.log(z.shape[1])
+                log_u_new = log_u_in_order(log_u_old, log_inner, idx, vpos, self.gamma)
+                weights = torch.exp(z.detach() - log_u_new[:, None])
+                g1 = _masked_mean(scale * (weights * z).mean(1), vpos)
             if i_pos is None:
                 g2 = scores.new_zeros(())
             else:
-                xi, xi_u = state["pool_pos"][i_pos], state["pool_u"][i_pos]
-                weights = torch.exp(self._pairs(xi, s_neg) / lam) / xi_u[:, None]  # [S, B2]
-                g2 = _masked_mean(lam * weights.mean(0), vneg)
-            value = _masked_mean(lam * torch.log(u_new), vpos)  # estimate of F from the u's
-            return g1 + g2, (value, s_pos, s_neg, u_new, buffers)
+                xi, xi_log_u = state["pool_pos"][i_pos], state["pool_log_u"][i_pos]
+                z = self._pairs(xi, s_neg) / lam  # [S, B2]
+                weights = torch.exp((z.detach() - xi_log_u[:, None]).clamp(max=cap))
+                g2 = _masked_mean(scale * (weights * z).mean(0), vneg)
+            value = _masked_mean(lam * log_u_new, vpos)  # estimate of F from the u's
+            return g1 + g2, (value, s_pos, s_neg, log_u_new, buffers)
 
-        g, (value, s_pos, s_neg, u_new, buffers) = grad(surrogate, has_aux=True)(state["w"])
+        g, (value, s_pos, s_neg, log_u_new, buffers) = grad(surrogate, has_aux=True)(state["w"])
         rec = self._record(state, s_pos, s_neg, vpos, vneg)
         return dict(
             state, **self._descend(state, g, ctx.lr), **rec, buffers=buffers, loss=value.detach(),
-            u=state["u"].scatter(0, idx, u_new), rec_u=torch.cat([state["rec_u"], u_new]),
+            log_u=state["log_u"].scatter(0, idx, log_u_new),  # copies of a sample carry the same value
+            rec_log_u=torch.cat([state["rec_log_u"], log_u_new]),
         )  # fmt: skip
 
 
@@ -350,17 +420,19 @@ class LocalPair(PairwiseBase):
 
     ``objective="auroc"``: ∇ mean_{i,j local} ℓ(s_i, s_j) (FeDXL1's loss);
     ``objective="pauc"``: KL-DRO with u_i tracked against the local negatives
-    only (FeDXL2's loss). Every I steps w (and m) are averaged. A client whose
-    shard lacks a class has no local pair and takes zero gradient steps.
+    only (FeDXL2's loss, its log-space u, in-order duplicate updates and
+    ``grad_scale``). Every I steps w (and m, if ``beta < 1``) are averaged. A
+    client whose shard lacks a class has no local pair and takes zero gradient steps.
     """
 
     name = "localpair"
-    communicates = ("w",)
+    communicates = ("w", "m")  # m only with momentum (beta < 1)
     default_lr = 1.0
 
     objective: str = "auroc"
     lam: float = 1.0
     gamma: float = 0.1
+    grad_scale: str = "objective"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -369,19 +441,22 @@ class LocalPair(PairwiseBase):
         check_lambda(self.lam)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {self.gamma}")
+        if self.grad_scale not in GRAD_SCALES:
+            raise ValueError(f"grad_scale must be one of {GRAD_SCALES}, got {self.grad_scale!r}")
 
     def init(self, client: ClientInfo) -> State:
         state = self._init_model()
         if self.objective == "pauc":
-            state["u"] = torch.ones(max(client.max_samples, client.num_samples))
+            state["log_u"] = torch.zeros(max(client.max_samples, client.num_samples))
         return state
 
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
         b1, lam = self.positives_per_batch, self.lam
+        scale = lam if self.grad_scale == "objective" else 1.0
         vpos, vneg = self._masks(batch)
         pauc = self.objective == "pauc"
         idx = batch["local_index"][:b1]
-        u_old = state["u"][idx] if pauc else None
+        log_u_old = state["log_u"][idx] if pauc else None
 
         def surrogate(w):
             scores, buffers = self._scores(w, state["buffers"], batch["x"])
@@ -390,16 +465,21 @@ class LocalPair(PairwiseBase):
                 mask = vpos[:, None] * vneg[None, :]
                 value = (pairs * mask).sum() / mask.sum().clamp_min(1)
                 return value, (value, value, buffers)  # no u: the second slot is unused
-            inner = (torch.exp(pairs / lam) * vneg).sum(1) / vneg.sum().clamp_min(1)
-            ok = vpos * (vneg.sum() > 0)
-            u_new = torch.where(ok > 0, (1 - self.gamma) * u_old + self.gamma * inner.detach(), u_old)
-            value = _masked_mean(lam * torch.log(u_new), ok)
-            return _masked_mean(lam * inner / u_new.detach(), ok), (value, u_new, buffers)
+            z = pairs / lam
+            n_neg = vneg.sum()
+            log_inner = torch.logsumexp(torch.where(vneg > 0, z.detach(), -math.inf), 1) - torch.log(
+                n_neg.clamp_min(1)
+            )
+            ok = vpos * (n_neg > 0)
+            log_u_new = log_u_in_order(log_u_old, log_inner, idx, ok, self.gamma)
+            weights = torch.exp(z.detach() - log_u_new[:, None]) * vneg / n_neg.clamp_min(1)
+            value = _masked_mean(lam * log_u_new, ok)
+            return _masked_mean(scale * (weights * z).sum(1), ok), (value, log_u_new, buffers)
 
-        g, (value, u_new, buffers) = grad(surrogate, has_aux=True)(state["w"])
+        g, (value, log_u_new, buffers) = grad(surrogate, has_aux=True)(state["w"])
         out = dict(state, **self._descend(state, g, ctx.lr), buffers=buffers, loss=value.detach())
         if pauc:
-            out["u"] = state["u"].scatter(0, idx, u_new)
+            out["log_u"] = state["log_u"].scatter(0, idx, log_u_new)
         return out
 
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:

@@ -101,7 +101,7 @@ class LocalSCGDAM(Algorithm):
     # -- state ---------------------------------------------------------------
     def init(self, client: ClientInfo) -> State:
         w, buffers = self.problem.init_model()
-        zero = torch.zeros(())
+        zero = torch.zeros(self.problem.label_shape)  # one a, b, α per label (multi-label data)
         x = {"w": w, "a": zero.clone(), "b": zero.clone()}
         return {
             **x,
@@ -111,7 +111,7 @@ class LocalSCGDAM(Algorithm):
             "v": zero.clone(),
             "buffers": buffers,
             "p": torch.tensor(self.problem.client_pos_ratio(client.pos_ratio)),
-            "loss": zero.clone(),
+            "loss": torch.zeros(()),
         }
 
     # -- the stochastic (compositional) gradients ------------------------------
@@ -214,7 +214,7 @@ class LocalSGDAM(Algorithm):
 
     def init(self, client: ClientInfo) -> State:
         w, buffers = self.problem.init_model()
-        zero = torch.zeros(())
+        zero = torch.zeros(self.problem.label_shape)  # one a, b, α per label (multi-label data)
         x = {"w": w, "a": zero.clone(), "b": zero.clone()}
         return {
             **x,
@@ -223,7 +223,7 @@ class LocalSGDAM(Algorithm):
             "m_y": zero.clone(),
             "buffers": buffers,
             "p": torch.tensor(self.problem.client_pos_ratio(client.pos_ratio)),
-            "loss": zero.clone(),
+            "loss": torch.zeros(()),
         }
 
     def _objective(self, x, alpha, buffers, p, batch: Batch):

@@ -57,7 +57,9 @@ class Schedule:
         if lr <= 0:
             raise ValueError(f"learning rate must be > 0, got {lr}")
         if not 1 <= stages <= rounds:
-            raise ValueError(f"stages must lie in [1, rounds={rounds}], got {stages} (lower --stages)")
+            raise ValueError(
+                f"stages must lie in [1, rounds={rounds}], got {stages} (lower it: --stages N, or --set algorithm.stages=N)"
+            )
         if lr_decay < 1 or window_growth < 1:
             raise ValueError("lr_decay and window_growth must be ≥ 1")
         base, extra = divmod(rounds, stages)

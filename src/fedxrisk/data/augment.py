@@ -41,10 +41,16 @@ class RandomCropFlip:
         """Augment images ``[..., C, H, W]`` (any leading axes, e.g. clients × batch)."""
         if x.dim() < 4:
             raise ValueError(f"augmentation needs images [..., C, H, W], got shape {tuple(x.shape)}")
+        return self.apply(x, self.draw(int(np.prod(x.shape[:-3]))))
+
+    def draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The random offsets (dy, dx) and flip mask of ``n`` images: the only RNG use, so the
+        draws can be made in one process and applied in another (streaming workers)."""
+        dy, dx = (self.rng.integers(0, 2 * self.padding + 1, n) for _ in range(2))
+        return dy, dx, self.rng.random(n) < self.flip_prob
+
+    def apply(self, x: torch.Tensor, params: tuple[np.ndarray, np.ndarray, np.ndarray]) -> torch.Tensor:
+        """Crop and flip images ``[..., C, H, W]`` with drawn ``params`` (no randomness)."""
         lead, flat = x.shape[:-3], x.reshape(-1, *x.shape[-3:])
-        n = len(flat)
-        dy, dx = (
-            torch.from_numpy(self.rng.integers(0, 2 * self.padding + 1, n)).to(x.device) for _ in range(2)
-        )
-        mask = torch.from_numpy(self.rng.random(n) < self.flip_prob).to(x.device)
+        dy, dx, mask = (torch.from_numpy(p).to(x.device) for p in params)
         return flip(crop(flat, self.padding, dy, dx), mask).reshape(*lead, *x.shape[-3:])

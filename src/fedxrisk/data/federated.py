@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.data.checks import check_labeled, check_test_classes
 from fedxrisk.data.datasets import BinaryData, binarize, load_dataset
 from fedxrisk.data.imbalance import make_imbalanced
 from fedxrisk.data.partition import partition
@@ -63,9 +64,13 @@ class FederatedData:
         """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index."""
         local = torch.from_numpy(positions)
         index = self._table[self._rows, local]
-        x = self.stream.fetch(index.numpy()) if self.stream is not None else self.data.x_train[index]
+        if self.stream is not None:  # decoded (and augmented) by DataLoader workers
+            x = self.stream.fetch(index.numpy(), self.augment)
+        else:
+            x = self.data.x_train[index]
+            x = self.augment(x) if self.augment is not None else x
         return {
-            "x": (self.augment(x) if self.augment is not None else x).to(device),
+            "x": x.to(device),
             "y": self.data.y_train[index].to(device),
             "index": index.to(device),
             "local_index": local.to(device),
@@ -82,18 +87,24 @@ class FederatedData:
         return self.data.x_train[idx], self.data.y_train[idx]
 
 
-def check_client_classes(fed: FederatedData, allow_missing_class: bool) -> list[int]:
+def check_client_classes(
+    fed: FederatedData, allow_missing_class: bool, one_class_ok: bool = False
+) -> list[int]:
     """Clients lacking positives or negatives: an error unless explicitly allowed.
 
     When allowed, such clients still train: the AUC losses use the configured
     p and contribute only the terms of the class they hold; their per-client
-    AUROC is undefined and left out of the per-client mean.
+    AUROC is undefined and left out of the per-client mean. ``one_class_ok``:
+    the objective is defined on one class (cross-entropy), so such clients are
+    ordinary: no error, no warning.
     """
     lacking = [
         k
         for k, (pos, neg) in enumerate(fed.client_counts())
         if min(np.atleast_1d(pos)) == 0 or min(np.atleast_1d(neg)) == 0
     ]
+    if one_class_ok:
+        return lacking
     if lacking and not allow_missing_class:
         counts = fed.client_counts()
         detail = ", ".join(f"client {k}: {counts[k][0]} pos / {counts[k][1]} neg" for k in lacking[:5])
@@ -101,7 +112,8 @@ def check_client_classes(fed: FederatedData, allow_missing_class: bool) -> list[
             f"{len(lacking)} client(s) hold only one class ({detail}). Use fewer clients, "
             "a higher imratio, another partition, or allow_missing_class=True "
             "(--allow-missing-class) to train anyway: such clients then contribute only "
-            "the loss terms of the class they hold."
+            "the loss terms of the class they hold. (Cross-entropy baselines such as localsgdm "
+            "accept such clients as they are.)"
         )
     if lacking:
         warnings.warn(f"clients {lacking[:10]} hold only one class", stacklevel=2)
@@ -119,18 +131,23 @@ def make_federated(
     allow_missing_class: bool = False,
     data_dir: str | None = None,
     feature_shift: bool = False,
+    one_class_ok: bool = False,
     num_samples: int | None = None,
 ) -> FederatedData:
     """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
 
     ``data_dir`` is where file datasets are read from (see :mod:`fedxrisk.data.readers`);
     ``feature_shift`` adds FeDXL's per-client Gaussian feature shift (``data.shift``);
+    ``one_class_ok``: see :func:`check_client_classes`.
     ``num_samples`` sizes a generated dataset (mnist1d, synthetic) before its split.
     """
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        data = binarize(load_dataset(dataset, data_dir, num_samples=num_samples), positive_classes)
+        labeled = load_dataset(dataset, data_dir, num_samples=num_samples)
+        check_labeled(labeled, data_dir or dataset)
+        data = binarize(labeled, positive_classes)
+        check_test_classes(data, data_dir or dataset)
     if data.y_train.dim() == 2 and imratio is not None:
         raise ValueError(
             f"{data.name} is multi-label: imratio applies to one binary label; set imratio = None (--imratio none)"
@@ -155,5 +172,5 @@ def make_federated(
     if feature_shift:
         data = shift_features(data, shards, np.random.default_rng([seed, 2]))
     fed = FederatedData(data, shards)
-    check_client_classes(fed, allow_missing_class)
+    check_client_classes(fed, allow_missing_class, one_class_ok)
     return fed

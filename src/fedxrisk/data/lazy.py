@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -93,10 +92,6 @@ class ImageFiles:
 
     def identifier(self, i: int) -> str:
         return self.paths[i]
-
-    def missing(self) -> list[str]:
-        """Paths that are not files (every one of them, in order)."""
-        return [p for p in self.paths if not os.path.isfile(p)]
 
 
 class ArraySource:
@@ -205,13 +200,6 @@ class LazySamples:
 
     def numpy(self) -> np.ndarray:
         return self.decode().numpy()
-
-    def missing(self) -> list[str]:
-        """Files of this view that do not exist (sources without files: none)."""
-        if not isinstance(self.source, ImageFiles):
-            return []
-        paths = self.source.paths
-        return [paths[r] for r in self.rows if not os.path.isfile(paths[r])]
 
     def __repr__(self) -> str:
         return f"LazySamples({type(self.source).__name__}, shape={self.shape})"

@@ -9,10 +9,15 @@ round), and :class:`Stream` hands that sequence to one
 ``[K, B]`` union and stack it, several steps ahead of training (``prefetch``
 steps per worker; pinned memory when the device is CUDA). When the engine asks
 for a batch, the prefetched one is used only if its positions are the requested
-ones (otherwise it is decoded on the spot and the prefetch restarted: ``misses``
-counts this, 0 in a normal run). Augmentation (``FederatedData.augment``) runs in
-the main process on the stacked batch, in the same order as in memory, so its RNG
-draws, and the run's numbers, are those of the in-memory run.
+ones (otherwise it and every later batch are decoded on the spot: ``misses``
+counts this, 0 in a normal run).
+
+Augmentation (``FederatedData.augment``) keeps the in-memory run's random draws:
+an augmenter with ``draw``/``apply`` (``RandomCropFlip``) draws every batch's
+offsets and flips in the engine's order; a copy of it draws ahead for the
+prefetched requests and the workers apply the draws, which are checked against
+the engine-side ones when the batch is used. Any other augmenter runs in the
+training process on the stacked batch.
 
 Bad files: a file that cannot be decoded stops the run with :class:`BadFileError`
 naming it (``on_bad_file = "error"``), or (``"skip"``) is replaced by the next
@@ -190,13 +195,26 @@ class _StepDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, request: tuple[int, np.ndarray]) -> tuple[int, Any, list[str], str]:
-        rid, positions = request
+    def __getitem__(self, request: tuple[int, np.ndarray, Any]) -> tuple[int, Any, list[str], str]:
+        rid, positions, augment = request
         try:
             x, bad = decode_rows(self.samples, positions, self.pools, self.on_bad)
         except BadFileError as e:  # returned, not raised: the message reaches the main process intact
             return rid, None, [], str(e)
-        return rid, torch.from_numpy(x), bad, ""
+        out = torch.from_numpy(x)
+        if augment is not None:  # (augmenter, its draws for this batch): crop and flip here
+            out = augment[0].apply(out, augment[1])
+        return rid, out, bad, ""
+
+
+def _drawable(augment: Any) -> bool:
+    """Whether an augmenter separates its random draws from applying them (``draw``/``apply``,
+    as :class:`~fedxrisk.data.augment.RandomCropFlip`): then it runs in the workers."""
+    return augment is not None and hasattr(augment, "draw") and hasattr(augment, "apply")
+
+
+def _same(a: tuple[np.ndarray, ...] | None, b: tuple[np.ndarray, ...] | None) -> bool:
+    return a is not None and b is not None and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def _identity(item: Any) -> Any:
@@ -223,10 +241,12 @@ class Stream:
         self.samples, self.shards = samples, [np.asarray(s) for s in shards]
         self.workers, self.on_bad, self.pin, self.prefetch = workers, on_bad_file, pin_memory, prefetch
         self.misses = 0  # prefetched batches that were not the ones asked for (0 in a normal run)
+        self.augmented_by_workers = 0  # batches whose augmentation ran in a worker
         self.bad_log: list[str] = samples.options.setdefault("bad_log", [])  # files replaced (skip)
         self._table = _table(self.shards)
         self._it: Iterator[tuple[int, Any, list[str], str]] | None = None
-        self._requests: dict[int, np.ndarray] = {}  # prefetched, not yet consumed
+        self._requests: dict[int, tuple[np.ndarray, Any]] = {}  # prefetched, not yet consumed
+        self._shadow: Any = None  # a copy of the augmenter, drawing ahead for the workers
 
     def subset(self, clients: Sequence[int]) -> Stream:
         """The same stream settings for a subset of the clients (a rank's or a site's own)."""
@@ -238,13 +258,15 @@ class Stream:
         """Prefetch the batches of ``positions`` (local positions ``[K, n]``, in the order the
         engine will ask for them), replacing any prefetch under way."""
         self.close()
-        self._requests = {}
+        self._requests, self._shadow = {}, None
 
-        def requests() -> Iterator[tuple[int, np.ndarray]]:
+        def requests() -> Iterator[tuple[int, np.ndarray, Any]]:
             for rid, local in enumerate(positions):
                 index = self.global_index(local)
-                self._requests[rid] = index
-                yield rid, index
+                shadow = self._shadow
+                augment = (shadow, shadow.draw(index.size)) if shadow is not None else None
+                self._requests[rid] = (index, augment[1] if augment else None)
+                yield rid, index, augment
 
         loader = torch.utils.data.DataLoader(
             _StepDataset(self.samples, self.shards, self.on_bad),
@@ -259,30 +281,64 @@ class Stream:
         self._it = iter(loader)
 
     def close(self) -> None:
-        """Stop the workers (if any)."""
+        """Stop the workers (if any). Batches still prefetched are dropped: the workers are
+        terminated first (a worker blocked on a full result pipe would otherwise hold the
+        DataLoader's shutdown for its 5 s timeout)."""
         it, self._it = self._it, None
         if it is not None and hasattr(it, "_shutdown_workers"):
+            for worker in getattr(it, "_workers", []):
+                if worker.is_alive():
+                    worker.terminate()
             it._shutdown_workers()  # noqa: SLF001 - DataLoader offers no public shutdown
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer (e.g. at interpreter exit)
+            pass
 
     def global_index(self, local: np.ndarray) -> np.ndarray:
         """Local positions ``[K, n]`` → sample indices into ``samples``."""
         return self._table[np.arange(len(self.shards))[:, None], local]
 
     # -- the engine's side --------------------------------------------------------------------
-    def fetch(self, index: np.ndarray) -> torch.Tensor:
-        """Decoded inputs ``[K, n, …]`` at sample indices ``index`` ``[K, n]``."""
+    def fetch(self, index: np.ndarray, augment: Any = None) -> torch.Tensor:
+        """Decoded inputs ``[K, n, …]`` at sample indices ``index`` ``[K, n]``, augmented by
+        ``augment`` when given (its random draws are made here, in the engine's order)."""
+        params = augment.draw(index.size) if _drawable(augment) else None
         if self._it is not None:
             try:
                 rid, x, bad, error = next(self._it)
             except StopIteration:
                 self._it = None
             else:
-                if np.array_equal(self._requests.pop(rid), index):
-                    return self._accept(x, bad, error)
-                self.misses += 1
+                want, drawn = self._requests.pop(rid)
+                if np.array_equal(want, index) and (drawn is None or _same(drawn, params)):
+                    x = self._accept(x, bad, error)
+                    if drawn is not None:  # decoded and augmented by a worker
+                        self.augmented_by_workers += 1
+                        return x
+                    if params is not None and self._shadow is None:
+                        self._draw_ahead(augment)
+                    return self._augment(x, augment, params)
+                self.misses += 1  # not the batch asked for: decode here from now on
                 self.close()
         x, bad = decode_rows(self.samples, index, self._pools(index), self.on_bad)
-        return self._accept(torch.from_numpy(x), bad, "")
+        return self._augment(self._accept(torch.from_numpy(x), bad, ""), augment, params)
+
+    def _draw_ahead(self, augment: Any) -> None:
+        """From now on the workers augment: a copy of ``augment`` makes the draws of the batches
+        already requested (they come back unaugmented), then draws for each new request."""
+        shadow = deepcopy(augment)
+        for index, _ in self._requests.values():  # in request order
+            shadow.draw(index.size)
+        self._shadow = shadow
+
+    @staticmethod
+    def _augment(x: torch.Tensor, augment: Any, params: Any) -> torch.Tensor:
+        if augment is None:
+            return x
+        return augment.apply(x, params) if params is not None else augment(x)
 
     def _pools(self, index: np.ndarray) -> list[np.ndarray]:
         return self.shards if len(index) == len(self.shards) else [np.arange(len(self.samples))] * len(index)
@@ -302,6 +358,21 @@ def _table(shards: Sequence[np.ndarray]) -> np.ndarray:
     for k, s in enumerate(shards):
         table[k, : len(s)] = s
     return table
+
+
+def sampler_requests(sampler: Any, uniforms: int, steps: int) -> Iterator[np.ndarray]:
+    """The positions of the next ``steps`` training batches of ``sampler`` (a copy is drawn
+    from, with ``uniforms`` U(0, 1) per step in between, as the engines draw them)."""
+    sampler = deepcopy(sampler)
+
+    def run() -> Iterator[np.ndarray]:
+        for _ in range(steps):
+            positions = sampler.next()
+            if uniforms:
+                sampler.uniforms(uniforms)
+            yield positions
+
+    return run()
 
 
 def simulation_requests(sim: Simulation, begin: bool) -> Iterator[np.ndarray]:
@@ -344,7 +415,7 @@ def input_chunks(x: Any, chunk: int) -> Iterator[torch.Tensor]:
     workers = int(x.options.get("workers", 0))
     on_bad = x.options.get("on_bad_file", "error")
     starts = range(0, len(x), chunk)
-    requests = ((i, np.arange(s, min(s + chunk, len(x)))[None]) for i, s in enumerate(starts))
+    requests = ((i, np.arange(s, min(s + chunk, len(x)))[None], None) for i, s in enumerate(starts))
     workers = workers if len(starts) > 1 else 0
     loader = torch.utils.data.DataLoader(
         _StepDataset(x, None, on_bad), batch_size=None, sampler=requests,  # type: ignore[arg-type]
@@ -366,15 +437,18 @@ def materialize(x: Any, chunk: int = 1024) -> torch.Tensor:
     return torch.cat(list(input_chunks(x, chunk))) if len(x) else torch.empty(x.shape)
 
 
-def open_training_data(cfg: Any) -> tuple[Any, StreamChoice | None]:
+def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
     """What ``make_federated`` should read for the run ``cfg`` (a :class:`RunConfig`): the
     dataset's name (bundled data, or ``data.stream = false``: read into memory as always),
     or a binarized dataset read lazily, either decoded into memory here (``auto`` within
-    the budget) or left lazy to be streamed; and the choice made (None for bundled data)."""
+    the budget) or left lazy to be streamed; and the choice made."""
+    from fedxrisk.data.checks import check_labeled, check_test_classes
     from fedxrisk.data.datasets import FILE_DATASETS, binarize, load_dataset
 
-    if cfg.dataset not in FILE_DATASETS or cfg.stream is False:
-        return cfg.dataset, None
+    if cfg.dataset not in FILE_DATASETS:
+        return cfg.dataset, StreamChoice(False, "a bundled dataset, held in memory")
+    if cfg.stream is False:
+        return cfg.dataset, StreamChoice(False, "data.stream = false: the files are decoded into memory")
     lazy = load_dataset(cfg.dataset, cfg.data_dir, lazy=True)
     workers = default_workers() if cfg.workers is None else cfg.workers
     budget = parse_bytes(cfg.memory_budget)
@@ -385,11 +459,16 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice | None]:
         if is_lazy(x):
             x.attach(y, workers=workers, on_bad_file=cfg.on_bad_file, bad_log=choice.bad_log)
             if not choice.streamed:
-                setattr(lazy, f"x_{split}", materialize(x).numpy())
+                try:
+                    setattr(lazy, f"x_{split}", materialize(x).numpy())
+                except BadFileError as e:  # before training: nothing to resume, so keep only what failed
+                    raise DataFileError(str(e).split("; training stopped.")[0]) from None
     if choice.streamed and cfg.feature_shift:
         raise ValueError("data.feature_shift shifts inputs in memory; it cannot be combined with streaming "
                          "(set data.stream = false)")  # fmt: skip
+    check_labeled(lazy, cfg.data_dir or cfg.dataset)  # what is in memory now; streamed inputs are not scanned
     data = binarize(lazy, cfg.positive_classes)
+    check_test_classes(data, cfg.data_dir or cfg.dataset)
     for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test)):
         if is_lazy(x):
             x.attach(y.numpy())  # binary labels: a replacement keeps the task's label

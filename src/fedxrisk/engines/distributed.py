@@ -10,7 +10,8 @@ very same :class:`~fedxrisk.engines.simulation.Simulation` round logic on them
   one flat buffer per dtype (one in practice: float32) and runs ONE
   ``all_reduce(SUM)``, then divides by the number of clients K;
 - ``gather(tree)`` packs all leaves of the rank's clients as bytes, pads them
-  to the largest rank's size and runs ONE ``all_gather``.
+  to the largest rank's size and runs ONE ``all_gather``; ``pool`` does the same
+  with records and masks, then every rank runs the server's merge.
 
 The engine piggybacks a few numbers of its own on the round's first ``mean``
 (the clients' loss sum, a non-finite flag, and under ``buffer_policy="local"``
@@ -48,11 +49,12 @@ from fedxrisk.algorithms.base import Algorithm
 from fedxrisk.algorithms.schedule import Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.engines.ledger import ByteLedger
+from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.engines.simulation import LoopEngine, Simulation, VmapEngine
+from fedxrisk.runconfig import DEFAULT_TIMEOUT
 from fedxrisk.tree import Tree, index, is_finite, leaves, tmap
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
-DEFAULT_TIMEOUT = 300.0  # seconds; must exceed the slowest round (local steps + rank 0's evaluation)
 HEARTBEAT_SECONDS = 1.0
 WATCHDOG_EXIT_CODE = 3
 
@@ -363,8 +365,10 @@ class DistCollective:
         engine: LoopEngine | VmapEngine,
         ledger: ByteLedger,
         stats: torch.Tensor | None = None,
+        seed: int = 0,
     ):
         self.group, self.layout, self.engine, self.ledger = group, layout, engine, ledger
+        self.seed = seed
         self.num_clients = sum(len(b) for b in layout)
         self.local_clients = len(layout[group.rank])
         self._stats = stats
@@ -412,6 +416,23 @@ class DistCollective:
         travels in an 8-byte header and must agree across ranks.
         """
         self.ledger.record("gather", tree, self.num_clients)
+        full = self._all_clients(tree)  # [K, *shape], clients in global order
+        return tmap(lambda f: f.unsqueeze(0).expand(self.local_clients, *f.shape).clone(), full)
+
+    def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
+        """``comm.pool``: one all_gather of records and masks, then the server's merge on every rank.
+
+        There is no server between ranks: every rank computes the same merge, so the
+        masks and the client order are visible to every rank (one trust domain;
+        docs/privacy.md). Results equal the simulation's.
+        """
+        full = self._all_clients({"groups": groups, "valid": valid})
+        merged = merge_pool(full["groups"], full["valid"], self.seed, key)
+        self.ledger.record_pool(groups, valid, merged)
+        return tmap(lambda f: f.unsqueeze(0).expand(self.local_clients, *f.shape).clone(), merged)
+
+    def _all_clients(self, tree: Tree) -> Tree:
+        """All K clients' leaves ``[K, *shape]`` from this rank's ``[k, *shape]`` (one all_gather)."""
         items = [t for _, t in leaves(tree)]
         device = items[0].device if items else self.group.device
         per_client = [t[0].numel() * t.element_size() for t in items]
@@ -439,11 +460,7 @@ class DistCollective:
                 raw = chunk[offset : offset + n].clone()
                 per_leaf[i].append(raw.view(t.dtype).reshape(k, *t.shape[1:]))
                 offset += n
-        results = []
-        for i, t in enumerate(items):
-            full = torch.cat(per_leaf[i])  # [K, *shape], clients in global order
-            results.append(full.unsqueeze(0).expand(t.shape[0], *full.shape).clone())
-        return _refill(tree, results)
+        return _refill(tree, [torch.cat(parts) for parts in per_leaf])
 
     def per_client(self, fn, *trees: Tree) -> Tree:
         return self.engine.map_clients(fn, *trees)
@@ -506,7 +523,7 @@ class DistributedSimulation(Simulation):
         bad = float(not bool(torch.isfinite(loss).all()) or not is_finite(self.states["w"]))
         parts = [loss.sum().reshape(1), torch.tensor([bad], dtype=torch.float64, device=loss.device)]
         parts += [v.double().sum(0).reshape(-1) for v in self._local_buffers().values()]
-        return DistCollective(self.group, self.layout, self.engine, self.ledger, torch.cat(parts))
+        return DistCollective(self.group, self.layout, self.engine, self.ledger, torch.cat(parts), self.seed)
 
     def _finite(self, comm: DistCollective) -> bool:  # type: ignore[override]
         self._stats = comm.finish()

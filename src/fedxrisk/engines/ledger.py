@@ -18,7 +18,9 @@ class ByteLedger:
 
     ``mean`` of a variable costs its size up and the same size down; ``gather``
     costs its size up and ``num_clients`` times its size down (everyone receives
-    everyone's values). Totals are per variable (top-level key) and per round.
+    everyone's values); ``pool`` costs its records and their validity mask up and
+    the merged pool (valid entries of all clients) down. Totals are per variable
+    (top-level key) and per round; ``kinds`` names the collective each variable used.
     """
 
     def __init__(self) -> None:
@@ -26,17 +28,29 @@ class ByteLedger:
         self.down: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
         self.rounds: list[tuple[int, int]] = []
+        self.kinds: dict[str, str] = {}
         self._round_up = self._round_down = 0
+
+    def _add(self, kind: str, name: str, up: int, down: int) -> None:
+        self.kinds[name] = kind
+        self.up[name] += up
+        self.down[name] += down
+        self._round_up += up
+        self._round_down += down
 
     def record(self, kind: str, tree: dict[str, Any], num_clients: int) -> None:
         self.calls[kind] += 1
         for name, sub in tree.items():
             size = _per_client_bytes(sub)
-            down = size * (num_clients if kind == "gather" else 1)
-            self.up[name] += size
-            self.down[name] += down
-            self._round_up += size
-            self._round_down += down
+            self._add(kind, name, size, size * (num_clients if kind == "gather" else 1))
+
+    def record_pool(self, groups: dict[str, Any], valid: dict[str, Any], merged: dict[str, Any]) -> None:
+        """``groups``/``valid``: stacked records and masks sent (per client: ``[0]``); ``merged``:
+        the unstacked pool every client receives."""
+        self.calls["pool"] += 1
+        for name, sub in groups.items():
+            received = sum(t.numel() * t.element_size() for _, t in leaves(merged[name]))
+            self._add("pool", name, _per_client_bytes(sub) + _per_client_bytes(valid[name]), received)
 
     def close_round(self) -> None:
         self.rounds.append((self._round_up, self._round_down))

@@ -28,11 +28,12 @@ from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.sampler import make_samplers
 from fedxrisk.engines.ledger import ByteLedger
+from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.tree import Tree, index, is_finite, leaves, stack, tmap
 
 
 class NonFiniteLoss(RuntimeError):
-    """Raised when a round produces a NaN/inf loss or model; carries the round."""
+    """Raised when a round produces a NaN/inf loss or model; carries the round (1-based, as history.csv)."""
 
     def __init__(self, round_: int):
         super().__init__(f"non-finite loss or model (NaN/inf) at round {round_}; training stopped")
@@ -225,10 +226,11 @@ ENGINES: dict[str, type[Engine]] = {
 class SimCollective:
     """``mean`` and ``gather`` over the leading client axis, with byte accounting."""
 
-    def __init__(self, num_clients: int, engine: Engine, ledger: ByteLedger):
+    def __init__(self, num_clients: int, engine: Engine, ledger: ByteLedger, seed: int = 0):
         self.num_clients = num_clients
         self.engine = engine
         self.ledger = ledger
+        self.seed = seed
 
     def mean(self, tree: Tree) -> Tree:
         self.ledger.record("mean", tree, self.num_clients)
@@ -237,6 +239,12 @@ class SimCollective:
     def gather(self, tree: Tree) -> Tree:
         self.ledger.record("gather", tree, self.num_clients)
         return tmap(lambda x: x.unsqueeze(0).expand(x.shape[0], *x.shape).clone(), tree)
+
+    def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
+        merged = merge_pool(groups, valid, self.seed, key)
+        self.ledger.record_pool(groups, valid, merged)
+        k = self.num_clients
+        return tmap(lambda x: x.unsqueeze(0).expand(k, *x.shape).clone(), merged)
 
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         return self.engine.map_clients(fn, *trees)
@@ -267,7 +275,7 @@ class Simulation:
         self.algorithm, self.data, self.schedule = algorithm, data, schedule
         self.engine = ENGINES[engine](**(engine_options or {}))
         self.device = torch.device(device)
-        self.batch_size = batch_size
+        self.batch_size, self.seed = batch_size, seed
         self.ledger = ByteLedger()
         self.clients = list(range(data.num_clients)) if clients is None else list(clients)
         self.local_data = data if clients is None else data.subset(clients)
@@ -294,10 +302,11 @@ class Simulation:
 
     def _start_stream(self, begin: bool) -> None:
         """Streamed data: prefetch the batches this run will ask for (data/stream.py)."""
-        if self.local_data.stream is not None:
+        stream = getattr(self.local_data, "stream", None)  # duck-typed sources (fedxrisk.tasks) have none
+        if stream is not None:
             from fedxrisk.data.stream import simulation_requests
 
-            self.local_data.stream.start(simulation_requests(self, begin))
+            stream.start(simulation_requests(self, begin))
 
     @property
     def done(self) -> bool:
@@ -333,12 +342,12 @@ class Simulation:
         self.ledger.close_round()
         self.round += 1
         if not self._finite(comm):
-            raise NonFiniteLoss(plan.round)
+            raise NonFiniteLoss(plan.round + 1)  # 1-based, as in history.csv
         return plan
 
     def _collective(self) -> SimCollective:
         """The round's collective (the distributed engine replaces it)."""
-        return SimCollective(self.num_clients, self.engine, self.ledger)
+        return SimCollective(self.num_clients, self.engine, self.ledger, self.seed)
 
     def _finite(self, comm: Any) -> bool:
         """Whether every client's last loss and model are finite after the round."""

@@ -15,7 +15,7 @@ from typing import Any
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.data import PARTITIONS
 from fedxrisk.experiment import DEFAULT_LOCAL_STEPS, ConfigError
-from fedxrisk.models import MODELS
+from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
 
 
@@ -39,6 +39,8 @@ class FlowerConfig:
     positives_per_batch: int = 0  # > 0: class-aware batches for any algorithm (fedxrisk.classaware)
     allow_missing_class: bool = False
     eval_every: int = 1
+    init_from: str = ""  # a state dict / run folder at this path on the server and every site; "": none
+    reset_head: bool = False  # re-initialise the classifier head after init-from (init_from.py)
     # trial sites (node config ``dataset`` + ``partition-id`` + ``num-partitions``)
     partition: str = "class"
     imratio: float = 0.1  # 0: keep the data's own ratio
@@ -72,6 +74,15 @@ class FlowerConfig:
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg
+
+    def build_model(self, input_shape: tuple[int, ...]) -> Any:
+        """The model every party builds identically: seeded, then ``init-from`` loaded (strictly)."""
+        from fedxrisk.init_from import load_weights
+
+        model = build_model(self.model, input_shape, self.seed)
+        if self.init_from or self.reset_head:
+            load_weights(model, self.model, self.init_from or None, self.reset_head)
+        return model
 
     # -- resolved settings ---------------------------------------------------
     @property

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,13 +32,13 @@ import numpy as np
 import torch
 
 from fedxrisk.engines.ledger import ByteLedger
+from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.experiment import HISTORY_FIELDS, json_safe, write_json_atomic
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.site import BEGIN, site_setup, site_step
 from fedxrisk.flower.sitedata import load_holdout
 from fedxrisk.flower.wire import Packet, clone_packet, flatten, unflatten
 from fedxrisk.metrics import auroc, average_precision, predict
-from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, stack, tmap
 
@@ -92,6 +93,10 @@ class Coordinator:
         self.out = Path(cfg.out_dir)
         self.plans = list(cfg.schedule().plan())
         self.ledger = ByteLedger()
+        # seed of the score-pool shuffle: a server-only secret if FEDXRISK_POOL_SEED is set on the
+        # server's host (sites cannot undo the shuffle); else the run seed, which the sites also know
+        # (then Flower runs equal the simulation's; docs/privacy.md)
+        self.pool_seed = int(os.environ.get("FEDXRISK_POOL_SEED", cfg.seed))
         self.sites: list[Site] = []
         self.by_node: dict[int, Site] = {}
         self.history: list[dict[str, Any]] = []
@@ -146,8 +151,12 @@ class Coordinator:
         self.sites, self.by_node = sites, {s.node: s for s in sites}
         self.pos_ratio = sum(s.positives for s in sites) / sum(s.samples for s in sites)
         self.max_samples = max(s.samples for s in sites)  # ClientInfo.max_samples, as in simulation
-        model = build_model(self.cfg.model, sites[0].input_shape, self.cfg.seed)
+        model = self.cfg.build_model(sites[0].input_shape)
         self.problem = Problem(model, self.pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
+        try:  # the schedule checks engines make (CoDA's stages, LocalSCGDAM's rates)
+            self.cfg.build_algorithm(self.problem).validate_schedule(self.cfg.schedule())
+        except ValueError as e:
+            raise FederationError(f"{self.cfg.algorithm}: {e}") from e
         self.holdout = load_holdout(self.cfg.test_data, self.cfg)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
@@ -189,7 +198,8 @@ class Coordinator:
 
     # -- collectives ----------------------------------------------------------------
     def _reduce(self, replies: dict[int, Packet], round_: int) -> tuple[dict[str, torch.Tensor], str, int]:
-        """The server side of ``comm.mean`` (mean over sites) and ``comm.gather`` (stack of sites)."""
+        """The server side of ``comm.mean`` (mean over sites), ``comm.gather`` (stack of sites) and
+        ``comm.pool`` (valid records of all sites, shuffled: :func:`~fedxrisk.engines.pooling.merge_pool`)."""
         what = f"round {round_ + 1}/{len(self.plans)}"
         kind, call = self._common(replies, "kind", what), self._common(replies, "call", what)
         payloads = [replies[s.node].arrays["payload"] for s in self.sites]
@@ -200,10 +210,15 @@ class Coordinator:
                     f"{what}: {s.name} sent tensors {keys}, {self.sites[0].name} sent {names[0]}"
                 )
         stacked = stack([unflatten(p) for p in payloads])  # leading axis: clients, as in simulation
+        if kind == "pool":  # valid records of all sites, shuffled here; the masks stay on the server
+            key = self._common(replies, "key", what)
+            reduced = merge_pool(stacked["groups"], stacked["valid"], self.pool_seed, key)
+            self.ledger.record_pool(stacked["groups"], stacked["valid"], reduced)
+            return flatten(reduced), kind, call
         self.ledger.record(kind, stacked if isinstance(stacked, dict) else {"": stacked}, len(self.sites))
         if kind == "mean":
             reduced = tmap(lambda x: x.mean(0), stacked)
-        elif kind == "gather":  # the merge: every site receives all sites' tensors, in client order
+        elif kind == "gather":  # every site receives all sites' tensors, in client order
             reduced = stacked
         else:
             raise FederationError(f"{what}: unknown collective {kind!r}")

@@ -40,13 +40,14 @@ import torch
 
 from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
 from fedxrisk.classaware import use_class_aware_batches
+from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
+from fedxrisk.data.stream import Stream, sampler_requests
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.sitedata import SiteData, load_site
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
-from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, index, is_finite, stack, tmap
 
@@ -54,9 +55,9 @@ from fedxrisk.tree import Tree, index, is_finite, stack, tmap
 class CollectiveRequest(Exception):
     """Raised inside ``communicate`` at a collective call whose answer the site lacks."""
 
-    def __init__(self, kind: str, payload: Tree, call: int):
+    def __init__(self, kind: str, payload: Tree, call: int, key: int = 0):
         super().__init__(f"collective {kind} #{call} needs the server")
-        self.kind, self.payload, self.call = kind, payload, call
+        self.kind, self.payload, self.call, self.key = kind, payload, call, key
 
 
 class SiteError(RuntimeError):
@@ -76,17 +77,19 @@ class ReplayCollective:
         self.answers = answers
         self.calls = 0
 
-    def _call(self, kind: str, tree: Tree) -> Tree:
+    def _call(self, kind: str, tree: Tree, key: int = 0, answer_shape: Tree | None = None) -> Tree:
         call, self.calls = self.calls, self.calls + 1
         if call >= len(self.answers):
-            raise CollectiveRequest(kind, tree, call)
+            raise CollectiveRequest(kind, tree, call, key)
         answer_kind, answer = self.answers[call]
         if answer_kind != kind:
             raise SiteError(
                 f"collective #{call}: the server answered a {answer_kind}, communicate asked a {kind}"
             )
         try:
-            return tmap(lambda _, a: a.unsqueeze(0).clone(), tree, answer)
+            return tmap(
+                lambda _, a: a.unsqueeze(0).clone(), tree if answer_shape is None else answer_shape, answer
+            )
         except (KeyError, TypeError) as e:
             raise SiteError(f"collective #{call}: the server's answer lacks tensor {e}") from e
 
@@ -95,6 +98,10 @@ class ReplayCollective:
 
     def gather(self, tree: Tree) -> Tree:
         return self._call("gather", tree)
+
+    def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
+        """The records and masks go up; the server's merged, shuffled pool comes down (no mask)."""
+        return self._call("pool", {"groups": groups, "valid": valid}, key, answer_shape=groups)
 
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         return LoopEngine().map_clients(fn, *trees)
@@ -141,6 +148,7 @@ class SiteRunner:
         self.engine = LoopEngine()
         self.state: Tree | None = None  # stacked, leading axis 1
         self.pending: Pending | None = None
+        self.stream: Stream | None = None  # lazily read inputs: decoded by data.stream.Stream
         self.done = -1  # last round finished
 
     # -- set-up ------------------------------------------------------------------
@@ -161,7 +169,7 @@ class SiteRunner:
         """
         self.client, self.num_clients, self.pos_ratio = client, num_clients, pos_ratio
         self.max_samples = max_samples
-        model = build_model(self.cfg.model, self.site.input_shape, self.cfg.seed)
+        model = self.cfg.build_model(self.site.input_shape)
         self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
         use_class_aware_batches(self.algorithm, self.cfg.positives_per_batch, self.cfg.batch_size)
@@ -222,10 +230,22 @@ class SiteRunner:
         extra = self.algorithm.uniforms_per_step
         return positions, (self.sampler.uniforms(extra) if extra else None)
 
+    def _stream(self) -> Any:
+        """The site's :class:`~fedxrisk.data.stream.Stream` when its inputs are read lazily, else None."""
+        if not is_lazy(self.site.x):
+            return None
+        if self.stream is None:
+            x = self.site.x
+            self.stream = Stream(
+                x, [np.arange(len(x))], x.options.get("workers", 0), x.options.get("on_bad_file", "error")
+            )
+        return self.stream
+
     def _batch(self, positions: np.ndarray, uniforms: np.ndarray | None = None) -> dict[str, torch.Tensor]:
         local = torch.from_numpy(positions)
+        stream = self._stream()
         batch = {
-            "x": self.site.x[local],
+            "x": stream.fetch(positions) if stream is not None else self.site.x[local],
             "y": self.site.y[local],
             "index": self.site.index[local],
             "local_index": local,
@@ -237,6 +257,9 @@ class SiteRunner:
     def _local_steps(self, r: int) -> None:
         """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them."""
         plan = self.plans[r]
+        stream = self._stream()
+        if stream is not None:  # decode the round's steps ahead, as the simulation's stream does
+            stream.start(sampler_requests(self.sampler, self.algorithm.uniforms_per_step, plan.window))
         for i in range(plan.window):
             ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
             batch = self._batch(*self._draw())
@@ -301,7 +324,9 @@ class SiteRunner:
                 wanted = self._resume()
                 if wanted is not None:
                     payload = tmap(lambda x: x[0], wanted.payload)
-                    reply.config.update(pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind)
+                    reply.config.update(
+                        pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind, key=wanted.key
+                    )
                     reply.arrays["payload"] = flatten(payload)
                     return reply
                 if p.phase == COMMUNICATE:

@@ -15,6 +15,7 @@ Labels are binary (0/1). A site only ever loads its own folder or its own part.
 from __future__ import annotations
 
 import csv
+import io
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
+from fedxrisk.data.checks import DataFileError, check_features, read_text
 from fedxrisk.flower.config import FlowerConfig
 
 LABEL_COLUMN = "label"
@@ -79,8 +82,10 @@ def read_table(path: Path) -> tuple[np.ndarray, np.ndarray]:
                 raise SiteDataError(f"{path}: missing array(s) {missing}; expected arrays 'x' and 'y'")
             x, y = f["x"], f["y"]
     else:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
+        try:
+            rows = list(csv.reader(io.StringIO(read_text(path), newline="")))
+        except DataFileError as e:
+            raise SiteDataError(str(e)) from None
         if not rows or LABEL_COLUMN not in rows[0]:
             raise SiteDataError(f"{path}: the header row must name a {LABEL_COLUMN!r} column")
         header, body = rows[0], rows[1:]
@@ -97,6 +102,10 @@ def read_table(path: Path) -> tuple[np.ndarray, np.ndarray]:
         x = np.delete(table, label, axis=1)
     if len(x) != len(y):
         raise SiteDataError(f"{path}: {len(x)} inputs but {len(y)} labels")
+    try:  # at set-up, so that only this site is blamed (not a NaN loss on every site later)
+        check_features(x, str(path), base=0 if path.suffix == ".npz" else 2)
+    except DataFileError as e:
+        raise SiteDataError(str(e)) from None
     values = np.unique(y)
     if not set(values.tolist()) <= {0.0, 1.0}:
         raise SiteDataError(f"{path}: labels must be binary 0/1; found {values[:10].tolist()}")
@@ -114,14 +123,34 @@ def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def load_folder(folder: str | Path, order: int | None = None) -> SiteData:
+def _read_lazily(path: Path, workers: int) -> tuple[Any, torch.Tensor]:
+    """A ``train.npz`` whose inputs stay on disk (memory-mapped, decoded per batch)."""
+    from fedxrisk.data.lazy import ArraySource, LazySamples, npz_member
+
+    with np.load(path) as f:
+        if "x" not in f or "y" not in f:
+            raise SiteDataError(f"{path}: missing array(s) x or y; expected arrays 'x' and 'y'")
+        y = f["y"].astype(np.float32)
+    x = LazySamples(ArraySource(npz_member(path, "x"), f"{path}:x"))
+    if len(x) != len(y) or not set(np.unique(y).tolist()) <= {0.0, 1.0}:
+        raise SiteDataError(f"{path}: {len(x)} inputs, {len(y)} labels; labels must be binary 0/1")
+    return x.attach(y, workers=workers, on_bad_file="error"), torch.from_numpy(y)
+
+
+def load_folder(
+    folder: str | Path, order: int | None = None, stream: bool = False, workers: int = 0
+) -> SiteData:
+    """``stream``: read ``train.npz``'s inputs lazily (``workers`` decoding processes)."""
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise SiteDataError(f"data-dir {str(path)!r} does not exist or is not a folder on this site")
     train = _find(path, "train")
     if train is None:
         raise SiteDataError(f"data-dir {str(path)!r} holds neither train.npz nor train.csv")
-    x, y = _tensors(*read_table(train))
+    if stream and train.suffix == ".npz":
+        x, y = _read_lazily(train, workers)
+    else:
+        x, y = _tensors(*read_table(train))
     if len(y) == 0:
         raise SiteDataError(f"{train}: no training samples")
     val = _find(path, "val")
@@ -160,7 +189,13 @@ def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
     if order is not None and not isinstance(order, int):
         raise SiteDataError(f"partition-id must be an integer, got {order!r}")
     if "data-dir" in node_config:
-        site = load_folder(str(node_config["data-dir"]), order)
+        stream = node_config.get("stream", False)
+        workers = node_config.get("workers", 0)
+        if not isinstance(stream, bool) or not isinstance(workers, int) or workers < 0:
+            raise SiteDataError(
+                f"node config stream must be true/false and workers an integer ≥ 0, got {stream!r}, {workers!r}"
+            )
+        site = load_folder(str(node_config["data-dir"]), order, stream, workers)
     elif "dataset" in node_config:
         if order is None or "num-partitions" not in node_config:
             raise SiteDataError("a trial site needs node config dataset, partition-id and num-partitions")
@@ -171,7 +206,7 @@ def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
             "(a folder with train.npz or train.csv) or, for a trial, "
             "'dataset=\"digits\" partition-id=0 num-partitions=2'"
         )
-    site.check_classes(cfg.allow_missing_class)
+    site.check_classes(cfg.allow_missing_class or not ALGORITHMS[cfg.algorithm].needs_both_classes)
     return site
 
 

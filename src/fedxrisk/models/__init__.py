@@ -14,7 +14,7 @@ from torch import nn
 
 from fedxrisk.models.cnn1d import CNN1D
 from fedxrisk.models.cnn28 import CNN28
-from fedxrisk.models.densenet import DenseNet, densenet121, densenet121_imagenet
+from fedxrisk.models.densenet import DenseNet, densenet121, densenet121_imagenet, densenet161
 from fedxrisk.models.resnet import ResNet, resnet20
 from fedxrisk.models.small import MLP, Linear, SmallCNN
 
@@ -27,6 +27,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet20": resnet20,
     "densenet121": densenet121,
     "densenet121_imagenet": densenet121_imagenet,
+    "densenet161": densenet161,
 }
 
 
@@ -53,5 +54,6 @@ __all__ = [
     "build_model",
     "densenet121",
     "densenet121_imagenet",
+    "densenet161",
     "resnet20",
 ]

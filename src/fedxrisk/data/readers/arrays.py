@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from fedxrisk.data.checks import check_class_ids, check_features, check_integer_labels, read_text
 from fedxrisk.data.datasets import LabeledData
 from fedxrisk.data.lazy import ArraySource, LazySamples, npz_member, reading_lazily
 from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
@@ -35,8 +37,11 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
             arrays = {k: z[k] for k in keys if not (lazy and k.startswith("x_"))}
         if lazy:  # inputs memory-mapped (uncompressed archives) and decoded per sample
             arrays |= {k: npz_member(path, k) for k in keys if k.startswith("x_")}
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise DataFileError(f"{path}: not a readable .npz archive ({e}); expected:\n{NPZ_LAYOUT}") from e
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        reason = "empty file" if path.stat().st_size == 0 else e
+        raise DataFileError(
+            f"{path}: not a readable .npz archive ({reason}); expected:\n{NPZ_LAYOUT}"
+        ) from None
     missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
     if missing:
         raise DataFileError(
@@ -45,18 +50,25 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
     y_train, y_test = arrays["y_train"], arrays["y_test"]
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        check_features(x, f"{path}: x_{split}", scan=not lazy)  # streamed: not read at start-up
         if len(x) != len(y) or y.ndim not in (1, 2):
             raise DataFileError(f"{path}: x_{split} {x.shape} and y_{split} {y.shape} do not match")
+        if len(y) == 0:
+            raise DataFileError(f"{path}: x_{split} and y_{split} hold no rows")
+    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
+        raise DataFileError(
+            f"{path}: x_train rows have shape {arrays['x_train'].shape[1:]} but x_test rows "
+            f"{arrays['x_test'].shape[1:]}; they must match"
+        )
     if y_train.ndim == 2:
         if y_test.ndim != 2 or y_test.shape[1] != y_train.shape[1] or not np.isin(y_train, (0, 1)).all():
             raise DataFileError(f"{path}: multi-label y must be {{0, 1}} [N, L] in both splits")
         y_train, y_test, num_classes = y_train.astype(np.float32), y_test.astype(np.float32), y_train.shape[1]
     else:
-        if not np.issubdtype(y_train.dtype, np.integer) and not np.all(np.mod(y_train, 1) == 0):
-            raise DataFileError(f"{path}: y_train must hold integer class ids")
+        check_integer_labels(y_train, f"{path}: y_train")
+        check_integer_labels(y_test, f"{path}: y_test")
         y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
-        if min(y_train.min(), y_test.min()) < 0:
-            raise DataFileError(f"{path}: class ids must be ≥ 0")
+        check_class_ids({f"{path}: y_train": y_train, f"{path}: y_test": y_test})
         num_classes = int(max(y_train.max(), y_test.max())) + 1
     groups = {
         k: arrays[f"{k}_train"].astype(np.int64) for k in ("source", "patient") if f"{k}_train" in arrays
@@ -73,8 +85,7 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
 
 def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str]]:
     """(features, labels, sources or None, feature names) of one tabular CSV."""
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    rows = list(csv.reader(io.StringIO(read_text(path), newline="")))
     if len(rows) < 2:
         raise DataFileError(f"{path}: needs a header and at least one row; expected:\n{TABULAR_LAYOUT}")
     header, body = rows[0], rows[1:]
@@ -83,6 +94,10 @@ def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, l
     li = header.index("label")
     si = header.index("source") if "source" in header else None
     feats = [i for i in range(len(header)) if i not in (li, si)]
+    if not feats:
+        raise DataFileError(
+            f"{path}: no feature columns besides 'label' (header {header}); expected:\n{TABULAR_LAYOUT}"
+        )
     x = np.empty((len(body), len(feats)), dtype=np.float32)
     y = np.empty(len(body), dtype=np.int64)
     for r, row in enumerate(body):
@@ -93,6 +108,8 @@ def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, l
             y[r] = int(row[li])
         except ValueError as e:
             raise DataFileError(f"{path} row {r + 2}: {e}") from None
+    check_features(x, str(path), base=2)
+    check_integer_labels(y, str(path), base=2)
     sources = [row[si] for row in body] if si is not None else None
     return x, y, sources, [header[i] for i in feats]
 
@@ -103,6 +120,7 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
     if (root / "train.csv").is_file() and (root / "test.csv").is_file():
         x_tr, y_tr, s_tr, names = _read_table(root / "train.csv")
         x_te, y_te, _, names_te = _read_table(root / "test.csv")
+        check_class_ids({str(root / "train.csv"): y_tr, str(root / "test.csv"): y_te}, base=2)
         if names != names_te:
             raise DataFileError(f"{root}: train.csv and test.csv have different feature columns")
         groups = {"source": codes(s_tr)[0]} if s_tr is not None else {}
@@ -110,6 +128,7 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
         data = LabeledData("tabular", x_tr, y_tr, x_te, y_te, num_classes, groups_train=groups)
     elif (root / "data.csv").is_file():
         x, y, s, _ = _read_table(root / "data.csv")
+        check_class_ids({str(root / "data.csv"): y}, base=2)
         groups = {"source": codes(s)[0]} if s is not None else {}
         data = split_labeled("tabular", x, y, int(y.max()) + 1, groups)
     else:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from fedxrisk.data.checks import DataFileError
 from fedxrisk.data.datasets import SPLIT_SEED, TEST_FRACTION, LabeledData
 from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
-
-
-class DataFileError(ValueError):
-    """A data file is malformed; the message names the file and the expected layout."""
 
 
 class MissingDataError(DataFileError, FileNotFoundError):
@@ -24,7 +22,7 @@ def require_dir(data_dir: str | Path | None, dataset: str, layout: str) -> Path:
     """``data_dir`` as a folder that exists, or an error describing ``layout``."""
     if data_dir is None:
         raise MissingDataError(
-            f"dataset {dataset!r} reads files: set data_dir (--data-dir / --set data_dir=...) "
+            f"dataset {dataset!r} reads files: set data_dir (--data-dir DIR, or --set data.data_dir=DIR) "
             f"to a folder laid out as:\n{layout}"
         )
     root = Path(data_dir).expanduser()
@@ -47,8 +45,8 @@ def read_bytes(path: Path) -> bytes:
     """File contents, transparently gunzipped when the name ends in ``.gz``."""
     try:
         return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as e:
-        raise DataFileError(f"{path}: cannot read ({e})") from e
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataFileError(f"{path}: cannot read ({e})") from None
 
 
 def images_to_float(x: np.ndarray, name: str = "images") -> np.ndarray:

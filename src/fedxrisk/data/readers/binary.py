@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedxrisk.data.checks import check_features
 from fedxrisk.data.datasets import LabeledData
 from fedxrisk.data.readers.base import DataFileError, find_file, images_to_float, read_bytes, require_dir
 
@@ -81,7 +82,10 @@ def _read_idx_dataset(data_dir: str | Path | None, name: str, folder: str) -> La
     for split, prefix in (("train", "train"), ("test", "t10k")):
         for kind, suffix in (("x", "images-idx3-ubyte"), ("y", "labels-idx1-ubyte")):
             stem = f"{prefix}-{suffix}"
-            arrays[kind + split] = read_idx(find_file(roots, [stem, stem + ".gz"], name, layout))
+            path = find_file(roots, [stem, stem + ".gz"], name, layout)
+            arrays[kind + split] = read_idx(path)
+            if kind == "x" and arrays[kind + split].ndim == 3:
+                check_features(arrays[kind + split], str(path))
     for split in ("train", "test"):
         x, y = arrays["x" + split], arrays["y" + split]
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):

@@ -8,6 +8,7 @@ in memory as float32 in [0, 1] (N × C × S × S × 4 bytes).
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedxrisk.data.checks import read_text
 from fedxrisk.data.datasets import TEST_FRACTION, LabeledData
 from fedxrisk.data.lazy import ImageFiles, LazySamples, reading_lazily
 from fedxrisk.data.readers.base import (
@@ -59,8 +61,8 @@ def load_image(path: Path, image_size: int | None, mode: str = "RGB") -> np.ndar
             if image_size is not None and img.size != (image_size, image_size):
                 img = img.resize((image_size, image_size), Image.BILINEAR)
             arr = np.asarray(img, dtype=np.uint8)
-    except (OSError, ValueError) as e:
-        raise DataFileError(f"{path}: cannot decode image ({e})") from e
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise DataFileError(f"{path}: cannot decode image ({e})") from None
     return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
 
 
@@ -239,9 +241,15 @@ def read_manifest_table(
     path = Path(csv_path)
     if not path.is_file():
         raise MissingDataError(f"{name}: manifest {str(path)!r} not found; expected:\n{MANIFEST_LAYOUT}")
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    header = list(rows[0].keys()) if rows else []
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    rows = list(reader)
+    header = list(reader.fieldnames or [])
+    for i, r in enumerate(rows):
+        if None in r or None in r.values():  # too many fields / too few
+            count = len(header) + len(r.get(None, [])) - sum(v is None for v in r.values())
+            raise DataFileError(f"{path} row {i + 2}: {count} field(s), the header has {len(header)}")
+    if not rows:
+        raise DataFileError(f"{path}: no rows below the header; expected:\n{MANIFEST_LAYOUT}")
     if path_column not in header:
         raise DataFileError(
             f"{path}: no {path_column!r} column (header: {header}); expected:\n{MANIFEST_LAYOUT}"

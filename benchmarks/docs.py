@@ -1,0 +1,128 @@
+"""Generated regions of the docs: every measured table comes from a committed results file.
+
+A region in README.md or docs/**/*.md is
+
+    <!-- BEGIN GENERATED benchmarks/results/<name>.md -->
+    (the exact content of that file)
+    <!-- END GENERATED -->
+
+    python benchmarks/docs.py                    # re-render every region from its file
+    python benchmarks/docs.py --check            # exit 1 and list the stale regions
+    python benchmarks/docs.py --rebuild --cheap  # run the cheap benchmarks of REBUILD.toml, then render
+    python benchmarks/docs.py --rebuild          # run every benchmark (hours), then render
+
+``benchmarks/REBUILD.toml`` registers each benchmark as ``[[bench]]`` with
+``name``, ``command`` (run from the repository root, with ``src`` on
+PYTHONPATH) and ``cheap`` (under 2 minutes on the 2-core CI machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+REGION = re.compile(r"(<!-- BEGIN GENERATED (\S+) -->\n)(.*?)(<!-- END GENERATED -->)", re.S)
+
+
+@dataclass
+class Region:
+    doc: Path
+    line: int
+    source: str  # path of the results file, relative to the repository root
+    body: str
+
+    def expected(self, root: Path) -> str | None:
+        path = root / self.source
+        return path.read_text() if path.is_file() else None
+
+    def where(self, root: Path) -> str:
+        return f"{self.doc.relative_to(root)}:{self.line}"
+
+
+def docs(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def regions(root: Path = ROOT) -> list[Region]:
+    found = []
+    for doc in docs(root):
+        text = doc.read_text()
+        for m in REGION.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            found.append(Region(doc, line, m.group(2), m.group(3)))
+    return found
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """One line per region whose body differs from its file (or whose file is missing)."""
+    problems = []
+    for r in regions(root):
+        want = r.expected(root)
+        if want is None:
+            problems.append(f"{r.where(root)}: {r.source} does not exist")
+        elif want != r.body:
+            problems.append(f"{r.where(root)}: differs from {r.source}")
+    return problems
+
+
+def render(root: Path = ROOT) -> list[Path]:
+    """Rewrite every region from its file; returns the docs that changed."""
+    missing = [
+        f"{r.where(root)}: {r.source} does not exist" for r in regions(root) if r.expected(root) is None
+    ]
+    if missing:
+        raise SystemExit("\n".join(missing))
+    changed = []
+    for doc in docs(root):
+        text = doc.read_text()
+        new = REGION.sub(lambda m: m.group(1) + (root / m.group(2)).read_text() + m.group(4), text)
+        if new != text:
+            doc.write_text(new)
+            changed.append(doc)
+    return changed
+
+
+def benches(root: Path = ROOT) -> list[dict]:
+    return tomllib.loads((root / "benchmarks" / "REBUILD.toml").read_text())["bench"]
+
+
+def rebuild(cheap_only: bool, root: Path = ROOT) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
+    for bench in benches(root):
+        if cheap_only and not bench.get("cheap", False):
+            continue
+        print(f"[{bench['name']}] {bench['command']}", flush=True)
+        subprocess.run(shlex.split(bench["command"]), cwd=root, env=env, check=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if a region differs from its file")
+    p.add_argument("--rebuild", action="store_true", help="run the benchmarks of REBUILD.toml first")
+    p.add_argument("--cheap", action="store_true", help="with --rebuild: only those marked cheap")
+    args = p.parse_args()
+    if args.check:
+        problems = stale()
+        for line in problems:
+            print(line)
+        sys.exit(1 if problems else 0)
+    if args.rebuild:
+        rebuild(args.cheap)
+    for doc in render():
+        print(f"updated {doc.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""Streaming vs in-memory training data: peak resident memory and training throughput.
+
+    python benchmarks/streaming.py                  # generate the images in /tmp, measure, render
+    python benchmarks/streaming.py --render-only    # re-render the tables from the committed JSON
+
+1. Memory: an on-disk folder of 32×32 RGB PNGs (two classes) grows from 10k to
+   100k files; each size is trained in a fresh subprocess (CODASCA, 4 clients,
+   small CNN, 2 rounds × 4 local steps, batch 32, one evaluation at the end)
+   once streamed (2 workers) and once in memory. Reported: the peak RSS of the
+   training process and the largest peak RSS of its worker children
+   (``resource.getrusage``: ``RUSAGE_SELF`` / ``RUSAGE_CHILDREN``), and their sum
+   with one term per worker (an upper bound of the total).
+2. Throughput: training samples per second (K × B × local steps / seconds of
+   ``run_round``, evaluation excluded) for the small CNN and ResNet20 on the
+   10k set, in memory and streamed with 0, 1 and 2 workers; median of
+   ``--repeats`` runs, each in its own subprocess, all in one invocation.
+
+Results: ``benchmarks/results/streaming.json`` and the tables
+``streaming_memory.md`` and ``streaming_throughput.md`` (shown in docs/data.md),
+figure ``docs/figures/streaming_memory.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FIGURE = ROOT / "docs" / "figures" / "streaming_memory.png"
+SIZES = (10_000, 30_000, 100_000)
+CLIENTS, BATCH = 4, 32
+
+
+def make_images(root: Path, count: int, seed: int = 0) -> Path:
+    """``count`` 32×32 RGB PNGs in ``root/<count>/{a,b}`` (kept between invocations)."""
+    from PIL import Image
+
+    folder = root / str(count)
+    done = folder / ".complete"
+    if done.exists():
+        return folder
+    rng = np.random.default_rng(seed)
+    for c, name in enumerate(("a", "b")):
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count // 2):
+            pixels = rng.integers(0, 160, (32, 32, 3), dtype=np.uint8) + np.uint8(90 * c)
+            Image.fromarray(pixels).save(folder / name / f"{i:06d}.png", compress_level=1)
+    done.touch()
+    return folder
+
+
+def _config(data_dir: Path, stream: bool, workers: int, model: str, rounds: int, steps: int):
+    from fedxrisk.experiment import RunConfig
+
+    return RunConfig(
+        algorithm="codasca", dataset="folder", data_dir=str(data_dir), clients=CLIENTS, imratio=None,
+        partition="iid", model=model, rounds=rounds, stages=1, local_steps=steps, batch_size=BATCH,
+        engine="loop", stream=stream, workers=workers, eval_every=rounds, checkpoint_every=0,
+        tensorboard=False,
+    )  # fmt: skip
+
+
+def child_memory(data_dir: Path, stream: bool, out: Path) -> dict:
+    from fedxrisk.experiment import run_experiment
+
+    start = time.perf_counter()
+    run_experiment(_config(data_dir, stream, 2, "cnn", 2, 4), out)
+    kib = 1024  # ru_maxrss is in KiB on Linux
+    return {
+        "main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib / 1e6,
+        "worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib / 1e6,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def child_speed(data_dir: Path, stream: bool, workers: int, model: str, steps: int) -> dict:
+    import torch
+
+    from fedxrisk.experiment import build
+
+    torch.set_num_threads(1)
+    setup = build(_config(data_dir, stream, workers, model, 3, steps))
+    sim = setup.simulation
+    sim.run_round()  # warm-up: first batches, allocator, worker start
+    start = time.perf_counter()
+    sim.run_round()
+    sim.run_round()
+    seconds = time.perf_counter() - start
+    return {"samples_per_s": 2 * steps * CLIENTS * BATCH / seconds}
+
+
+def _run_child(args: list[str]) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", *args], env=env, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(work: Path, sizes: list[int], repeats: int) -> dict:
+    memory = []
+    for n in sizes:
+        folder = make_images(work / "images", n)
+        for stream in (True, False):
+            r = _run_child(
+                ["memory", str(folder), str(int(stream)), str(work / f"run-{n}-{stream}-{time.time()}")]
+            )
+            memory.append({"files": n, "streamed": stream, **r})
+            print(memory[-1], flush=True)
+    folder = make_images(work / "images", sizes[0])
+    speed = []
+    for model, steps in (("cnn", 10), ("resnet20", 3)):
+        modes = [("in memory", False, 0)] + [(f"streamed, {w} workers", True, w) for w in (0, 1, 2)]
+        runs: dict[str, list[float]] = {m[0]: [] for m in modes}
+        for _ in range(repeats):  # interleaved: every mode sees the same load over time
+            for name, stream, workers in modes:
+                r = _run_child(["speed", str(folder), str(int(stream)), str(workers), model, str(steps)])
+                runs[name].append(r["samples_per_s"])
+        base = statistics.median(runs["in memory"])
+        for name, _, _ in modes:
+            med = statistics.median(runs[name])
+            speed.append(
+                {"model": model, "mode": name, "samples_per_s": med, "ratio": med / base, "runs": runs[name]}
+            )
+            print(speed[-1], flush=True)
+    return {
+        "memory": memory,
+        "speed": speed,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other jobs while measured",
+        "repeats": repeats,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def render(results: dict) -> None:
+    mem = ["| image files | mode | peak RSS, training process (MB) | peak RSS, largest worker (MB) | total bound (MB) | seconds |",
+           "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in results["memory"]:
+        workers = 2 if r["streamed"] else 0
+        total = r["main_mb"] + workers * r["worker_mb"]
+        mode = "streamed (2 workers)" if r["streamed"] else "in memory"
+        mem.append(f"| {r['files']:,} | {mode} | {r['main_mb']:.0f} | {r['worker_mb'] if workers else 0:.0f} "
+                   f"| {total:.0f} | {r['seconds']:.0f} |")  # fmt: skip
+    speed = ["| model | data | samples/s (median) | × in memory |", "|---|---|---:|---:|"]
+    for r in results["speed"]:
+        speed.append(f"| {r['model']} | {r['mode']} | {r['samples_per_s']:.0f} | {r['ratio']:.2f} |")
+    machine, date = results["machine"], results["date"]
+    (RESULTS / "streaming_memory.md").write_text(
+        "\n".join(mem) + f"\n\n{machine}; one run per row, {date}.\n"
+    )
+    note = f"\n\n{machine}; median of {results['repeats']} interleaved runs, {date}.\n"
+    (RESULTS / "streaming_throughput.md").write_text("\n".join(speed) + note)
+    _figure(results)
+
+
+def _figure(results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    mem, stream = ([r for r in results["memory"] if r["streamed"] == s] for s in (False, True))
+    ax.plot([r["files"] for r in mem], [r["main_mb"] for r in mem], "o-", label="in memory")
+    ax.plot(
+        [r["files"] for r in stream], [r["main_mb"] for r in stream], "o-", label="streamed: training process"
+    )
+    bound = [r["main_mb"] + 2 * r["worker_mb"] for r in stream]
+    ax.plot([r["files"] for r in stream], bound, "o--", label="streamed: process + 2 workers (bound)")
+    ax.set_xlabel("32×32 PNG files on disk")
+    ax.set_ylabel("peak resident memory (MB)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    FIGURE.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIGURE, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--render-only", action="store_true", help="re-render from benchmarks/results/streaming.json"
+    )
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--work", default="/tmp/fedxrisk-streaming", help="where the images are generated")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, folder, stream, *rest = args.child
+        if kind == "memory":
+            out = child_memory(Path(folder), bool(int(stream)), Path(rest[0]))
+        else:
+            out = child_speed(Path(folder), bool(int(stream)), int(rest[0]), rest[1], int(rest[2]))
+        print(json.dumps(out))
+        return
+    path = RESULTS / "streaming.json"
+    if not args.render_only:
+        results = measure(Path(args.work), [int(s) for s in args.sizes.split(",")], args.repeats)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+    render(json.loads(path.read_text()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""What defines a run (:class:`RunConfig`) and the error for a bad setting, without importing torch.
+
+Kept apart from :mod:`fedxrisk.experiment` so that the command line can show
+its defaults and reject bad arguments in a fraction of a second; the
+algorithm registry (and with it torch) is imported only when a default step
+size or window is resolved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_LOCAL_STEPS = 8
+DEFAULT_TIMEOUT = 300.0  # distributed engine, seconds; must exceed the slowest round (steps + evaluation)
+
+
+class ConfigError(ValueError):
+    """An invalid experiment setting; the message names the setting."""
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run. ``options`` holds the algorithm's hyperparameters."""
+
+    algorithm: str = "codasca"
+    dataset: str = "digits"
+    clients: int = 8
+    imratio: float | None = 0.1
+    partition: str = "class"
+    dirichlet_alpha: float = 0.5
+    positive_classes: list[int] | None = None
+    model: str = "mlp"
+    rounds: int = 100
+    local_steps: int | None = None  # None: the algorithm's fixed window, else 8
+    batch_size: int = 32
+    lr: float | None = None  # None: the algorithm's default_lr
+    stages: int = 3
+    lr_decay: float = 3.0
+    window_growth: float = 1.0
+    seed: int = 0
+    engine: str = "vmap"
+    device: str = "cpu"
+    eval_every: int = 5
+    buffer_policy: str = "average"
+    pos_ratio_mode: str = "global"
+    allow_missing_class: bool = False
+    feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
+    data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
+    num_samples: int | None = None  # size of a generated dataset (mnist1d, synthetic); None: its default
+    positives_per_batch: int = 0  # > 0: class-aware batches for any algorithm (fedxrisk.classaware)
+    stream: bool | str = "auto"  # file datasets: decode from disk while training (data/stream.py)
+    workers: int | None = None  # decoding worker processes when streaming; None: half the cores
+    memory_budget: int | str | None = None  # "auto" streams above it, e.g. "4GB"; None: ¼ of RAM
+    on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
+    clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
+    dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
+    checkpoint_every: int = 10  # rounds between checkpoints; 0: none
+    tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
+    init_from: str | None = None  # start from a run folder's model.pt or a state dict file (init_from.py)
+    reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
+    pretrain: dict[str, Any] | None = None  # a first stage's settings (pipeline.py); None: one stage
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_local_steps(self) -> int:
+        from fedxrisk.algorithms import ALGORITHMS
+
+        fixed = ALGORITHMS[self.algorithm].fixed_window if self.algorithm in ALGORITHMS else None
+        return self.local_steps if self.local_steps is not None else (fixed or DEFAULT_LOCAL_STEPS)
+
+    def resolved_lr(self) -> float:
+        from fedxrisk.algorithms import ALGORITHMS
+
+        if self.lr is not None:
+            return self.lr
+        return ALGORITHMS[self.algorithm].default_lr if self.algorithm in ALGORITHMS else 0.1
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["local_steps"] = self.resolved_local_steps()
+        out["lr"] = self.resolved_lr()
+        return out
