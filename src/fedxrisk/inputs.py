@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from fedxrisk.data.lazy import npy_header
 from fedxrisk.data.readers.base import DataFileError
 from fedxrisk.data.readers.images import IMAGE_SUFFIXES
 from fedxrisk.inference import InputError
@@ -155,7 +156,7 @@ def _npz(path: Path, input_shape: tuple[int, ...]) -> Input:
             if key is None:
                 raise InputError(f"{path}: no array 'x' or 'x_test' (arrays: {sorted(names)})")
             with zf.open(key + ".npy") as f:
-                shape, fortran, dtype = _npy_header(f)
+                shape, fortran, dtype = npy_header(f)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         if isinstance(e, InputError):
             raise
@@ -183,16 +184,9 @@ def _npz(path: Path, input_shape: tuple[int, ...]) -> Input:
     return Input(path, "npz", int(shape[0]), ("index",), [], read)
 
 
-def _npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    return np.lib.format.read_array_header_2_0(f)
-
-
 def _npy_rows(path: Path, key: str, shape, dtype, row_bytes: int, batch_size: int) -> Iterator[np.ndarray]:
     with zipfile.ZipFile(path) as zf, zf.open(key + ".npy") as f:
-        _npy_header(f)
+        npy_header(f)
         for start in range(0, shape[0], batch_size):
             n = min(batch_size, shape[0] - start)
             buf = f.read(n * row_bytes)

@@ -22,7 +22,7 @@ import contextvars
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import torch
@@ -214,6 +214,14 @@ def as_tensor(x: Any) -> torch.Tensor:
     return x.decode() if isinstance(x, LazySamples) else x
 
 
+def npy_header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of the ``.npy`` stream ``f``, left at the first data byte."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    return np.lib.format.read_array_header_2_0(f)
+
+
 def npz_member(path: Path, key: str) -> np.ndarray:
     """Array ``key`` of an ``.npz``: memory-mapped when stored uncompressed (``np.savez``),
     else read into memory (``np.savez_compressed`` members cannot be mapped)."""
@@ -227,13 +235,7 @@ def npz_member(path: Path, key: str) -> np.ndarray:
                 extra_len = int.from_bytes(local[28:30], "little")
                 start = info.header_offset + 30 + name_len + extra_len
                 f.seek(start)
-                version = np.lib.format.read_magic(f)
-                read_header = (
-                    np.lib.format.read_array_header_1_0
-                    if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0
-                )
-                shape, fortran, dtype = read_header(f)
+                shape, fortran, dtype = npy_header(f)
                 offset = f.tell()
             if not dtype.hasobject:
                 order = "F" if fortran else "C"
