@@ -52,8 +52,22 @@ MAX_NAMED = 20  # bad files named in the summary
 UNITS = {"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1.0}
 
 
+RESUME_ADVICE = (
+    "training stopped. Replace the file and continue with `fedxrisk run --resume RUN_DIR` (the last "
+    'checkpoint is kept), or run with data.on_bad_file = "skip" to replace unreadable samples'
+)
+
+
 class BadFileError(DataFileError):
-    """A data file that cannot be decoded was met while reading samples; the message names it."""
+    """A data file that cannot be decoded was met while reading samples; the message names it.
+
+    ``detail``: what failed (the file and why); ``advice``: what to do about it mid-training,
+    appended to the message (empty: none). It is picklable with both, so a worker returns it whole.
+    """
+
+    def __init__(self, detail: str, advice: str = ""):
+        super().__init__(f"{detail}; {advice}" if advice else detail)
+        self.detail, self.advice = detail, advice
 
 
 def default_workers() -> int:
@@ -143,11 +157,7 @@ def _decode_one(
     except (DataFileError, OSError, ValueError) as e:
         name = samples.identifier(p)
         if on_bad != "skip":
-            raise BadFileError(
-                f"corrupt or unreadable data file {name} ({e}); training stopped. Replace the file and "
-                "continue with `fedxrisk run --resume RUN_DIR` (the last checkpoint is kept), or run with "
-                'data.on_bad_file = "skip" to replace unreadable samples'
-            ) from None
+            raise BadFileError(f"corrupt or unreadable data file {name} ({e})", RESUME_ADVICE) from None
         bad.append(name)
     pool = np.arange(len(samples)) if pool is None else pool
     start = int(np.flatnonzero(pool == p)[0]) if (pool == p).any() else 0
@@ -195,16 +205,18 @@ class _StepDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, request: tuple[int, np.ndarray, Any]) -> tuple[int, Any, list[str], str]:
+    def __getitem__(
+        self, request: tuple[int, np.ndarray, Any]
+    ) -> tuple[int, Any, list[str], BadFileError | None]:
         rid, positions, augment = request
         try:
             x, bad = decode_rows(self.samples, positions, self.pools, self.on_bad)
-        except BadFileError as e:  # returned, not raised: the message reaches the main process intact
-            return rid, None, [], str(e)
+        except BadFileError as e:  # returned, not raised: the error reaches the main process intact
+            return rid, None, [], e
         out = torch.from_numpy(x)
         if augment is not None:  # (augmenter, its draws for this batch): crop and flip here
             out = augment[0].apply(out, augment[1])
-        return rid, out, bad, ""
+        return rid, out, bad, None
 
 
 def _drawable(augment: Any) -> bool:
@@ -343,10 +355,10 @@ class Stream:
     def _pools(self, index: np.ndarray) -> list[np.ndarray]:
         return self.shards if len(index) == len(self.shards) else [np.arange(len(self.samples))] * len(index)
 
-    def _accept(self, x: torch.Tensor | None, bad: list[str], error: str) -> torch.Tensor:
-        if error:
+    def _accept(self, x: torch.Tensor | None, bad: list[str], error: BadFileError | None) -> torch.Tensor:
+        if error is not None:
             self.close()
-            raise BadFileError(error)
+            raise error
         self.bad_log.extend(bad)
         assert x is not None
         return x
@@ -423,8 +435,8 @@ def input_chunks(x: Any, chunk: int) -> Iterator[torch.Tensor]:
     )  # fmt: skip
     log = x.options.get("bad_log")
     for _, decoded, bad, error in loader:
-        if error:
-            raise BadFileError(error)
+        if error is not None:
+            raise error
         if log is not None:
             log.extend(bad)
         yield decoded[0]
@@ -462,7 +474,7 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
                 try:
                     setattr(lazy, f"x_{split}", materialize(x).numpy())
                 except BadFileError as e:  # before training: nothing to resume, so keep only what failed
-                    raise DataFileError(str(e).split("; training stopped.")[0]) from None
+                    raise DataFileError(e.detail) from None
     if choice.streamed and cfg.feature_shift:
         raise ValueError("data.feature_shift shifts inputs in memory; it cannot be combined with streaming "
                          "(set data.stream = false)")  # fmt: skip
