@@ -109,10 +109,8 @@ def _images(
         for i in range(0, len(files), batch_size):
             try:
                 x = next(chunks)
-            except BadFileError:  # its message speaks of training: name the file as the reader does
-                for j in range(i, min(i + batch_size, len(files))):
-                    samples.sample(j)
-                raise
+            except BadFileError as e:  # its message speaks of training: the reader's own names the file
+                raise DataFileError(e.reason) from None
             yield Batch(ids[i : i + batch_size], x.numpy())
 
     columns = (

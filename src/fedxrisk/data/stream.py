@@ -62,12 +62,13 @@ class BadFileError(DataFileError):
     """A data file that cannot be decoded was met while reading samples; the message names it.
 
     ``detail``: what failed (the file and why); ``advice``: what to do about it mid-training,
-    appended to the message (empty: none). It is picklable with both, so a worker returns it whole.
+    appended to the message (empty: none); ``reason``: the reader's own error message, when a
+    reader failed. Picklable with all three, so a worker returns it whole.
     """
 
-    def __init__(self, detail: str, advice: str = ""):
+    def __init__(self, detail: str, advice: str = "", reason: str | None = None):
         super().__init__(f"{detail}; {advice}" if advice else detail)
-        self.detail, self.advice = detail, advice
+        self.detail, self.advice, self.reason = detail, advice, reason
 
 
 def default_workers() -> int:
@@ -157,7 +158,9 @@ def _decode_one(
     except (DataFileError, OSError, ValueError) as e:
         name = samples.identifier(p)
         if on_bad != "skip":
-            raise BadFileError(f"corrupt or unreadable data file {name} ({e})", RESUME_ADVICE) from None
+            raise BadFileError(
+                f"corrupt or unreadable data file {name} ({e})", RESUME_ADVICE, str(e)
+            ) from None
         bad.append(name)
     pool = np.arange(len(samples)) if pool is None else pool
     start = int(np.flatnonzero(pool == p)[0]) if (pool == p).any() else 0
