@@ -255,24 +255,13 @@ def _nanmean(values: Sequence[float]) -> float:
 
 
 def run_summary(y: np.ndarray, scores: np.ndarray, client_aurocs: Sequence[float] | None) -> dict[str, Any]:
-    """The keys of summary.json's ``final`` block, computed as :func:`fedxrisk.metrics.evaluate` does."""
-    from fedxrisk.metrics import auroc, average_precision, pauc_metrics, per_label
+    """The keys of summary.json's ``final`` block, by :func:`fedxrisk.metrics.final_metrics` as training
+    computes them (``y``, ``scores``: ``[N, L]``; one label is scored as single-label)."""
+    from fedxrisk.metrics import final_metrics
 
     if y.shape[1] == 1:
-        out: dict[str, Any] = {
-            "test_auroc": auroc(y[:, 0], scores[:, 0]),
-            "test_ap": average_precision(y[:, 0], scores[:, 0]),
-            **pauc_metrics(y[:, 0], scores[:, 0]),
-        }
-    else:
-        aurocs, aps = per_label(auroc, y, scores), per_label(average_precision, y, scores)
-        out = {"test_auroc": _nanmean(aurocs), "test_ap": _nanmean(aps)}
-        out |= {"test_auroc_per_label": aurocs, "test_ap_per_label": aps}
-    if client_aurocs is not None:
-        valid = [a for a in client_aurocs if not math.isnan(a)]
-        out["client_auroc_mean"] = float(np.mean(valid)) if valid else math.nan
-        out["client_auroc_std"] = float(np.std(valid)) if valid else math.nan
-    return out
+        y, scores = y[:, 0], scores[:, 0]
+    return final_metrics(y, scores, None if client_aurocs is None else list(client_aurocs))
 
 
 def _report(trained: TrainedModel, data: Scored, resamples: int, seed: int) -> dict[str, Any]:

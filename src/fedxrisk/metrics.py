@@ -107,17 +107,8 @@ def evaluate_multilabel(
     over labels of its AUROC on its own shard."""
     y_test, s_test = data.data.y_test.numpy(), predict(problem, params, buffers, data.data.x_test)
     y_train, s_train = data.data.y_train.numpy(), predict(problem, params, buffers, data.data.x_train)
-    aurocs, aps = per_label(auroc, y_test, s_test), per_label(average_precision, y_test, s_test)
     per_client = [_nanmean(per_label(auroc, y_train[sh], s_train[sh])) for sh in data.shards]
-    valid = [a for a in per_client if not math.isnan(a)]
-    return {
-        "test_auroc": _nanmean(aurocs),
-        "test_ap": _nanmean(aps),
-        "client_auroc_mean": float(np.mean(valid)) if valid else math.nan,
-        "client_auroc_std": float(np.std(valid)) if valid else math.nan,
-        "test_auroc_per_label": aurocs,
-        "test_ap_per_label": aps,
-    }
+    return final_metrics(y_test, s_test, per_client)
 
 
 def evaluate(problem: Problem, params: Tree, buffers: Tree, data: FederatedData) -> dict[str, float]:
@@ -133,11 +124,29 @@ def evaluate(problem: Problem, params: Tree, buffers: Tree, data: FederatedData)
     s_train = predict(problem, params, buffers, data.data.x_train)
     y_train = data.data.y_train.numpy()
     per_client = [auroc(y_train[shard], s_train[shard]) for shard in data.shards]
-    valid = [a for a in per_client if not math.isnan(a)]
-    return {
-        "test_auroc": auroc(y_test, s_test),
-        "test_ap": average_precision(y_test, s_test),
-        **pauc_metrics(y_test, s_test),
-        "client_auroc_mean": float(np.mean(valid)) if valid else math.nan,
-        "client_auroc_std": float(np.std(valid)) if valid else math.nan,
-    }
+    return final_metrics(y_test, s_test, per_client)  # type: ignore[return-value]
+
+
+def final_metrics(
+    y_test: np.ndarray, s_test: np.ndarray, client_aurocs: list[float] | None
+) -> dict[str, float | list[float]]:
+    """The ``final`` block of summary.json from test labels and scores (``[N]``, or ``[N, L]``
+    multi-label: means over labels, per-label lists) and each client's AUROC on its own shard
+    (mean/std over the non-NaN ones; None: no client keys)."""
+    multi = y_test.ndim == 2
+    if multi:
+        aurocs, aps = per_label(auroc, y_test, s_test), per_label(average_precision, y_test, s_test)
+        out: dict[str, float | list[float]] = {"test_auroc": _nanmean(aurocs), "test_ap": _nanmean(aps)}
+    else:
+        out = {
+            "test_auroc": auroc(y_test, s_test),
+            "test_ap": average_precision(y_test, s_test),
+            **pauc_metrics(y_test, s_test),
+        }
+    if client_aurocs is not None:
+        valid = [a for a in client_aurocs if not math.isnan(a)]
+        out["client_auroc_mean"] = float(np.mean(valid)) if valid else math.nan
+        out["client_auroc_std"] = float(np.std(valid)) if valid else math.nan
+    if multi:
+        out |= {"test_auroc_per_label": aurocs, "test_ap_per_label": aps}
+    return out
