@@ -249,11 +249,6 @@ def label_metrics(y: np.ndarray, scores: np.ndarray, resamples: int, seed: Seque
     }
 
 
-def _nanmean(values: Sequence[float]) -> float:
-    valid = [v for v in values if not math.isnan(v)]
-    return float(np.mean(valid)) if valid else math.nan
-
-
 def run_summary(y: np.ndarray, scores: np.ndarray, client_aurocs: Sequence[float] | None) -> dict[str, Any]:
     """The keys of summary.json's ``final`` block, by :func:`fedxrisk.metrics.final_metrics` as training
     computes them (``y``, ``scores``: ``[N, L]``; one label is scored as single-label)."""
@@ -265,7 +260,7 @@ def run_summary(y: np.ndarray, scores: np.ndarray, client_aurocs: Sequence[float
 
 
 def _report(trained: TrainedModel, data: Scored, resamples: int, seed: int) -> dict[str, Any]:
-    from fedxrisk.metrics import auroc, per_label
+    from fedxrisk.metrics import _nanmean, auroc, per_label
 
     names = trained.label_names
 
@@ -402,6 +397,8 @@ def console_tables(result: dict[str, Any]) -> list[Any]:
     """Rich tables that fit 80 columns: one row per label and metric, then one row per group."""
     from rich import box
     from rich.table import Table
+
+    from fedxrisk.metrics import _nanmean
 
     overall = Table(title=f"{result['data']}"[:76], box=box.SIMPLE_HEAD)
     for name, justify in (
