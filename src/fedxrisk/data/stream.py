@@ -259,7 +259,7 @@ class Stream:
         self.augmented_by_workers = 0  # batches whose augmentation ran in a worker
         self.bad_log: list[str] = samples.options.setdefault("bad_log", [])  # files replaced (skip)
         self._table = _table(self.shards)
-        self._it: Iterator[tuple[int, Any, list[str], str]] | None = None
+        self._it: Iterator[tuple[int, Any, list[str], BadFileError | None]] | None = None
         self._requests: dict[int, tuple[np.ndarray, Any]] = {}  # prefetched, not yet consumed
         self._shadow: Any = None  # a copy of the augmenter, drawing ahead for the workers
 
