@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 FINITE = ("lr", "lr_decay", "window_growth", "dirichlet_alpha", "imratio", "dist_timeout")
-RUN_FILES = ("summary.json", "checkpoint.pt", "config.toml")
 
 
 def _error(message: str) -> Exception:
