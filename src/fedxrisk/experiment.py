@@ -33,7 +33,13 @@ from fedxrisk.metrics import evaluate
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
 from fedxrisk.runconfig import DEFAULT_LOCAL_STEPS, ConfigError, RunConfig  # noqa: F401  (re-exported)
-from fedxrisk.validate import check_batch_size, check_out_dir, read_checkpoint, validate_settings
+from fedxrisk.validate import (
+    check_batch_size,
+    check_out_dir,
+    read_checkpoint,
+    refuse_run,
+    validate_settings,
+)
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 HISTORY_FIELDS = (
@@ -317,10 +323,7 @@ def run_experiment(
 
 def start_run_folder(cfg: RunConfig, out: Path) -> None:
     """Refuse a folder holding a run, else create it and write ``config.toml``."""
-    if (out / "summary.json").exists():
-        raise ConfigError(f"{out} already holds a finished run (summary.json); choose another --out")
-    if (out / CHECKPOINT).exists():
-        raise ConfigError(f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`")
+    refuse_run(out)
     out.mkdir(parents=True, exist_ok=True)
     _write_config(out, cfg)
 

@@ -46,6 +46,7 @@ from fedxrisk.experiment import (
     start_run_folder,
     validate,
 )
+from fedxrisk.validate import refuse_run
 
 PRETRAIN_DIR = "pretrain"
 PRETRAIN_ALGORITHM = "localsgdm"  # cross-entropy FedAvg with local momentum
@@ -196,10 +197,7 @@ def run_two_stage(cfg: RunConfig, out: Path, callback: Callback | None = None) -
     pre = build(pcfg, data_from=main if shared else None)
     main.simulation = main.algorithm = main.problem = None  # type: ignore[assignment]  # keep only the data
     if pre.simulation.is_primary:
-        if (out / PRETRAIN_DIR).exists():
-            raise ConfigError(
-                f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`"
-            )
+        refuse_run(out, (PRETRAIN_DIR,))  # re-checked: the data took time to load
         start_run_folder(cfg, out)
         start_run_folder(pcfg, out / PRETRAIN_DIR)
     stage1 = _finish_stage1(pre, out / PRETRAIN_DIR, callback, None)

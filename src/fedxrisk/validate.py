@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 FINITE = ("lr", "lr_decay", "window_growth", "dirichlet_alpha", "imratio", "dist_timeout")
-RUN_FILES = ("summary.json", "checkpoint.pt", "config.toml")
 
 
 def _error(message: str) -> Exception:
@@ -100,11 +99,8 @@ def check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise _error(f"--out {out} is a file, not a folder")
     if out.is_dir():
+        refuse_run(out, ("checkpoint.pt", "config.toml"))
         names = sorted(p.name for p in out.iterdir())
-        if "summary.json" in names:
-            raise _error(f"{out} already holds a finished run (summary.json); choose another --out")
-        if "checkpoint.pt" in names or "config.toml" in names:
-            raise _error(f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`")
         if names:
             shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
             raise _error(
@@ -119,6 +115,15 @@ def check_out_dir(out: Path) -> None:
     except OSError as e:
         raise _error(f"--out {out} cannot be created ({e.strerror or e})") from None
     shutil.rmtree(first_missing)
+
+
+def refuse_run(out: Path, unfinished: tuple[str, ...] = ("checkpoint.pt",)) -> None:
+    """Refuse a folder holding a finished run (``summary.json``) or an unfinished one (any of
+    ``unfinished``), with the way to continue it."""
+    if (out / "summary.json").exists():
+        raise _error(f"{out} already holds a finished run (summary.json); choose another --out")
+    if any((out / name).exists() for name in unfinished):
+        raise _error(f"{out} holds an unfinished run; continue it with `fedxrisk run --resume {out}`")
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:

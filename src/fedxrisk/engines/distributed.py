@@ -52,7 +52,7 @@ from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.engines.simulation import LoopEngine, Simulation, VmapEngine
 from fedxrisk.runconfig import DEFAULT_TIMEOUT
-from fedxrisk.tree import Tree, index, is_finite, leaves, tmap
+from fedxrisk.tree import Tree, broadcast, index, is_finite, leaves, tmap
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 HEARTBEAT_SECONDS = 1.0
@@ -417,7 +417,7 @@ class DistCollective:
         """
         self.ledger.record("gather", tree, self.num_clients)
         full = self._all_clients(tree)  # [K, *shape], clients in global order
-        return tmap(lambda f: f.unsqueeze(0).expand(self.local_clients, *f.shape).clone(), full)
+        return broadcast(full, self.local_clients)
 
     def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
         """``comm.pool``: one all_gather of records and masks, then the server's merge on every rank.
@@ -429,7 +429,7 @@ class DistCollective:
         full = self._all_clients({"groups": groups, "valid": valid})
         merged = merge_pool(full["groups"], full["valid"], self.seed, key)
         self.ledger.record_pool(groups, valid, merged)
-        return tmap(lambda f: f.unsqueeze(0).expand(self.local_clients, *f.shape).clone(), merged)
+        return broadcast(merged, self.local_clients)
 
     def _all_clients(self, tree: Tree) -> Tree:
         """All K clients' leaves ``[K, *shape]`` from this rank's ``[k, *shape]`` (one all_gather)."""

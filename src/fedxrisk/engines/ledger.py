@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from fedxrisk.tree import Tree, leaves
+from fedxrisk.tree import Tree, leaves, numel_bytes
 
 
 def _per_client_bytes(tree: Tree) -> int:
@@ -49,7 +49,7 @@ class ByteLedger:
         the unstacked pool every client receives."""
         self.calls["pool"] += 1
         for name, sub in groups.items():
-            received = sum(t.numel() * t.element_size() for _, t in leaves(merged[name]))
+            received = numel_bytes(merged[name])
             self._add("pool", name, _per_client_bytes(sub) + _per_client_bytes(valid[name]), received)
 
     def close_round(self) -> None:

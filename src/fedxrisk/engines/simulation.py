@@ -29,7 +29,7 @@ from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.sampler import make_samplers
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
-from fedxrisk.tree import Tree, index, is_finite, leaves, stack, tmap
+from fedxrisk.tree import Tree, broadcast, index, is_finite, leaves, stack, tmap
 
 
 class NonFiniteLoss(RuntimeError):
@@ -243,8 +243,7 @@ class SimCollective:
     def pool(self, groups: dict[str, Tree], valid: dict[str, torch.Tensor], key: int) -> dict[str, Tree]:
         merged = merge_pool(groups, valid, self.seed, key)
         self.ledger.record_pool(groups, valid, merged)
-        k = self.num_clients
-        return tmap(lambda x: x.unsqueeze(0).expand(k, *x.shape).clone(), merged)
+        return broadcast(merged, self.num_clients)
 
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         return self.engine.map_clients(fn, *trees)
