@@ -14,11 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from fedxrisk.data.datasets import BinaryData, LabeledData
-
-
-class DataFileError(ValueError):
-    """A data file is malformed; the message names the file and the expected layout."""
-
+from fedxrisk.errors import DataFileError  # noqa: F401  (re-exported)
 
 CHUNK = 1 << 14  # rows checked at a time (bounded memory on large image sets)
 

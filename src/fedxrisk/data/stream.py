@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from fedxrisk.data.lazy import LazySamples, is_lazy
-from fedxrisk.data.readers.base import DataFileError
+from fedxrisk.errors import BadFileError, DataFileError  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from fedxrisk.engines.simulation import Simulation
@@ -56,19 +56,6 @@ RESUME_ADVICE = (
     "training stopped. Replace the file and continue with `fedxrisk run --resume RUN_DIR` (the last "
     'checkpoint is kept), or run with data.on_bad_file = "skip" to replace unreadable samples'
 )
-
-
-class BadFileError(DataFileError):
-    """A data file that cannot be decoded was met while reading samples; the message names it.
-
-    ``detail``: what failed (the file and why); ``advice``: what to do about it mid-training,
-    appended to the message (empty: none); ``reason``: the reader's own error message, when a
-    reader failed. Picklable with all three, so a worker returns it whole.
-    """
-
-    def __init__(self, detail: str, advice: str = "", reason: str | None = None):
-        super().__init__(f"{detail}; {advice}" if advice else detail)
-        self.detail, self.advice, self.reason = detail, advice, reason
 
 
 def default_workers() -> int:

@@ -51,16 +51,13 @@ from fedxrisk.data.federated import FederatedData
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.engines.simulation import LoopEngine, Simulation, VmapEngine
+from fedxrisk.errors import DistributedError  # noqa: F401  (re-exported)
 from fedxrisk.runconfig import DEFAULT_TIMEOUT
 from fedxrisk.tree import Tree, broadcast, index, is_finite, leaves, tmap
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 HEARTBEAT_SECONDS = 1.0
 WATCHDOG_EXIT_CODE = 3
-
-
-class DistributedError(RuntimeError):
-    """A rank died, hung, or could not join; the message names the rank(s) when known."""
 
 
 # -- launch checks (no communication) -------------------------------------------------

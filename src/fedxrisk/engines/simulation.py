@@ -29,15 +29,8 @@ from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.sampler import make_samplers
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
+from fedxrisk.errors import NonFiniteLoss  # noqa: F401  (re-exported)
 from fedxrisk.tree import Tree, broadcast, index, is_finite, leaves, stack, tmap
-
-
-class NonFiniteLoss(RuntimeError):
-    """Raised when a round produces a NaN/inf loss or model; carries the round (1-based, as history.csv)."""
-
-    def __init__(self, round_: int):
-        super().__init__(f"non-finite loss or model (NaN/inf) at round {round_}; training stopped")
-        self.round = round_
 
 
 class Engine:

@@ -9,13 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedxrisk.data.checks import DataFileError
 from fedxrisk.data.datasets import SPLIT_SEED, TEST_FRACTION, LabeledData
 from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
-
-
-class MissingDataError(DataFileError, FileNotFoundError):
-    """A data file or folder is missing; the message names the expected layout."""
+from fedxrisk.errors import DataFileError, MissingDataError  # noqa: F401  (re-exported)
 
 
 def require_dir(data_dir: str | Path | None, dataset: str, layout: str) -> Path:

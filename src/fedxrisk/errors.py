@@ -1,0 +1,44 @@
+"""Every error the command line reports, at the bottom of the package: imports nothing heavy.
+
+The CLI catches these to print one line and exit 2 (or 1 for a failed run) without
+importing torch; the modules that raise them import them from here.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """An invalid experiment setting; the message names the setting."""
+
+
+class DataFileError(ValueError):
+    """A data file is malformed; the message names the file and the expected layout."""
+
+
+class MissingDataError(DataFileError, FileNotFoundError):
+    """A data file or folder is missing; the message names the expected layout."""
+
+
+class BadFileError(DataFileError):
+    """A data file that cannot be decoded was met while reading samples; the message names it.
+
+    ``detail``: what failed (the file and why); ``advice``: what to do about it mid-training,
+    appended to the message (empty: none); ``reason``: the reader's own error message, when a
+    reader failed. Picklable with all three, so a worker returns it whole.
+    """
+
+    def __init__(self, detail: str, advice: str = "", reason: str | None = None):
+        super().__init__(f"{detail}; {advice}" if advice else detail)
+        self.detail, self.advice, self.reason = detail, advice, reason
+
+
+class NonFiniteLoss(RuntimeError):
+    """Raised when a round produces a NaN/inf loss or model; carries the round (1-based, as history.csv)."""
+
+    def __init__(self, round_: int):
+        super().__init__(f"non-finite loss or model (NaN/inf) at round {round_}; training stopped")
+        self.round = round_
+
+
+class DistributedError(RuntimeError):
+    """A rank died, hung, or could not join; the message names the rank(s) when known."""
