@@ -1,12 +1,32 @@
-"""Uncertainty of ranking metrics: DeLong's AUROC variance and stratified bootstrap intervals."""
+"""Uncertainty of ranking metrics: DeLong's AUROC variance and paired test, stratified bootstrap
+intervals and paired bootstrap differences, and metrics from summed per-class score histograms."""
 
-from fedxrisk.stats.bootstrap import bootstrap_intervals, weighted_ap, weighted_partial_auroc
-from fedxrisk.stats.delong import delong, midranks, structural_components, wald_interval
+from fedxrisk.stats.bootstrap import (
+    PairedBootstrap,
+    bootstrap_intervals,
+    paired_bootstrap,
+    percentile_interval,
+    weighted_ap,
+    weighted_partial_auroc,
+)
+from fedxrisk.stats.delong import (
+    PairedDeLong,
+    delong,
+    delong_paired,
+    midranks,
+    structural_components,
+    wald_interval,
+)
 
 __all__ = [
+    "PairedBootstrap",
+    "PairedDeLong",
     "bootstrap_intervals",
     "delong",
+    "delong_paired",
     "midranks",
+    "paired_bootstrap",
+    "percentile_interval",
     "structural_components",
     "wald_interval",
     "weighted_ap",
