@@ -17,6 +17,14 @@ from fedxrisk.stats.delong import (
     structural_components,
     wald_interval,
 )
+from fedxrisk.stats.histogram import (
+    histogram_ap,
+    histogram_auroc,
+    histogram_bounds,
+    histogram_pauc,
+    logit_edges,
+    score_histogram,
+)
 
 __all__ = [
     "PairedBootstrap",
@@ -24,9 +32,15 @@ __all__ = [
     "bootstrap_intervals",
     "delong",
     "delong_paired",
+    "histogram_ap",
+    "histogram_auroc",
+    "histogram_bounds",
+    "histogram_pauc",
+    "logit_edges",
     "midranks",
     "paired_bootstrap",
     "percentile_interval",
+    "score_histogram",
     "structural_components",
     "wald_interval",
     "weighted_ap",
