@@ -10,7 +10,14 @@ import pytest
 from scipy.stats import norm
 
 from fedxrisk.metrics import average_precision, partial_auroc
-from fedxrisk.stats import delong, delong_paired, paired_bootstrap, weighted_ap, weighted_partial_auroc
+from fedxrisk.stats import (
+    compare_models,
+    delong,
+    delong_paired,
+    paired_bootstrap,
+    weighted_ap,
+    weighted_partial_auroc,
+)
 
 
 def _brute_force_paired(y: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> dict[str, float]:
@@ -138,3 +145,16 @@ def test_paired_bootstrap_null_p_is_not_small_and_is_reproducible():
     swapped = paired_bootstrap(y, b, a, _metrics(), 1000, seed=2)  # same resamples: mirrored
     assert swapped["ap"].difference == -out["ap"].difference
     assert swapped["ap"].p_value == out["ap"].p_value
+
+
+def test_compare_models_bundles_the_paired_tests():
+    y, s1, s2 = _case(4)
+    out = compare_models(y, s1, s2, resamples=300, seed=3, max_fpr=0.2)
+    assert out["auroc"]["z"] == delong_paired(y, s1, s2).z
+    want = paired_bootstrap(y, s1, s2, {"pauc": lambda y, s, c: weighted_partial_auroc(y, s, c, 0.2)}, 300, 3)
+    assert out["pauc"]["p_value"] == want["pauc"].p_value and out["pauc"]["low"] == want["pauc"].low
+    assert out["ap"]["difference"] == pytest.approx(
+        average_precision(y.astype(float), s1) - average_precision(y.astype(float), s2), abs=1e-12
+    )
+    with pytest.raises(ValueError, match="max_fpr"):
+        compare_models(y, s1, s2, max_fpr=0.0)

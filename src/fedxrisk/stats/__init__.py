@@ -9,6 +9,7 @@ from fedxrisk.stats.bootstrap import (
     weighted_ap,
     weighted_partial_auroc,
 )
+from fedxrisk.stats.compare import compare_models
 from fedxrisk.stats.delong import (
     PairedDeLong,
     delong,
@@ -30,6 +31,7 @@ __all__ = [
     "PairedBootstrap",
     "PairedDeLong",
     "bootstrap_intervals",
+    "compare_models",
     "delong",
     "delong_paired",
     "histogram_ap",
