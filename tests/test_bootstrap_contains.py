@@ -63,3 +63,11 @@ def test_percentile_interval_widens_only_when_needed():
     assert percentile_interval(values, 50.0) == pytest.approx((2.5, 97.5))
     assert percentile_interval(values, 1.0) == pytest.approx((1.0, 97.5))
     assert percentile_interval(np.full(10, 0.3097), 0.3096) == (0.3096, 0.3097)
+
+
+def test_given_estimates_are_the_ones_contained():
+    y, scores = _cases()["perfectly inverted"]
+    plain = bootstrap_intervals(y, scores, METRICS, 200, seed=4)
+    shifted = plain["ap"][0] - 1e-9  # as if the printed value differed in its last digits
+    given = bootstrap_intervals(y, scores, METRICS, 200, seed=4, estimates={"ap": shifted})
+    assert given["ap"] == (shifted, plain["ap"][1]) and given["pauc30"] == plain["pauc30"]

@@ -133,19 +133,23 @@ def bootstrap_intervals(
     seed: int | Sequence[int],
     level: float = 0.95,
     chunk: int = 0,
+    estimates: dict[str, float] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Percentile ``level`` interval of each metric over ``resamples`` stratified resamples,
     widened to contain the full-sample value (module docstring).
 
     Same ``seed`` → same intervals, whatever ``chunk``. NaN intervals when a class is missing or a score is NaN.
-    ``chunk``: resamples per vectorized block (default: about 2·10⁷ cells).
+    ``chunk``: resamples per vectorized block (default: about 2·10⁷ cells). ``estimates``: the
+    values the intervals will be printed with (e.g. scikit-learn's, which can differ from the
+    weighted metric in the last bit); by default the weighted metric on the full sample.
     """
     y = np.asarray(y).astype(bool)
     scores = np.asarray(scores, dtype=np.float64)
     if resamples < 1 or y.all() or not y.any() or np.isnan(scores).any():
         return {k: (np.nan, np.nan) for k in metrics}
     values = _values(y, [scores], metrics, resamples, seed, chunk)
-    return {k: percentile_interval(v[0], _estimate(metrics[k], y, scores), level) for k, v in values.items()}
+    est = {k: _estimate(fn, y, scores) for k, fn in metrics.items()} | (estimates or {})
+    return {k: percentile_interval(v[0], est[k], level) for k, v in values.items()}
 
 
 @dataclass(frozen=True)
