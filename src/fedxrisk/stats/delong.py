@@ -16,6 +16,12 @@ T_X within the positives and T_Y within the negatives,
 
 (A positive's pooled midrank minus its rank among positives counts the negatives
 below it, ties counting one half.)
+
+Two models scored on the same test set (paired): DeLong et al.'s eq. (5) give the
+covariance of their AUROCs as S10_{12}/m + S01_{12}/n with S10_{12}, S01_{12} the
+sample covariances of the two models' components, so the difference θ1 − θ2 has
+variance Var1 + Var2 − 2·Cov12, and z = (θ1 − θ2)/SE is compared with N(0, 1).
+This is the test R's pROC runs as ``roc.test(r1, r2, method = "delong", paired = TRUE)``.
 """
 
 from __future__ import annotations
@@ -88,3 +94,59 @@ def wald_interval(auroc: float, variance: float, level: float = 0.95) -> tuple[f
         return math.nan, math.nan
     half = float(norm.ppf(0.5 + level / 2)) * math.sqrt(variance)
     return max(0.0, auroc - half), min(1.0, auroc + half)
+
+
+@dataclass(frozen=True)
+class PairedDeLong:
+    """DeLong's test of θ1 = θ2 for two AUROCs on the same samples; ``difference`` = θ1 − θ2.
+
+    ``low``/``high``: the Wald interval of the difference at ``level`` (not clipped).
+    Identical models (zero variance, zero difference): z = 0, p = 1; a nonzero difference
+    with zero variance: z = ±inf, p = 0.
+    """
+
+    auroc1: float
+    auroc2: float
+    difference: float
+    se: float
+    z: float
+    p_value: float
+    low: float
+    high: float
+    correlation: float
+    level: float = 0.95
+
+
+def delong_paired(
+    y: np.ndarray, scores1: np.ndarray, scores2: np.ndarray, level: float = 0.95
+) -> PairedDeLong:
+    """Paired DeLong test of two models' AUROCs on the same binary ``y`` (two-sided).
+
+    NaN fields when a class has fewer than 2 samples or a score is NaN (AUROCs kept when defined).
+    """
+    y = np.asarray(y).astype(bool)
+    s1, s2 = np.asarray(scores1, dtype=np.float64), np.asarray(scores2, dtype=np.float64)
+    if s1.shape != y.shape or s2.shape != y.shape:
+        raise ValueError(f"labels {y.shape} and scores {s1.shape}, {s2.shape} must have one shape")
+    m, n = int(y.sum()), int((~y).sum())
+    nan = math.nan
+    if m == 0 or n == 0 or np.isnan(s1).any() or np.isnan(s2).any():
+        return PairedDeLong(nan, nan, nan, nan, nan, nan, nan, nan, nan, level)
+    (a10, a01), (b10, b01) = structural_components(s1[y], s1[~y]), structural_components(s2[y], s2[~y])
+    auc1, auc2 = float(a10.mean()), float(b10.mean())
+    diff = auc1 - auc2
+    if m < 2 or n < 2:
+        return PairedDeLong(auc1, auc2, diff, nan, nan, nan, nan, nan, nan, level)
+    s10, s01 = np.cov(np.vstack([a10, b10])), np.cov(np.vstack([a01, b01]))  # divisor m−1, n−1
+    cov = s10 / m + s01 / n
+    variance = max(float(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1]), 0.0)
+    denom = math.sqrt(cov[0, 0] * cov[1, 1])
+    corr = float(cov[0, 1] / denom) if denom > 0 else nan
+    se = math.sqrt(variance)
+    if se > 0:
+        z = diff / se
+    else:
+        z = 0.0 if diff == 0 else math.copysign(math.inf, diff)
+    p = float(2 * norm.sf(abs(z)))
+    half = float(norm.ppf(0.5 + level / 2)) * se
+    return PairedDeLong(auc1, auc2, diff, se, z, p, diff - half, diff + half, corr, level)
