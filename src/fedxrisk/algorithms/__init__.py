@@ -1,6 +1,6 @@
 """Algorithms, one module per family, registered by name in :data:`ALGORITHMS`."""
 
-from fedxrisk.algorithms import coda, fcsg, fedavg, fedce, fedxl, scgdam  # noqa: F401  (registration)
+from fedxrisk.algorithms import coda, fcsg, fedavg, fedce, fedxl, localpair, scgdam  # noqa: F401  (registration)
 from fedxrisk.algorithms.base import (
     ALGORITHMS,
     Algorithm,
