@@ -101,7 +101,8 @@ def overhead_worker(reps: int) -> None:
     import torch.distributed as dist
 
     from fedxrisk.engines import ByteLedger, DistCollective
-    from fedxrisk.engines.distributed import DistGroup, client_layout
+    from fedxrisk.engines.dist_collective import DistGroup
+    from fedxrisk.engines.launch import client_layout
     from fedxrisk.engines.simulation import LoopEngine
     from fedxrisk.tree import leaves, numel_bytes
 

@@ -17,7 +17,8 @@ from fedxrisk import cli
 from fedxrisk.algorithms import ALGORITHMS, Schedule
 from fedxrisk.data import make_federated
 from fedxrisk.engines import DistCollective, DistributedSimulation, SimCollective
-from fedxrisk.engines.distributed import DistGroup, client_layout
+from fedxrisk.engines.dist_collective import DistGroup
+from fedxrisk.engines.launch import client_layout
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.experiment import RunConfig

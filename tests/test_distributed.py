@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedxrisk.engines.distributed import client_layout
+from fedxrisk.engines.launch import client_layout
 from fedxrisk.experiment import ConfigError, RunConfig, run_experiment, validate
 from helpers import make_sim, max_abs_diff, run_all
 

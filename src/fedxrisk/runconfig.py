@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedxrisk.engines.launch import DEFAULT_TIMEOUT  # the engine owns it; torch-free
 from fedxrisk.errors import ConfigError  # noqa: F401  (re-exported)
 
 DEFAULT_LOCAL_STEPS = 8
-DEFAULT_TIMEOUT = 300.0  # distributed engine, seconds; must exceed the slowest round (steps + evaluation)
 
 
 @dataclass

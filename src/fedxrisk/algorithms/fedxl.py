@@ -52,64 +52,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch.func import grad
 
-from fedxrisk.algorithms.base import (
-    Algorithm,
-    Batch,
-    ClientInfo,
-    Collective,
-    RoundContext,
-    State,
-    StepContext,
-    model_payload,
-    register,
-    with_model,
-)
-from fedxrisk.objectives.pairwise import (
-    BOUNDED,
-    check_lambda,
-    check_scores,
-    check_surrogate,
-    pairwise_surrogate,
-)
-from fedxrisk.problem import Problem
-from fedxrisk.tree import tmap, zeros_like
+from fedxrisk.algorithms.base import Batch, ClientInfo, Collective, RoundContext, State, StepContext, register
+from fedxrisk.algorithms.pairwise_base import GRAD_SCALES, PairwiseBase, _masked_mean, log_u_in_order
+from fedxrisk.objectives.pairwise import BOUNDED, check_lambda, check_scores
 
 INVALID = -1.0  # marks a recorded slot whose sample is not of the slot's class (never pooled)
 SCORE_KEYS = ("pos_pool", "neg_pool")  # what ``comm.pool`` sends (ledger names)
-MOMENTUM_INITS = ("grad", "zero")
-GRAD_SCALES = ("objective", "code")
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum() / mask.sum().clamp_min(1.0)
-
-
-def log_u_in_order(
-    log_u: torch.Tensor, log_x: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor, gamma: float
-) -> torch.Tensor:
-    """Per slot, log u after u ← (1 − γ) u + γ x is applied once per valid copy of the slot's
-    sample in this batch, in slot order (copies share ``idx``); ``log_u`` is the value before the
-    step. For d copies with observations x_1..x_d: u' = (1−γ)^d u + Σ_c γ (1−γ)^(d−c) x_c.
-    Computed in log space (``log_x`` = log x); invalid slots keep ``log_u``. Vectorized, vmap-safe.
-    """
-    log_keep = math.log1p(-gamma) if gamma < 1 else -math.inf  # log (1 − γ)
-    ok = valid > 0
-    same = (idx[:, None] == idx[None, :]) & ok[:, None] & ok[None, :]  # slot j is a copy of slot i's sample
-    copies = same.sum(1)  # d, per slot
-    rank = (same & torch.ones_like(same).tril()).sum(1)  # c of each slot among its copies (1-based)
-
-    def decay(k: torch.Tensor) -> torch.Tensor:  # log (1 − γ)^k, with (1 − γ)^0 = 1 also for γ = 1
-        return torch.where(k == 0, 0.0, k * log_keep)
-
-    terms = math.log(gamma) + decay(copies[:, None] - rank[None, :]) + log_x[None, :]
-    terms = torch.where(same, terms, -math.inf)
-    new = torch.logsumexp(torch.cat([(decay(copies) + log_u)[:, None], terms], 1), 1)
-    return torch.where(ok, new, log_u)
 
 
 def _draw(pool: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor | None:
@@ -118,78 +70,6 @@ def _draw(pool: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor | None:
     if size == 0:
         return None
     return (uniform * size).long().clamp(max=size - 1)
-
-
-@dataclass
-class PairwiseBase(Algorithm):
-    """What FeDXL1/2 and Local Pair share: sigmoid scores, class masks, (momentum) SGD, averaging."""
-
-    problem: Problem
-    positives_per_batch: int = 16  # B1; the engine adds batch_size − B1 negatives
-    surrogate: str = "squared_hinge"
-    margin: float = 1.0
-    beta: float = 1.0  # m ← (1 − β) m + β G, w ← w − η m; β = 1 is plain SGD (no momentum state)
-    momentum_init: str = "grad"  # "grad": m = G on the first step (authors' code); "zero": m starts at 0
-
-    def __post_init__(self) -> None:
-        check_surrogate(self.surrogate)
-        if self.momentum_init not in MOMENTUM_INITS:
-            raise ValueError(f"momentum_init must be one of {MOMENTUM_INITS}, got {self.momentum_init!r}")
-        if self.positives_per_batch < 1:
-            raise ValueError(f"positives_per_batch must be ≥ 1, got {self.positives_per_batch}")
-        if not 0.0 < self.beta <= 1.0:
-            raise ValueError(
-                f"beta (momentum weight of the new gradient) must lie in (0, 1], got {self.beta}"
-            )
-        if self.margin < 0:
-            raise ValueError(f"margin must be ≥ 0, got {self.margin}")
-
-    @property
-    def momentum(self) -> bool:
-        return self.beta < 1.0
-
-    def _init_model(self) -> State:
-        w, buffers = self.problem.init_model()
-        state = {"w": w, "buffers": buffers, "loss": torch.zeros(())}
-        if self.momentum:
-            state["m"] = zeros_like(w)
-            if self.momentum_init == "grad":
-                state["m_first"] = torch.ones(())  # 1 until the first step has set m = G
-        return state
-
-    def _scores(self, w, buffers, x: torch.Tensor, train: bool = True):
-        logits, new_buffers = self.problem.logits(w, buffers, x, train)
-        return torch.sigmoid(logits), new_buffers
-
-    def _masks(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """1 where a positive slot holds a positive / a negative slot holds a negative."""
-        b1 = self.positives_per_batch
-        return batch["y"][:b1], 1.0 - batch["y"][b1:]
-
-    def _pairs(self, s_pos: torch.Tensor, s_neg: torch.Tensor) -> torch.Tensor:
-        return pairwise_surrogate(s_pos, s_neg, self.surrogate, self.margin)
-
-    def _descend(self, state: State, g, lr: float) -> dict[str, Any]:
-        if not self.momentum:
-            return {"w": tmap(lambda w, gi: w - lr * gi, state["w"], g)}
-        out = {}
-        beta = self.beta
-        if "m_first" in state:  # the first step's weight is 1 (m = G), then β; no branch on data (vmap)
-            beta = state["m_first"].clamp(min=self.beta)
-            out["m_first"] = torch.zeros_like(state["m_first"])
-        m = tmap(lambda mi, gi: (1 - beta) * mi + beta * gi, state["m"], g)
-        return {"w": tmap(lambda w, mi: w - lr * mi, state["w"], m), "m": m, **out}
-
-    def _average(self, state: State, comm: Collective) -> State:
-        """Average the model (and momentum: every tensor of it, unlike the authors' code)."""
-        payload = model_payload(state, self.problem)
-        if self.momentum:
-            payload["m"] = state["m"]
-        avg = comm.mean(payload)
-        out = with_model(state, avg)
-        if self.momentum:
-            out["m"] = avg["m"]
-        return out
 
 
 @register
@@ -411,76 +291,3 @@ class FeDXL2(FeDXL1):
             log_u=state["log_u"].scatter(0, idx, log_u_new),  # copies of a sample carry the same value
             rec_log_u=torch.cat([state["rec_log_u"], log_u_new]),
         )  # fmt: skip
-
-
-@register
-@dataclass
-class LocalPair(PairwiseBase):
-    """Local Pair baseline: the same loss on local pairs only (no passive parts, no pools).
-
-    ``objective="auroc"``: ∇ mean_{i,j local} ℓ(s_i, s_j) (FeDXL1's loss);
-    ``objective="pauc"``: KL-DRO with u_i tracked against the local negatives
-    only (FeDXL2's loss, its log-space u, in-order duplicate updates and
-    ``grad_scale``). Every I steps w (and m, if ``beta < 1``) are averaged. A
-    client whose shard lacks a class has no local pair and takes zero gradient steps.
-    """
-
-    name = "localpair"
-    communicates = ("w", "m")  # m only with momentum (beta < 1)
-    default_lr = 1.0
-
-    objective: str = "auroc"
-    lam: float = 1.0
-    gamma: float = 0.1
-    grad_scale: str = "objective"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.objective not in ("auroc", "pauc"):
-            raise ValueError(f"objective must be 'auroc' or 'pauc', got {self.objective!r}")
-        check_lambda(self.lam)
-        if not 0.0 < self.gamma <= 1.0:
-            raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {self.gamma}")
-        if self.grad_scale not in GRAD_SCALES:
-            raise ValueError(f"grad_scale must be one of {GRAD_SCALES}, got {self.grad_scale!r}")
-
-    def init(self, client: ClientInfo) -> State:
-        state = self._init_model()
-        if self.objective == "pauc":
-            state["log_u"] = torch.zeros(max(client.max_samples, client.num_samples))
-        return state
-
-    def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
-        b1, lam = self.positives_per_batch, self.lam
-        scale = lam if self.grad_scale == "objective" else 1.0
-        vpos, vneg = self._masks(batch)
-        pauc = self.objective == "pauc"
-        idx = batch["local_index"][:b1]
-        log_u_old = state["log_u"][idx] if pauc else None
-
-        def surrogate(w):
-            scores, buffers = self._scores(w, state["buffers"], batch["x"])
-            pairs = self._pairs(scores[:b1], scores[b1:])  # [B1, B2], both ends active
-            if not pauc:
-                mask = vpos[:, None] * vneg[None, :]
-                value = (pairs * mask).sum() / mask.sum().clamp_min(1)
-                return value, (value, value, buffers)  # no u: the second slot is unused
-            z = pairs / lam
-            n_neg = vneg.sum()
-            log_inner = torch.logsumexp(torch.where(vneg > 0, z.detach(), -math.inf), 1) - torch.log(
-                n_neg.clamp_min(1)
-            )
-            ok = vpos * (n_neg > 0)
-            log_u_new = log_u_in_order(log_u_old, log_inner, idx, ok, self.gamma)
-            weights = torch.exp(z.detach() - log_u_new[:, None]) * vneg / n_neg.clamp_min(1)
-            value = _masked_mean(lam * log_u_new, ok)
-            return _masked_mean(scale * (weights * z).sum(1), ok), (value, log_u_new, buffers)
-
-        g, (value, log_u_new, buffers) = grad(surrogate, has_aux=True)(state["w"])
-        out = dict(state, **self._descend(state, g, ctx.lr), buffers=buffers, loss=value.detach())
-        if pauc:
-            out["log_u"] = state["log_u"].scatter(0, idx, log_u_new)
-        return out
-
-    def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
-        return self._average(state, comm)
