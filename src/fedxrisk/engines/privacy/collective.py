@@ -149,7 +149,9 @@ class PrivateAggregator:
         refs = {p: self.reference(p, t[0]) for p, t in flat.items()}
         rows = mask.nonzero().flatten().to(next(iter(flat.values())).device)
         updates = {p: t.index_select(0, rows).double() - refs[p].double() for p, t in flat.items()}
-        squares = [u.reshape(u.shape[0], u[0].numel() if len(u) else 0).pow(2).sum(1) for u in updates.values()]
+        squares = [
+            u.reshape(u.shape[0], u[0].numel() if len(u) else 0).pow(2).sum(1) for u in updates.values()
+        ]
         norms = torch.stack(squares).sum(0).sqrt()
         self.norms = norms.cpu()
         scale = (self.config.clip / norms.clamp_min(1e-30)).clamp(max=1.0)
