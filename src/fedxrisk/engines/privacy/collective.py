@@ -140,31 +140,45 @@ class PrivateAggregator:
         rng = round_generator(self.seed, round_, NOISE_STREAM)
         return {p: torch.from_numpy(rng.standard_normal(tuple(s))) for p, s in shapes}
 
-    def aggregate(
-        self, tree: Tree, mask: torch.Tensor, round_: int, denominator: float
-    ) -> dict[str, torch.Tensor]:
-        """Stacked contributions ``[K, ...]`` of the clients in ``mask`` → the noised mean per leaf path
-        (a flat dict). A distributed engine sums the clipped updates over ranks before the noise."""
+    def clipped_sum(self, tree: Tree, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Σ over the clients in ``mask`` of their updates clipped jointly to C, per leaf path
+        (float64). The distributed engine all-reduces these sums (and the participant count)
+        over ranks, then calls :meth:`release` on every rank."""
         flat = dict(leaves(tree))
-        refs = {p: self.reference(p, t[0]) for p, t in flat.items()}
         rows = mask.nonzero().flatten().to(next(iter(flat.values())).device)
-        updates = {p: t.index_select(0, rows).double() - refs[p].double() for p, t in flat.items()}
+        updates = {
+            p: t.index_select(0, rows).double() - self.reference(p, t[0]).double() for p, t in flat.items()
+        }
         squares = [
             u.reshape(u.shape[0], u[0].numel() if len(u) else 0).pow(2).sum(1) for u in updates.values()
         ]
         norms = torch.stack(squares).sum(0).sqrt()
         self.norms = norms.cpu()
         scale = (self.config.clip / norms.clamp_min(1e-30)).clamp(max=1.0)
-        sums = {p: (u * scale.reshape(-1, *[1] * (u.dim() - 1))).sum(0) for p, u in updates.items()}
+        return {p: (u * scale.reshape(-1, *[1] * (u.dim() - 1))).sum(0) for p, u in updates.items()}
+
+    def release(
+        self, sums: dict[str, torch.Tensor], like: Tree, round_: int, denominator: float
+    ) -> dict[str, torch.Tensor]:
+        """reference + (sum + N(0, (σC)²)) / denominator, projected; remembered as the next reference.
+        ``like``: the stacked tree of the call (dtypes)."""
+        flat = dict(leaves(like))
         noise = self.noise(round_, [(p, s.shape) for p, s in sums.items()])
         std = self.config.noise_multiplier * self.config.clip
         out = {}
         for p, s in sums.items():
-            noisy = s + std * noise[p].to(s.device)
-            value = (refs[p].double() + noisy / denominator).to(flat[p].dtype)
+            ref = self.reference(p, flat[p][0]).double()
+            value = (ref + (s + std * noise[p].to(s.device)) / denominator).to(flat[p].dtype)
             out[p] = self.project(p, value)
-            self.last[p] = out[p].detach().clone()
+        self.last.update({p: v.detach().clone() for p, v in out.items()})
         return out
+
+    def aggregate(
+        self, tree: Tree, mask: torch.Tensor, round_: int, denominator: float
+    ) -> dict[str, torch.Tensor]:
+        """Stacked contributions ``[K, ...]`` of the clients in ``mask`` → the noised mean per
+        leaf path (a flat dict): :meth:`clipped_sum` then :meth:`release`."""
+        return self.release(self.clipped_sum(tree, mask), tree, round_, denominator)
 
     def sampled(self, round_: int, clients: list[int]) -> torch.Tensor | None:
         """Bool mask over ``clients`` (global indices held by this process) of the round's
