@@ -339,3 +339,18 @@ def test_loop_and_vmap_agree_with_instance_and_client_dp(alg):
     loop, vmap = run_all(dp_sim(alg, "loop", dp, **kw)), run_all(dp_sim(alg, "vmap", dp, **kw))
     assert max_abs_diff(loop.states, vmap.states) < 1e-5
     assert all(torch.isfinite(t).all() for _, t in leaves(index(loop.states, 0)))
+
+
+@pytest.mark.parametrize("alg", sorted(__import__("fedxrisk.algorithms", fromlist=["ALGORITHMS"]).ALGORITHMS))
+def test_every_algorithm_runs_finite_under_client_dp_or_is_refused(alg):
+    from fedxrisk.engines.privacy import unsupported_reason
+
+    options = {"positives_per_batch": 4} if alg in ("fedxl1", "fedxl2", "localpair") else {}
+    dp = ClientDP(1.0, 0.5, ClientSampling(0.67, "fixed"))
+    base = make_sim(alg, "loop", clients=3, rounds=2, stages=2, lr=0.05, options=options)
+    if unsupported_reason(base.algorithm) is not None:
+        with pytest.raises(ConfigError):
+            Simulation(base.algorithm, base.data, base.schedule, 8, 0, "loop", privacy=dp)
+        return
+    sim = run_all(Simulation(base.algorithm, base.data, base.schedule, 8, 0, "loop", privacy=dp))
+    assert all(bool(torch.isfinite(t).all()) for _, t in leaves(sim.states) if t.is_floating_point())

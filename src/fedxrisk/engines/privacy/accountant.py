@@ -10,6 +10,7 @@ replace-one relation, the one the library's amplification bound for it holds und
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -81,8 +82,14 @@ def epsilon(
     relation = dpa.NeighboringRelation
     neighbours = relation.REPLACE_ONE if sampling == "fixed" and q < 1.0 else relation.ADD_OR_REMOVE_ONE
     accountant = dpa.rdp.RdpAccountant(neighboring_relation=neighbours)
-    accountant.compose(_event(noise_multiplier, q, sampling, num_clients), steps)
-    return float(accountant.get_epsilon(delta))
+    absl = logging.getLogger("absl")  # the library warns for every RDP order it skips as unstable
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        accountant.compose(_event(noise_multiplier, q, sampling, num_clients), steps)
+        return float(accountant.get_epsilon(delta))
+    finally:
+        absl.setLevel(level)
 
 
 def noise_for_epsilon(

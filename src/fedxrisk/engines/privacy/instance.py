@@ -35,18 +35,20 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.tree import Tree, leaves, tmap
 
 SUPPORTED = ("localsgdm", "codaplus", "codasca")
-COUPLED = {
-    "fedxl1": "pairwise (its loss couples positives and negatives of all clients)",
-    "fedxl2": "pairwise (its loss couples positives and negatives of all clients)",
-    "localpair": "pairwise (its loss couples the client's positives and negatives)",
-    "localscgdam": "compositional (the inner function averages over samples)",
-    "local_scgd": "conditional/compositional (the inner function averages over samples)",
-    "local_scgdm": "conditional/compositional (the inner function averages over samples)",
-    "fcsg": "conditional (the inner function averages over samples)",
-    "fcsg_m": "conditional (the inner function averages over samples)",
-    "acc_fcsg_m": "conditional (the inner function averages over samples)",
-    "coda": "sends per-client class sums of a sampled batch at stage ends",
-    "localsgdm_rl": "sends per-client class gradient sums of a sampled batch every round",
+PAIRWISE = "its pairwise loss couples positives and negatives"
+INNER_MEAN = "its inner function is a mean over samples, so one sample moves every term"
+COUPLED = {  # why per-sample clipping does not bound a sample's influence
+    "fedxl1": PAIRWISE + " of all clients",
+    "fedxl2": PAIRWISE + " of all clients",
+    "localpair": PAIRWISE + " of the client",
+    "localscgdam": "compositional: " + INNER_MEAN,
+    "local_scgd": "compositional/conditional: " + INNER_MEAN,
+    "local_scgdm": "compositional/conditional: " + INNER_MEAN,
+    "fcsg": "conditional: " + INNER_MEAN,
+    "fcsg_m": "conditional: " + INNER_MEAN,
+    "acc_fcsg_m": "conditional: " + INNER_MEAN,
+    "coda": "its class sums of a sampled batch leave the client at stage ends, outside the local step",
+    "localsgdm_rl": "its class gradient sums of a sampled batch leave the client every round, outside the local step",
 }
 
 
@@ -54,9 +56,9 @@ def unsupported_instance_reason(algorithm: Any) -> str | None:
     """Why per-sample DP-SGD cannot cover ``algorithm``, or None when it can."""
     name = getattr(algorithm, "name", type(algorithm).__name__)
     if name in COUPLED:
-        return f"{name}'s objective is {COUPLED[name]}; per-sample clipping does not bound it"
+        return f"{name} is not covered by per-sample clipping ({COUPLED[name]})"
     if name not in SUPPORTED:
-        return f"{name} is not wired for per-sample clipping (supported: {', '.join(SUPPORTED)})"
+        return f"{name} is not wired for per-sample clipping yet (wired: {', '.join(SUPPORTED)})"
     problem = algorithm.problem
     if problem.pos_ratio_mode == "batch":
         return f"{name} with pos_ratio_mode 'batch': p is the batch's positive ratio, which couples samples"
