@@ -83,8 +83,10 @@ def test_update_is_taken_against_the_last_answer():
     assert torch.equal(first["w"], torch.full((4,), 2.0))  # ref 1, updates 1: ‖·‖ = 2 ≤ 10
     agg.aggregate({"w": torch.full((k, 4), 20.0)}, torch.ones(k, dtype=torch.bool), 1, k)
     assert agg.norms.tolist() == pytest.approx([36.0] * k)  # against the answer 2, not against 1
-    stage = agg.reference("stage_average.w", torch.zeros(4))  # falls back to the last answer for w
-    assert torch.allclose(stage, agg.last["w"])
+    both = {"w": torch.full((k, 4), 3.0), "stage_average": {"w": torch.full((k, 4), 7.0)}}
+    agg.aggregate(both, torch.ones(k, dtype=torch.bool), 2, k)  # a stage end: w and its stage average
+    assert torch.equal(agg.last["w"], torch.full((4,), 3.0))
+    assert torch.equal(agg.reference("stage_average.w", torch.zeros(4)), agg.last["w"])  # not 7: the global
 
 
 def test_clipping_in_a_real_round_bounds_every_client():

@@ -4,8 +4,8 @@
 algorithm file changes. For ``mean(tree)`` it
 
 1. forms each participating client's *update*: every leaf minus its reference, the value the
-   server last returned for that leaf (first use: the initial state every client starts from;
-   a stage average ``stage_average.X`` falls back to the last answer for ``X``; else zero);
+   server last returned for that leaf (first use: the initial state every client starts from,
+   else zero; a stage average ``stage_average.X`` is compared with the last answer for ``X``);
 2. clips the updates of all leaves of the call *jointly* to L2 norm ``clip`` per client;
 3. sums them, adds N(0, (σ·clip)²) to every coordinate of the sum, divides by the number of
    participants m (Poisson sampling: the expected number q·K), adds the reference back —
@@ -120,16 +120,14 @@ class PrivateAggregator:
         self.norms: torch.Tensor | None = None  # the last round's update norms before clipping
 
     def reference(self, path: str, like: torch.Tensor) -> torch.Tensor:
-        for prefix, target in ALIASES.items():
-            if path.startswith(prefix) and path not in self.last:
-                alias = target + path[len(prefix) :]
-                if alias in self.last:
-                    return self.last[alias]
-        if path in self.last:
-            return self.last[path]
+        """What a client's value at ``path`` is compared with: the last answer for it (a stage
+        average ``stage_average.X``: the last answer for ``X``, the global the stage ran from),
+        else the initial state, else zero."""
         for prefix, target in ALIASES.items():
             if path.startswith(prefix):
                 path = target + path[len(prefix) :]
+        if path in self.last:
+            return self.last[path]
         value = self.initial.get(path)
         if value is not None and value.shape == like.shape:
             return value.to(like.device, like.dtype)

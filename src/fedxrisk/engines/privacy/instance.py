@@ -87,7 +87,7 @@ def privatize(per_sample: Tree, uniform: torch.Tensor, clip: float, noise_multip
     over the leaves; z from ``uniform`` (``[≥ d]``, d = coordinates of one gradient)."""
     flat = list(leaves(per_sample))
     b = flat[0][1].shape[0]
-    norms = torch.stack([t.reshape(b, -1).double().pow(2).sum(1) for _, t in flat]).sum(0).sqrt()
+    norms = torch.stack([torch.linalg.vector_norm(t.reshape(b, -1), dim=1) for _, t in flat]).norm(dim=0)
     scale = (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
     z = standard_normals(uniform)
     out, offset = {}, 0
@@ -95,8 +95,8 @@ def privatize(per_sample: Tree, uniform: torch.Tensor, clip: float, noise_multip
         n = t[0].numel()
         noise = z[offset : offset + n].reshape(t.shape[1:])
         offset += n
-        total = (t.double() * scale.reshape(-1, *[1] * (t.dim() - 1))).sum(0)
-        out[path] = ((total + noise_multiplier * clip * noise) / b).to(t.dtype)
+        total = torch.tensordot(scale.to(t.dtype), t, dims=1)
+        out[path] = (total + (noise_multiplier * clip * noise).to(t.dtype)) / b
     return _rebuild(per_sample, out)
 
 
