@@ -244,3 +244,6 @@ class PrivateCollective:
 
     def per_client(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
         return self.inner.per_client(fn, *trees)
+
+    def __getattr__(self, name: str) -> Any:  # engine extras of the wrapped collective (e.g. ``finish``)
+        return getattr(self.inner, name)
