@@ -27,6 +27,7 @@ from fedxrisk.algorithms.base import Algorithm, ClientInfo, RoundContext, StepCo
 from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.sampler import make_samplers
+from fedxrisk.engines import privacy as dp
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.errors import NonFiniteLoss  # noqa: F401  (re-exported)
@@ -258,9 +259,11 @@ class Simulation:
         device: str | torch.device = "cpu",
         clients: Sequence[int] | None = None,
         engine_options: dict[str, Any] | None = None,
+        privacy: dp.ClientDP | None = None,
     ):
         """``clients``: the global indices of the clients this process holds (default
-        all); the others live elsewhere and are reached through :meth:`_collective`."""
+        all); the others live elsewhere and are reached through :meth:`_collective`.
+        ``privacy``: client-level DP and client sampling (:mod:`fedxrisk.engines.privacy`)."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINES)}")
         algorithm.validate_schedule(schedule)
@@ -283,6 +286,10 @@ class Simulation:
         infos = [ClientInfo(k, data.shard_sizes[k], data.client_pos_ratio(k), width) for k in self.clients]
         self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in infos]))
         self.round = 0  # rounds completed
+        self.privacy = None if privacy is None else dp.PrivateAggregator(
+            privacy, algorithm, index(self.states, 0), seed, data.num_clients
+        )  # fmt: skip
+        self._participants: torch.Tensor | None = None  # this round's sampled clients (DP)
         self.engine.configure(self)
         self._start_stream(begin=True)
         if algorithm.begin_batch:  # before round 0; its bytes count in round 0
@@ -315,10 +322,16 @@ class Simulation:
         """I local steps on every client, then the algorithm's communication."""
         plan = self.plans[self.round]
         next_plan = self.plans[self.round + 1] if self.round + 1 < len(self.plans) else None
+        mask = self._participants = (
+            None if self.privacy is None else self.privacy.sampled(plan.round, self.clients)
+        )
+        start = self.states
         for i in range(plan.window):
             ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
             batch = self._batch(self.sampler.next())
             self.states = self.engine.local_steps(self.algorithm.local_step, ctx, self.states, batch)
+        if mask is not None:  # clients sitting the round out take no step
+            self.states = dp.before_communicate(mask, dp.keep_idle(mask, self.states, start))
         stage_batch = None
         size = self.algorithm.stage_batch_size
         if size and plan.stage_end and next_plan is not None:
@@ -328,18 +341,22 @@ class Simulation:
         if round_size:
             round_batch = self.local_data.batch(self.aux_sampler.sample(round_size), self.device)
         comm = self._collective()
+        before = self.states
         self.states = self.algorithm.communicate(
             self.states, comm, RoundContext(plan, next_plan, stage_batch, round_batch)
         )
+        if mask is not None:
+            self.states = dp.after_communicate(mask, before, self.states)
         self.ledger.close_round()
         self.round += 1
         if not self._finite(comm):
             raise NonFiniteLoss(plan.round + 1)  # 1-based, as in history.csv
         return plan
 
-    def _collective(self) -> SimCollective:
-        """The round's collective (the distributed engine replaces it)."""
-        return SimCollective(self.num_clients, self.engine, self.ledger, self.seed)
+    def _collective(self) -> Any:
+        """The round's collective (the distributed engine replaces it); private under DP."""
+        comm = SimCollective(self.num_clients, self.engine, self.ledger, self.seed)
+        return comm if self.privacy is None else self.privacy.wrap(comm, self.round, self._participants)
 
     def _finite(self, comm: Any) -> bool:
         """Whether every client's last loss and model are finite after the round."""
@@ -366,6 +383,7 @@ class Simulation:
             "sampler": self.sampler.state_dict(),
             "aux_sampler": self.aux_sampler.state_dict(),
             "ledger": self.ledger.state_dict(),
+            **({"privacy": self.privacy.state_dict()} if self.privacy is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -374,4 +392,6 @@ class Simulation:
         self.sampler.load_state_dict(state["sampler"])
         self.aux_sampler.load_state_dict(state["aux_sampler"])
         self.ledger.load_state_dict(state["ledger"])
+        if self.privacy is not None:
+            self.privacy.load_state_dict(state["privacy"])
         self._start_stream(begin=False)
