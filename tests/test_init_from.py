@@ -12,7 +12,6 @@ from torch import nn
 from fedxrisk import pipeline
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.cli import main
-from fedxrisk.config import config_to_toml, load_config
 from fedxrisk.experiment import (
     ConfigError,
     RunConfig,
@@ -21,9 +20,11 @@ from fedxrisk.experiment import (
     resume_experiment,
     run_experiment,
 )
-from fedxrisk.init_from import head_name, load_weights
 from fedxrisk.models import MODELS, DenseNet, build_model
-from fedxrisk.pipeline import PRETRAIN_DIR, pretrain_config
+from fedxrisk.run.configfile import config_to_toml, load_config
+from fedxrisk.run.folder import PRETRAIN_DIR
+from fedxrisk.run.spec import pretrain_config
+from fedxrisk.run.weights import head_name, load_weights
 
 # BatchNorm model: buffers must travel with the weights
 BASE = dict(

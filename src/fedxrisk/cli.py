@@ -18,7 +18,8 @@ from rich.table import Column, Table
 
 # Only torch-free modules here: `fedxrisk --help`, `fedxrisk list` and argument errors must not
 # import torch (benchmarks/startup.py); commands import what they need when they run.
-from fedxrisk.runconfig import ConfigError, RunConfig
+from fedxrisk.errors import ConfigError
+from fedxrisk.run.spec import RunConfig
 
 if TYPE_CHECKING:
     from fedxrisk.engines import NonFiniteLoss
@@ -61,7 +62,7 @@ def _config_errors() -> Iterator[None]:
 
 def _parse_option(text: str) -> tuple[str, Any]:
     """``key=value`` with value parsed as a TOML value (number, bool, list, "none") or kept as text."""
-    from fedxrisk.config import parse_value
+    from fedxrisk.run.configfile import parse_value
 
     if "=" not in text:
         raise ConfigError(f"--option expects KEY=VALUE, got {text!r}")
@@ -78,7 +79,7 @@ def _resolve(
     config_file: str | None, flags: dict[str, Any], options: tuple[str, ...], overrides: tuple[str, ...]
 ) -> dict[str, Any]:
     """Config file, then flags typed on the command line, then ``--option``, then ``--set``."""
-    from fedxrisk.config import apply_override, read_config_file, section_of
+    from fedxrisk.run.configfile import apply_override, read_config_file, section_of
 
     doc = read_config_file(config_file) if config_file else {}
     for key, value in flags.items():
@@ -225,10 +226,11 @@ def run(
 
     Settings come from --config FILE, then the flags typed here, then --set.
     """
-    from fedxrisk.config import config_from_sections
     from fedxrisk.engines import DistributedError, NonFiniteLoss
     from fedxrisk.engines.distributed import launched_rank
-    from fedxrisk.experiment import default_out_dir, resume_experiment, run_experiment
+    from fedxrisk.run.configfile import config_from_sections
+    from fedxrisk.run.folder import default_out_dir
+    from fedxrisk.run.recipes import resume_experiment, run_experiment
 
     pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
     given = _given(click.get_current_context(), flags)

@@ -106,7 +106,7 @@ def _columns(a: np.ndarray) -> np.ndarray:
 
 def _run_data(trained: TrainedModel) -> Scored:
     """The run's own test set and client shards, rebuilt from its config (as training built them)."""
-    from fedxrisk.experiment import build_data
+    from fedxrisk.run.build import build_data
 
     try:
         fed, _ = build_data(trained.config)
@@ -375,13 +375,13 @@ def _plot(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Pa
 
 
 def _write(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Path) -> None:
-    from fedxrisk.experiment import _replace_atomic, json_safe, write_json_atomic
+    from fedxrisk.run.folder import json_safe, replace_atomic, write_json_atomic
 
     folder.mkdir(parents=True, exist_ok=True)
     result["files"] = [str(folder / f) for f in FILES]
     _plot(result, data, names, folder)
     text = markdown(result)
-    _replace_atomic(folder / "evaluation.md", lambda f: f.write(text))
+    replace_atomic(folder / "evaluation.md", lambda f: f.write(text))
     write_json_atomic(folder / "evaluation.json", json_safe(_tuples_to_lists(result)))
 
 

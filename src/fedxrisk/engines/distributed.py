@@ -52,7 +52,7 @@ from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.engines.simulation import LoopEngine, Simulation, VmapEngine
 from fedxrisk.errors import DistributedError  # noqa: F401  (re-exported)
-from fedxrisk.runconfig import DEFAULT_TIMEOUT
+from fedxrisk.run.spec import DEFAULT_TIMEOUT
 from fedxrisk.tree import Tree, broadcast, index, is_finite, leaves, tmap
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
