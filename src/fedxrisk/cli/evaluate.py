@@ -39,7 +39,8 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     Writes evaluation.json, evaluation.md, roc.png and pr.png (docs/cli.md).
     """
     from fedxrisk.data.readers import DataFileError
-    from fedxrisk.evaluation import console_tables, evaluate
+    from fedxrisk.evaluation import evaluate
+    from fedxrisk.evaluation_report import console_tables
 
     with config_errors():
         try:
