@@ -32,7 +32,7 @@ class Setup:
     algorithm: Algorithm
     simulation: Simulation
     stream: Any = None  # data.stream.StreamChoice for file datasets: streamed or not, and why
-    init: dict[str, Any] | None = None  # where the weights came from (init_from.load_weights)
+    init: dict[str, Any] | None = None  # where the weights came from (run.weights.load_weights)
 
 
 def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:

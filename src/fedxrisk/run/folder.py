@@ -18,7 +18,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +45,7 @@ HISTORY = "history.csv"
 SUMMARY = "summary.json"
 MODEL = "model.pt"
 PRETRAIN_DIR = "pretrain"  # a two-stage run's first stage
+Tensors = Mapping[str, torch.Tensor]
 
 
 def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
@@ -139,7 +140,9 @@ def write_config(out: Path, cfg: RunConfig) -> None:
     replace_atomic(out / "config.toml", lambda f: f.write(text))
 
 
-def save_model(path: Path, model: str, input_shape, num_labels: int, params, buffers) -> None:
+def save_model(
+    path: Path, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+) -> None:
     """``model.pt``: the network's name, input shape, labels and its weights on the CPU."""
     blob = {
         "model": model,
@@ -204,7 +207,9 @@ class RunFolder:
         if self.primary:
             (self.path / CHECKPOINT).unlink(missing_ok=True)
 
-    def save_model(self, model: str, input_shape, num_labels: int, params, buffers) -> None:
+    def save_model(
+        self, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+    ) -> None:
         if self.primary:
             save_model(self.path / MODEL, model, input_shape, num_labels, params, buffers)
 
