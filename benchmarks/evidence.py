@@ -186,7 +186,7 @@ def build_simulation(regime: str, method: str, lr: float, seed: int, rounds: int
 def load_pretrained(model, path: Path) -> None:
     """Two-stage: the model's parameters and buffers become the saved CE model's, exactly
     (the library's ``init_from`` loader, as ``fedxrisk run --init-from`` uses it)."""
-    from fedxrisk.init_from import load_weights
+    from fedxrisk.run.weights import load_weights
 
     load_weights(model, "pretrained CE model", path)
 

@@ -195,8 +195,8 @@ def checkpoint(content: Callable[[bytes], bytes]) -> Callable[[Path], list[str]]
     """A run killed after its first checkpoint, whose checkpoint.pt is then replaced by ``content(old)``."""
 
     def build(tmp: Path) -> list[str]:
-        from fedxrisk.config import load_config
         from fedxrisk.experiment import CHECKPOINT, run_experiment
+        from fedxrisk.run.configfile import load_config
 
         cfg = load_config(None, ["experiment.rounds=3", "experiment.checkpoint_every=1", "data.clients=2"])
         cfg.tensorboard = False

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from fedxrisk.classaware import use_class_aware_batches
-from fedxrisk.config import load_config
 from fedxrisk.data import make_federated
 from fedxrisk.engines import Simulation
 from fedxrisk.experiment import ConfigError, RunConfig, validate
@@ -20,6 +19,7 @@ from fedxrisk.models import build_model
 from fedxrisk.objectives import AUC_LOSSES
 from fedxrisk.objectives.conditional import SAME_BATCH, APSurrogate, csg_estimate
 from fedxrisk.problem import Problem
+from fedxrisk.run.configfile import load_config
 from fedxrisk.tree import index
 from helpers import PositivesProbe, make_sim, max_abs_diff, run_all
 

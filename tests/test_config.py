@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from fedxrisk.cli import main
-from fedxrisk.config import (
+from fedxrisk.experiment import ConfigError, RunConfig, load_run
+from fedxrisk.run.configfile import (
     SECTIONS,
     config_from_sections,
     config_to_toml,
@@ -18,7 +19,6 @@ from fedxrisk.config import (
     section_of,
     tomllib,
 )
-from fedxrisk.experiment import ConfigError, RunConfig, load_run
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = ["--set", "data.clients=2", "--set", "experiment.rounds=3", "--set", "algorithm.stages=1"]

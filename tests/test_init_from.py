@@ -9,10 +9,8 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from fedxrisk import pipeline
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.cli import main
-from fedxrisk.config import config_to_toml, load_config
 from fedxrisk.experiment import (
     ConfigError,
     RunConfig,
@@ -21,9 +19,12 @@ from fedxrisk.experiment import (
     resume_experiment,
     run_experiment,
 )
-from fedxrisk.init_from import head_name, load_weights
 from fedxrisk.models import MODELS, DenseNet, build_model
-from fedxrisk.pipeline import PRETRAIN_DIR, pretrain_config
+from fedxrisk.run import recipes
+from fedxrisk.run.configfile import config_to_toml, load_config
+from fedxrisk.run.folder import PRETRAIN_DIR
+from fedxrisk.run.spec import pretrain_config
+from fedxrisk.run.weights import head_name, load_weights
 
 # BatchNorm model: buffers must travel with the weights
 BASE = dict(
@@ -209,14 +210,14 @@ PRE = {"rounds": 2, "lr": 0.05}
 @pytest.fixture(scope="module")
 def two_stage(tmp_path_factory):
     """The run, and each stage's starting models (all clients) as training began."""
-    starts, train = [], pipeline._train
+    starts, train = [], recipes.train
 
-    def spy(setup, out, callback, ckpt):
+    def spy(setup, folder, callbacks, ckpt):
         starts.append({k: v.clone() for k, v in _start(setup).items()})
-        return train(setup, out, callback, ckpt)
+        return train(setup, folder, callbacks, ckpt)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "_train", spy)
+        mp.setattr(recipes, "train", spy)
         result = run_experiment(RunConfig(**TWO, pretrain=PRE), tmp_path_factory.mktemp("two") / "run")
     return result, starts
 

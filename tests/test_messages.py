@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from rich.console import Console
 from rich.text import Text
 
-from fedxrisk import cli
 from fedxrisk.cli import main
+from fedxrisk.cli import progress as cli
 from fedxrisk.experiment import RunResult
 
 if sys.version_info >= (3, 11):
@@ -92,8 +92,8 @@ def test_few_rounds_take_one_stage_each_unless_stages_are_set(tmp_path):
 
 def test_progress_lines_leave_room_for_the_echoed_ctrl_c(monkeypatch):
     monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), width=60, force_terminal=True))
-    with cli._progress() as progress:
-        bar = cli._Bar(progress, "training")
+    with cli.training_progress() as progress:
+        bar = cli.Bar(progress, "training")
         bar({"test_auroc": 0.91234}, 3, 1000)
         assert progress.console.width == 58
     lines = cli.console.file.getvalue().replace("\r", "\n").splitlines()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import fedxrisk.engines as engines
-from fedxrisk import runconfig
+from fedxrisk.run import spec as runconfig
 from fedxrisk.algorithms import ALGORITHMS, coda, coda_baselines, fedxl, localpair, pairwise_base
 from fedxrisk.engines import dist_collective, distributed, launch, simulation
 from fedxrisk.flower import replay, site

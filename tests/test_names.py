@@ -8,9 +8,9 @@ from click.testing import CliRunner
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.cli import main
 from fedxrisk.compare import build_variants
-from fedxrisk.config import load_config
 from fedxrisk.experiment import ConfigError
-from fedxrisk.names import normalise, resolve
+from fedxrisk.run.configfile import load_config
+from fedxrisk.run.names import normalise, resolve
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from fedxrisk.cli import main
-from fedxrisk.config import config_to_toml
 from fedxrisk.experiment import HISTORY_FIELDS, RunConfig, load_run
 from fedxrisk.plots import group_runs, legend_labels, line_styles, title_suffix
+from fedxrisk.run.configfile import config_to_toml
 
 
 def write_run(folder, cfg: RunConfig, aurocs: list[float], finished: bool = True):

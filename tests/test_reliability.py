@@ -18,10 +18,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from fedxrisk import experiment
 from fedxrisk.cli import main
 from fedxrisk.engines import Simulation
 from fedxrisk.experiment import CHECKPOINT, RunConfig, load_run, run_experiment
+from fedxrisk.run import folder as run_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
@@ -100,7 +100,7 @@ def test_bad_input_stops_with_one_line_before_anything_is_written(case, tmp_path
 
 
 def test_a_batch_larger_than_some_shards_is_a_warning_and_larger_than_all_is_capped():
-    from fedxrisk.validate import check_batch_size
+    from fedxrisk.run.build import check_batch_size
 
     with pytest.warns(UserWarning) as caught:
         assert check_batch_size(5, [3, 10, 4]) == 5
@@ -134,9 +134,9 @@ def _params(out: Path) -> dict[str, torch.Tensor]:
 
 def test_model_pt_is_written_before_the_summary_commits_the_run(tmp_path, monkeypatch):
     order = []
-    real = experiment._replace_atomic
+    real = run_folder.replace_atomic
     monkeypatch.setattr(
-        experiment, "_replace_atomic", lambda path, *a: (order.append(path.name), real(path, *a))
+        run_folder, "replace_atomic", lambda path, *a: (order.append(path.name), real(path, *a))
     )
     run_experiment(RunConfig(**CFG), tmp_path / "run")
     assert order.index("model.pt") < order.index("summary.json")
@@ -148,7 +148,7 @@ def test_resume_finishes_a_run_whose_summary_exists_but_not_its_model(tmp_path, 
     reference = run_experiment(RunConfig(**CFG), tmp_path / "ref")
     out = tmp_path / "run"
     with monkeypatch.context() as m:
-        m.setattr(experiment, "_save_model", lambda setup, path: None)  # killed: no model.pt
+        m.setattr(run_folder, "save_model", lambda path, *a: None)  # killed: no model.pt
         run_experiment(RunConfig(**CFG), out)
     if keep_checkpoint:  # the round-2 checkpoint the old order left behind
         stopped = tmp_path / "stopped"
@@ -183,7 +183,7 @@ def test_nan_round_is_1_based_and_the_failed_run_resumes_with_a_lower_lr(tmp_pat
         "--set algorithm.lr=<lower>"
     )
     assert [r["round"] for r in csv.DictReader(open(out / "history.csv"))] == ["1", "2"]  # round 3 failed
-    assert experiment.load_checkpoint(out / CHECKPOINT)["simulation"]["round"] == 2  # the last finite one
+    assert run_folder.load_checkpoint(out / CHECKPOINT)["simulation"]["round"] == 2  # the last finite one
     monkeypatch.undo()
 
     refused = CliRunner().invoke(main, ["run", "--resume", str(out), "--set", "data.clients=3"])

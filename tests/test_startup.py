@@ -32,10 +32,11 @@ def test_the_package_the_cli_help_list_and_an_argument_error_import_no_heavy_lib
 
 def test_the_package_attributes_are_the_modules_objects():
     import fedxrisk
-    from fedxrisk import experiment, runconfig
+    from fedxrisk import experiment
+    from fedxrisk.run import recipes, spec
 
-    assert fedxrisk.run_experiment is experiment.run_experiment
-    assert fedxrisk.RunConfig is runconfig.RunConfig is experiment.RunConfig
+    assert fedxrisk.run_experiment is recipes.run_experiment is experiment.run_experiment
+    assert fedxrisk.RunConfig is spec.RunConfig is experiment.RunConfig
     assert set(fedxrisk.__all__) <= set(dir(fedxrisk))
 
 

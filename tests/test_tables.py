@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from fedxrisk import cli
+from fedxrisk.cli import run as cli_run
 from fedxrisk.compare import display_rows
 from fedxrisk.tables import fit_table
 
@@ -48,7 +48,7 @@ def test_the_run_summary_fits_80_columns(monkeypatch, capsys):
         "communication": {"bytes_up_per_client": 123456789012, "bytes_down_per_client": 123456789012},
         "wall_seconds": 12345.678,
     }  # fmt: skip
-    cli._print_summary(summary, "runs/x")
+    cli_run._print_summary(summary, "runs/x")
     text = capsys.readouterr().out
     assert max(map(len, text.splitlines())) <= 80 and "…" not in text
     for value in (

@@ -27,21 +27,21 @@ from typing import Any
 import numpy as np
 
 from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.config import PRETRAIN, SECTIONS, config_from_sections, hyperparameter_types, section_keys
 from fedxrisk.engines import NonFiniteLoss
-from fedxrisk.experiment import (
-    CHECKPOINT,
-    Callback,
-    ConfigError,
-    RunConfig,
-    RunResult,
-    load_run,
-    resume_experiment,
-    run_experiment,
-    write_json_atomic,
-)
-from fedxrisk.names import resolve
+from fedxrisk.errors import ConfigError
 from fedxrisk.plots import Group, plot_groups, variant_labels
+from fedxrisk.run.callbacks import ProgressFn as Callback
+from fedxrisk.run.configfile import (
+    PRETRAIN,
+    SECTIONS,
+    config_from_sections,
+    hyperparameter_types,
+    section_keys,
+)
+from fedxrisk.run.folder import CHECKPOINT, RunResult, load_run, write_json_atomic
+from fedxrisk.run.names import resolve
+from fedxrisk.run.recipes import resume_experiment, run_experiment
+from fedxrisk.run.spec import RunConfig
 
 TABLE_FIELDS = (
     "variant", "algorithm", "seeds", "completed", "rounds", "local_steps",
@@ -277,7 +277,7 @@ def write_markdown(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 
 def parse_vary(text: str) -> tuple[str, list[Any]]:
     """``algorithm.local_steps=4,8,16`` → ``("algorithm.local_steps", [4, 8, 16])``."""
-    from fedxrisk.config import parse_value
+    from fedxrisk.run.configfile import parse_value
 
     if "=" not in text:
         raise ConfigError(f"--vary expects SECTION.KEY=V1,V2,..., got {text!r}")

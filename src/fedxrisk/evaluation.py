@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from fedxrisk.evaluation_report import FILES, PAUC_FPR, console_tables, markdown, write_files
 from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
 
-PAUC_FPR = 0.3
+__all__ = ["FILES", "PAUC_FPR", "console_tables", "evaluate", "label_metrics", "markdown", "run_summary"]
 LEVEL = 0.95
-FILES = ("evaluation.json", "evaluation.md", "roc.png", "pr.png")
 SPLITS = ("test", "train")
 Progress = Callable[[int, int], None]
 
@@ -93,7 +93,7 @@ def evaluate(
     else:
         data = _run_data(trained)
     result = _report(trained, data, bootstrap, seed)
-    _write(result, data, trained.label_names, folder)
+    write_files(result, data, trained.label_names, folder)
     return result
 
 
@@ -106,7 +106,7 @@ def _columns(a: np.ndarray) -> np.ndarray:
 
 def _run_data(trained: TrainedModel) -> Scored:
     """The run's own test set and client shards, rebuilt from its config (as training built them)."""
-    from fedxrisk.experiment import build_data
+    from fedxrisk.run.build import build_data
 
     try:
         fed, _ = build_data(trained.config)
@@ -286,150 +286,3 @@ def _report(trained: TrainedModel, data: Scored, resamples: int, seed: int) -> d
         "group_kind": data.group_kind,
         "groups": {name: table(gy, gs, 1 + i) for i, (name, gy, gs) in enumerate(data.groups)},
     }
-
-
-# ---- output -------------------------------------------------------------------------------------
-
-
-def _num(x: float) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
-
-
-def _ci(pair: Sequence[float]) -> str:
-    lo, hi = pair
-    return "" if lo is None or math.isnan(lo) else f"[{lo:.4f}, {hi:.4f}]"
-
-
-def markdown(result: dict[str, Any]) -> str:
-    """evaluation.md: the data, how intervals were computed, one table overall and one per group."""
-    boot = result["bootstrap"]
-    lines = [
-        f"# Evaluation of {result['run']}",
-        "",
-        f"Data: {result['data']}; {result['samples']} samples. {int(result['level'] * 100)}% intervals: "
-        f"AUROC by DeLong's method; AP and pAUC (FPR ≤ {result['pauc_max_fpr']}, normalized) by a stratified "
-        f"percentile bootstrap ({boot['resamples']} resamples, seed {boot['seed']}).",
-        "",
-    ]
-    header = "| {} | n+ | n− | AUROC [95% CI] | AP [95% CI] | pAUC30 [95% CI] |"
-    rule = "|---|---:|---:|---|---|---|"
-
-    def row(first: str, m: dict[str, Any]) -> str:
-        return (
-            f"| {first} | {m['positives']} | {m['negatives']} | {_num(m['auroc'])} {_ci(m['auroc_ci'])} | "
-            f"{_num(m['ap'])} {_ci(m['ap_ci'])} | {_num(m['pauc30'])} {_ci(m['pauc30_ci'])} |"
-        )
-
-    lines += [header.format("label"), rule, *(row(k, m) for k, m in result["overall"].items()), ""]
-    if result["groups"]:
-        lines += [f"## Per {result['group_kind']}", ""]
-        multi = len(result["labels"]) > 1
-        lines += [header.format(result["group_kind"] + (" / label" if multi else "")), rule]
-        for g, labels in result["groups"].items():
-            lines += [row(f"{g} / {k}" if multi else g, m) for k, m in labels.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _plot(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Path) -> None:
-    """roc.png and pr.png: one curve per label on the evaluated data."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
-    from sklearn.metrics import precision_recall_curve, roc_curve
-
-    from fedxrisk.metrics import _rankable
-
-    for filename, kind in (("roc.png", "roc"), ("pr.png", "pr")):
-        fig = Figure(figsize=(5, 4.5))
-        ax = fig.add_subplot()
-        for j, name in enumerate(names):
-            known = ~np.isnan(data.y[:, j])
-            y, s = data.y[known, j], _rankable(data.scores[known, j])
-            m = result["overall"][name]
-            if s is None or not 0 < y.sum() < len(y):
-                continue
-            label = "" if len(names) == 1 else f"{name}: "
-            if kind == "roc":
-                fpr, tpr, _ = roc_curve(y, s)
-                ax.plot(fpr, tpr, label=f"{label}AUROC {_num(m['auroc'])} {_ci(m['auroc_ci'])}")
-            else:
-                precision, recall, _ = precision_recall_curve(y, s)
-                ax.plot(
-                    recall,
-                    precision,
-                    drawstyle="steps-post",
-                    label=f"{label}AP {_num(m['ap'])} {_ci(m['ap_ci'])}",
-                )
-        if kind == "roc":
-            ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
-            ax.axvline(
-                PAUC_FPR, color="grey", linestyle="--", linewidth=0.8, label=f"FPR {PAUC_FPR} (pAUC30)"
-            )
-            ax.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC")
-        else:
-            ax.set(xlabel="recall", ylabel="precision", title="precision-recall")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1.02)
-        ax.legend(loc="lower right" if kind == "roc" else "lower left", fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / filename, dpi=110)
-
-
-def _write(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Path) -> None:
-    from fedxrisk.experiment import _replace_atomic, json_safe, write_json_atomic
-
-    folder.mkdir(parents=True, exist_ok=True)
-    result["files"] = [str(folder / f) for f in FILES]
-    _plot(result, data, names, folder)
-    text = markdown(result)
-    _replace_atomic(folder / "evaluation.md", lambda f: f.write(text))
-    write_json_atomic(folder / "evaluation.json", json_safe(_tuples_to_lists(result)))
-
-
-def _tuples_to_lists(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _tuples_to_lists(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_tuples_to_lists(v) for v in value]
-    return value
-
-
-def console_tables(result: dict[str, Any]) -> list[Any]:
-    """Rich tables that fit 80 columns: one row per label and metric, then one row per group."""
-    from rich import box
-    from rich.table import Table
-
-    from fedxrisk.metrics import _nanmean
-
-    overall = Table(title=f"{result['data']}"[:76], box=box.SIMPLE_HEAD)
-    for name, justify in (
-        ("label", "left"),
-        ("metric", "left"),
-        ("value", "right"),
-        ("95% CI", "left"),
-        ("n+/n−", "right"),
-    ):
-        overall.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for label, m in result["overall"].items():
-        counts = f"{m['positives']}/{m['negatives']}"
-        overall.add_row(label[:18], "AUROC", _num(m["auroc"]), _ci(m["auroc_ci"]) + " DeLong", counts)
-        overall.add_row("", "AP", _num(m["ap"]), _ci(m["ap_ci"]), "")
-        overall.add_row("", "pAUC30", _num(m["pauc30"]), _ci(m["pauc30_ci"]), "", end_section=True)
-    tables = [overall]
-    if result["groups"]:
-        multi = len(result["labels"]) > 1
-        kind = result["group_kind"]
-        title = f"per {kind}" + (" (on its training shard)" if kind == "client" else "")
-        per = Table(title=title + (", mean over labels" if multi else ""), box=box.SIMPLE_HEAD)
-        for name in (result["group_kind"], "n+/n−", "AUROC", "95% CI", "AP", "pAUC30"):
-            per.add_column(name, justify="left" if name in (result["group_kind"], "95% CI") else "right")
-        for g, labels in result["groups"].items():
-            ms = list(labels.values())
-            if multi:
-                per.add_row(g[:16], "", _num(_nanmean([m["auroc"] for m in ms])), "",
-                            _num(_nanmean([m["ap"] for m in ms])), _num(_nanmean([m["pauc30"] for m in ms])))  # fmt: skip
-            else:
-                m = ms[0]
-                per.add_row(g[:16], f"{m['positives']}/{m['negatives']}", _num(m["auroc"]), _ci(m["auroc_ci"]),
-                            _num(m["ap"]), _num(m["pauc30"]))  # fmt: skip
-        tables.append(per)
-    return tables

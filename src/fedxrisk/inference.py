@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedxrisk.experiment import ConfigError, RunConfig
+from fedxrisk.errors import ConfigError
+from fedxrisk.run.spec import RunConfig
 
 
 class InputError(ConfigError):
@@ -71,9 +72,9 @@ def resolve_workers(workers: int | None) -> int:
 
 def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     """The model of a finished run folder, on ``device``; :class:`InputError` when it is not one."""
-    from fedxrisk.config import load_config
-    from fedxrisk.experiment import load_model
     from fedxrisk.problem import Problem
+    from fedxrisk.run.configfile import load_config
+    from fedxrisk.run.folder import load_model
 
     folder = Path(run_dir)
     if not folder.is_dir():

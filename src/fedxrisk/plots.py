@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.experiment import ConfigError, RunConfig, RunResult, load_run
+from fedxrisk.errors import ConfigError
+from fedxrisk.run.folder import RunResult, load_run
+from fedxrisk.run.spec import RunConfig
 
 # Settings that do not change the numbers (or are the repetition itself).
 NOT_COMPARED = ("seed", "checkpoint_every", "tensorboard", "dist_timeout")

@@ -14,9 +14,10 @@ from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.data import PARTITIONS
-from fedxrisk.experiment import DEFAULT_LOCAL_STEPS, ConfigError
+from fedxrisk.errors import ConfigError
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
+from fedxrisk.run.spec import DEFAULT_LOCAL_STEPS
 
 
 @dataclass
@@ -77,7 +78,7 @@ class FlowerConfig:
 
     def build_model(self, input_shape: tuple[int, ...]) -> Any:
         """The model every party builds identically: seeded, then ``init-from`` loaded (strictly)."""
-        from fedxrisk.init_from import load_weights
+        from fedxrisk.run.weights import load_weights
 
         model = build_model(self.model, input_shape, self.seed)
         if self.init_from or self.reset_head:

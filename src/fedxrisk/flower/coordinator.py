@@ -33,13 +33,13 @@ import torch
 
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
-from fedxrisk.experiment import HISTORY_FIELDS, json_safe, write_json_atomic
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.site import BEGIN, site_setup, site_step
 from fedxrisk.flower.sitedata import load_holdout
 from fedxrisk.flower.wire import Packet, clone_packet, flatten, unflatten
 from fedxrisk.metrics import auroc, average_precision, predict
 from fedxrisk.problem import Problem
+from fedxrisk.run.folder import HISTORY_FIELDS, json_safe, write_json_atomic
 from fedxrisk.tree import Tree, stack, tmap
 
 FIELDS = (*HISTORY_FIELDS, "client_val_auroc_mean")

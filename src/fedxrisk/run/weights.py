@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedxrisk.experiment import ConfigError
+from fedxrisk.errors import ConfigError
 
 MODEL_FILE = "model.pt"
 NESTED_KEYS = ("state_dict", "model_state_dict", "model")  # common checkpoint layouts

@@ -1,9 +1,10 @@
-"""What defines a run (:class:`RunConfig`) and the error for a bad setting, without importing torch.
+"""What defines a run (:class:`RunConfig`) and its optional first stage, without importing torch.
 
-Kept apart from :mod:`fedxrisk.experiment` so that the command line can show
-its defaults and reject bad arguments in a fraction of a second; the
-algorithm registry (and with it torch) is imported only when a default step
-size or window is resolved.
+The bottom of the run layer: pure data, so that the command line can show its
+defaults and reject bad arguments in a fraction of a second; the algorithm
+registry (and with it torch) is imported only when a default step size or
+window is resolved. :func:`pretrain_config` derives a two-stage run's first
+stage (``[pretrain]``, see :mod:`fedxrisk.run.recipes`).
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ class RunConfig:
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
     tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
-    init_from: str | None = None  # start from a run folder's model.pt or a state dict file (init_from.py)
+    init_from: str | None = None  # start from a run folder's model.pt or a state dict file (run/weights.py)
     reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
-    pretrain: dict[str, Any] | None = None  # a first stage's settings (pipeline.py); None: one stage
+    pretrain: dict[str, Any] | None = None  # a first stage's settings (run/recipes.py); None: one stage
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -79,3 +80,48 @@ class RunConfig:
         out["local_steps"] = self.resolved_local_steps()
         out["lr"] = self.resolved_lr()
         return out
+
+
+PRETRAIN_ALGORITHM = "localsgdm"  # cross-entropy FedAvg with local momentum
+CENTRALIZED = "centralized"  # PRETRAIN_ALGORITHM on one client holding all training data
+STAGE_KEYS = (
+    "algorithm", "rounds", "lr", "local_steps", "batch_size", "stages", "lr_decay", "window_growth",
+    "eval_every", "checkpoint_every", "reset_head",
+)  # fmt: skip
+INHERITED = ("rounds", "batch_size", "stages", "lr_decay", "window_growth", "eval_every", "checkpoint_every")
+
+
+def stage_algorithm(name: str) -> str:
+    """The registry key a ``pretrain.algorithm`` value trains with."""
+    return PRETRAIN_ALGORITHM if name == CENTRALIZED else name
+
+
+def check_stage_algorithm(name: Any) -> None:
+    """``pretrain.algorithm`` is ``centralized`` or a registered algorithm."""
+    from fedxrisk.algorithms import ALGORITHMS
+
+    if name != CENTRALIZED and name not in ALGORITHMS:
+        raise ConfigError(
+            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
+        )
+
+
+def pretrain_config(cfg: RunConfig) -> RunConfig:
+    """The first stage's RunConfig: ``cfg`` with the ``[pretrain]`` settings applied."""
+    if cfg.pretrain is None:
+        raise ValueError("this config has no [pretrain] section")
+    p = dict(cfg.pretrain)
+    name = p.pop("algorithm", PRETRAIN_ALGORITHM)
+    stage = {k: p.pop(k) for k in STAGE_KEYS if k in p}
+    changes: dict[str, Any] = {k: stage[k] for k in INHERITED if k in stage}
+    changes |= {
+        "algorithm": stage_algorithm(name),
+        "lr": stage.get("lr"),
+        "local_steps": stage.get("local_steps"),
+        "options": p,  # what is left: the pretrain algorithm's hyperparameters
+        "reset_head": stage.get("reset_head", False),
+        "pretrain": None,
+    }
+    if name == CENTRALIZED:
+        changes |= {"clients": 1, "partition": "iid", "clients_per_rank": 1}
+    return dataclasses.replace(cfg, **changes)

@@ -1,4 +1,4 @@
-"""Experiment configs as TOML: sections ↔ :class:`~fedxrisk.experiment.RunConfig`, validated up front.
+"""Experiment configs as TOML: sections ↔ :class:`~fedxrisk.run.spec.RunConfig`, validated up front.
 
 A config file has five sections; every key is optional (missing keys keep
 :class:`RunConfig`'s defaults)::
@@ -13,13 +13,13 @@ A config file has five sections; every key is optional (missing keys keep
                   pos_ratio_mode, and the algorithm's own hyperparameters
                   (see ``fedxrisk list``), e.g. eta_g, prox
     [engine]      engine, device
-    [pretrain]    optional first stage (fedxrisk.pipeline): algorithm, rounds, lr, …
+    [pretrain]    optional first stage (fedxrisk.run.recipes): algorithm, rounds, lr, …
 
 TOML has no null: the string ``"none"`` sets a key that accepts None (e.g.
 ``imratio = "none"`` keeps the dataset's own class ratio). ``summary.json``
 (its flat ``config`` object) is accepted wherever a config file is.
 
-Every check raises :class:`~fedxrisk.experiment.ConfigError` with one message
+Every check raises :class:`~fedxrisk.errors.ConfigError` with one message
 that names the key (``section.key``) and what is allowed.
 """
 
@@ -29,7 +29,6 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import sys
 import types
 import typing
@@ -38,8 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.experiment import ConfigError, RunConfig, validate
-from fedxrisk.names import resolve
+from fedxrisk.errors import ConfigError
+from fedxrisk.run.checks import check, check_hyperparameters, qualify
+from fedxrisk.run.names import resolve
+from fedxrisk.run.spec import (
+    PRETRAIN_ALGORITHM,
+    STAGE_KEYS,
+    RunConfig,
+    check_stage_algorithm,
+    stage_algorithm,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -72,7 +79,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "engine": ("engine", "device", "clients_per_rank", "dist_timeout"),
 }
 NONE = "none"  # how TOML spells None
-PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.pipeline)
+PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
 
 
 def _fields() -> dict[str, Any]:
@@ -93,7 +100,9 @@ def section_of(key: str) -> str:
     for section in SECTIONS:
         if key in section_keys(section):
             return section
-    raise KeyError(f"RunConfig field {key!r} has no config section; add it to fedxrisk.config.SECTIONS")
+    raise KeyError(
+        f"RunConfig field {key!r} has no config section; add it to fedxrisk.run.configfile.SECTIONS"
+    )
 
 
 # -- types ---------------------------------------------------------------------
@@ -183,8 +192,6 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
     fields = _fields()
     for section, table in doc.items():
         if section == PRETRAIN and table is not None:
-            from fedxrisk.pipeline import pretrain_from_table
-
             values[PRETRAIN] = pretrain_from_table(table)
             continue
         if section not in SECTIONS:
@@ -217,35 +224,31 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
         options[key] = _check(f"algorithm.{key}", value, hparams[key])
     cfg = RunConfig(**values, options=options)
     try:
-        validate(cfg)
+        check(cfg)
     except ConfigError as e:
         raise ConfigError(qualify(str(e), {k: section_of(k) for k in fields})) from None
-    _check_hyperparameters(cfg)
+    check_hyperparameters(cfg)
     return cfg
 
 
-def qualify(message: str, sections: Mapping[str, str]) -> str:
-    """Name the key with its section: ``imratio must …`` → ``data.imratio must …``,
-    ``unknown dataset 'x'; …`` → ``unknown dataset 'x' (data.dataset); …``."""
-    m = re.match(r"(unknown (?:option\(s\) )?)?(\w+)(.*)", message, re.S)
-    if not m or m.group(2) not in sections or m.group(3).startswith("."):  # already qualified
-        return message
-    unknown, name, rest = m.groups()
-    if unknown:
-        value, sep, tail = rest.partition(";")
-        return f"{unknown}{name}{value} ({sections[name]}.{name}){sep}{tail}"
-    return f"{sections[name]}.{name}{rest}"
-
-
-def _check_hyperparameters(cfg: RunConfig) -> None:
-    """Let the algorithm's own ``__post_init__`` range checks run now, before any data is loaded."""
-    try:
-        ALGORITHMS[cfg.algorithm](None, **cfg.options)  # type: ignore[arg-type]
-    except ValueError as e:
-        message = qualify(str(e), dict.fromkeys(cfg.options, "algorithm"))
-        raise ConfigError(f"{message} ({cfg.algorithm})") from e
-    except Exception:  # the constructor needs a real problem: checked when the run is built
-        pass
+def pretrain_from_table(table: Any) -> dict[str, Any]:
+    """Type-check a ``[pretrain]`` table (stage keys plus the algorithm's hyperparameters)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[pretrain] must be a table of keys, got {table!r}")
+    name = table.get("algorithm", PRETRAIN_ALGORITHM)
+    check_stage_algorithm(name)
+    fields, hparams = _fields(), hyperparameter_types(stage_algorithm(name))
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in STAGE_KEYS:
+            out[key] = _check(f"pretrain.{key}", value, fields[key])
+        elif key in hparams:
+            out[key] = _check(f"pretrain.{key}", value, hparams[key])
+        else:
+            raise _unknown(
+                f"pretrain.{key}", [*STAGE_KEYS, *hparams], f"[pretrain] with algorithm = {name!r}"
+            )
+    return out
 
 
 def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ import difflib
 import re
 from collections.abc import Iterable
 
-from fedxrisk.runconfig import ConfigError
+from fedxrisk.errors import ConfigError
 
 
 def normalise(name: str) -> str:

@@ -1,0 +1,3 @@
+from fedxrisk.cli import main
+
+main()

@@ -1,0 +1,60 @@
+"""``fedxrisk evaluate``: metrics with confidence intervals of a finished run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+
+from fedxrisk.cli.common import BadConfig, config_errors, main
+from fedxrisk.cli.progress import rows_progress
+
+
+@main.command(name="evaluate")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--dataset", default=None, help="evaluate on this dataset's split instead of the run's test set"
+)
+@click.option("--data-dir", default=None, help="folder read by --dataset (see docs/data.md)")
+@click.option("--split", default="test", show_default=True, help="--dataset: test | train (train has sites)")
+@click.option(
+    "--manifest", default=None, help="a labelled CSV manifest (path, labels[, source]) to evaluate on"
+)
+@click.option(
+    "--bootstrap", type=int, default=1000, show_default=True, help="resamples for AP/pAUC intervals"
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="bootstrap seed")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--batch-size", type=int, default=256, show_default=True, help="--manifest: images per batch")
+@click.option("--workers", type=int, default=None, help="processes decoding files (default: half the cores)")
+@click.option(
+    "--out", type=click.Path(file_okay=False), default=None, help="output folder (default: RUN_DIR)"
+)
+@click.option("--overwrite", is_flag=True, help="replace evaluation files already in the output folder")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar or tables; print the evaluation.json path")
+def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
+    """AUROC [DeLong 95% CI], AP and pAUC [bootstrap CIs] of a finished run, per label and client/site.
+
+    Writes evaluation.json, evaluation.md, roc.png and pr.png (docs/cli.md).
+    """
+    from fedxrisk.data.readers import DataFileError
+    from fedxrisk.evaluation import evaluate
+    from fedxrisk.evaluation_report import console_tables
+
+    with config_errors():
+        try:
+            if quiet or options["manifest"] is None:
+                result = evaluate(run_dir, **options)
+            else:
+                with rows_progress("scoring") as bar:
+                    result = evaluate(run_dir, progress=bar, **options)
+        except DataFileError as e:
+            raise BadConfig(str(e)) from None
+    if quiet:
+        click.echo(result["files"][0])
+        return
+    out = Console()
+    for table in console_tables(result):
+        out.print(table)
+    out.print(f"written: {', '.join(result['files'])}")

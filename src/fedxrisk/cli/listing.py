@@ -1,0 +1,27 @@
+"""``fedxrisk list``: what can be chosen, read from the committed catalogue (no torch)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from fedxrisk.cli.common import main
+
+
+@main.command(name="list")
+def list_() -> None:
+    """Algorithms (with hyperparameters), datasets, partitions, models and engines."""
+    from fedxrisk.catalog import load
+
+    catalog = load()  # generated from the registries; no torch import
+    table = Table(title="algorithms")
+    table.add_column("name")
+    table.add_column("communicates")
+    table.add_column("hyperparameters (defaults)")
+    for name, entry in catalog["algorithms"].items():
+        hp = ", ".join(f"{k}={v}" for k, v in entry["hyperparameters"].items())
+        table.add_row(name, ", ".join(entry["communicates"]), hp)
+    out = Console()
+    out.print(table)
+    for key in ("datasets", "partitions", "models", "engines"):
+        out.print(f"{key + ':':<11} " + ", ".join(catalog[key]))

@@ -1,0 +1,233 @@
+"""``fedxrisk run``: train one experiment, or continue one with ``--resume``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from fedxrisk.cli.common import (
+    DEFAULTS,
+    ConfigError,
+    config_errors,
+    console,
+    main,
+    resolve,
+    typed_flags,
+    with_config_options,
+)
+from fedxrisk.cli.progress import Bar, training_progress
+
+if TYPE_CHECKING:
+    from fedxrisk.engines import NonFiniteLoss
+
+
+def _imratio(text: str | None) -> float | None:
+    """``--imratio``: a float, or ``none`` to keep the data's own positive ratio."""
+    if text is None or text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a number nor 'none'", param_hint="--imratio") from None
+
+
+def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
+    """The NaN message, what was kept, and how to continue."""
+    kept = f"{e}. History so far is kept in {folder}"
+    if (folder / "checkpoint.pt").exists():
+        return f"{kept}; continue from the last finite checkpoint with smaller steps: fedxrisk run --resume {folder} --set algorithm.lr=<lower>"
+    return f"{kept}; no checkpoint was reached: start again with a lower --lr"
+
+
+@main.command()
+@with_config_options
+@click.option(
+    "--resume",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="continue a killed run from its folder (its own config; no other settings)",
+)
+@click.option("--algorithm", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
+@click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
+@click.option("--data-dir", default=None, help="folder of a file dataset (see docs/data.md)")
+@click.option("--clients", "-K", type=int, default=DEFAULTS.clients, show_default=True)
+@click.option(
+    "--imratio",
+    default=str(DEFAULTS.imratio),
+    show_default=True,
+    callback=lambda ctx, param, v: _imratio(v),
+    help="positive ratio kept in training data; 'none' keeps the data's own (multi-label, natural sets)",
+)
+@click.option("--partition", default=DEFAULTS.partition, show_default=True, help="see `fedxrisk list`")
+@click.option("--dirichlet-alpha", type=float, default=DEFAULTS.dirichlet_alpha, show_default=True)
+@click.option("--model", default=DEFAULTS.model, show_default=True)
+@click.option(
+    "--init-from",
+    default=None,
+    metavar="PATH",
+    help="start from a run folder's model.pt or a PyTorch state dict (two-stage: the first stage)",
+)
+@click.option("--reset-head", is_flag=True, help="re-initialise the classifier head after --init-from")
+@click.option(
+    "--pretrain-rounds",
+    type=int,
+    default=None,
+    help="rounds of a cross-entropy [pretrain] stage before this run (same as --set pretrain.rounds=N)",
+)
+@click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)
+@click.option("--local-steps", "-I", type=int, default=None, help="window I (default 8; NPA: 1)")
+@click.option("--batch-size", type=int, default=DEFAULTS.batch_size, show_default=True)
+@click.option(
+    "--lr", type=float, default=None, help="step size (default: the algorithm's, see `fedxrisk list`)"
+)
+@click.option(
+    "--stages", type=int, default=DEFAULTS.stages, show_default=True, help="lr ÷ lr-decay per stage"
+)
+@click.option("--lr-decay", type=float, default=DEFAULTS.lr_decay, show_default=True)
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
+@click.option(
+    "--engine", default=DEFAULTS.engine, show_default=True, help="loop | vmap | compile | auto | distributed"
+)
+@click.option(
+    "--clients-per-rank",
+    default=str(DEFAULTS.clients_per_rank),
+    show_default=True,
+    help="distributed: clients per rank (WORLD_SIZE × this = --clients), or 'auto'",
+)
+@click.option(
+    "--dist-timeout",
+    type=float,
+    default=DEFAULTS.dist_timeout,
+    show_default=True,
+    help="distributed: seconds before a collective fails",
+)
+@click.option("--device", default=DEFAULTS.device, show_default=True)
+@click.option("--eval-every", type=int, default=DEFAULTS.eval_every, show_default=True)
+@click.option(
+    "--checkpoint-every",
+    type=int,
+    default=DEFAULTS.checkpoint_every,
+    show_default=True,
+    help="rounds between checkpoints (0: none)",
+)
+@click.option("--buffer-policy", default=DEFAULTS.buffer_policy, show_default=True, help="average | local")
+@click.option(
+    "--pos-ratio",
+    "pos_ratio_mode",
+    default=DEFAULTS.pos_ratio_mode,
+    show_default=True,
+    help="global | local | batch",
+)
+@click.option("--allow-missing-class", is_flag=True, help="train even if a client lacks a class")
+@click.option("--feature-shift", is_flag=True, help="FeDXL heterogeneity: per-client Gaussian feature shift")
+@click.option(
+    "--option", "-o", "options", multiple=True, help="algorithm hyperparameter KEY=VALUE (repeatable)"
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="output folder (default runs/<time>-<alg>-<data>)",
+)
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar or summary table")
+def run(
+    config_file: str | None,
+    overrides: tuple[str, ...],
+    resume: str | None,
+    options: tuple[str, ...],
+    out: str | None,
+    quiet: bool,
+    **flags: Any,
+) -> None:
+    """Train one federated experiment; write config.toml, history.csv, summary.json.
+
+    Settings come from --config FILE, then the flags typed here, then --set.
+    """
+    from fedxrisk.engines import DistributedError, NonFiniteLoss
+    from fedxrisk.engines.distributed import launched_rank
+    from fedxrisk.run.configfile import config_from_sections
+    from fedxrisk.run.folder import default_out_dir
+    from fedxrisk.run.recipes import resume_experiment, run_experiment
+
+    pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
+    given = typed_flags(click.get_current_context(), flags)
+    with config_errors():
+        if resume is not None:
+            extra = [*given, *(["--config"] if config_file else [])]
+            extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
+            extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
+            if extra:
+                raise ConfigError(
+                    f"--resume continues a run with its own config; drop {', '.join(extra)} "
+                    "(it takes only --set algorithm.lr=… / algorithm.lr_decay=…)"
+                )
+            folder = Path(resume)
+            job = lambda callback: resume_experiment(folder, callback, overrides)
+        else:
+            if pretrain_rounds is not None:  # --set pretrain.rounds still wins
+                overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
+            cfg = config_from_sections(resolve(config_file, given, options, overrides))
+            folder = Path(out) if out else default_out_dir(cfg)
+            job = lambda callback: run_experiment(cfg, folder, callback)
+        from fedxrisk.data.stream import BadFileError
+
+        secondary = launched_rank() != 0  # under torchrun only rank 0 reports
+        try:
+            if quiet or secondary:
+                result = job(None)
+            else:
+                with training_progress() as progress:
+                    result = job(Bar(progress, "training"))
+        except NonFiniteLoss as e:
+            console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
+            sys.exit(1)
+        except BadFileError as e:  # a corrupt file met while training: the checkpoint is kept
+            console.print(
+                f"[red]error:[/red] {escape(str(e).replace('RUN_DIR', str(folder)))}", soft_wrap=True
+            )
+            sys.exit(1)
+        except DistributedError as e:
+            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            console.print(f"interrupted; continue with: fedxrisk run --resume {folder}")
+            sys.exit(130)
+    if secondary:
+        return
+    if not quiet:
+        _print_summary(result.summary, result.out_dir)
+    else:
+        click.echo(str(result.out_dir))
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, list):  # per-label metrics
+        return ", ".join(map(_fmt, x))
+    return f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
+def _print_summary(s: dict[str, Any], out: Any) -> None:
+    from fedxrisk.tables import fit_table
+
+    title = f"{s['algorithm']} on {s['dataset']}: K={s['num_clients']}, I={s['local_steps']}, {s['rounds']} rounds"
+    rows = [(f"final {k}", _fmt(v)) for k, v in s["final"].items()]
+    rows.append(("best test_auroc", f"{_fmt(s['best']['test_auroc'])} (round {s['best']['round']})"))
+    comm = s["communication"]
+    rows.append(("bytes up / client", f"{comm['bytes_up_per_client']:,}"))
+    rows.append(("bytes down / client", f"{comm['bytes_down_per_client']:,}"))
+    rows.append(("wall seconds", _fmt(s["wall_seconds"])))
+    Console().print(fit_table(title, ["metric", "value"], rows, Console().width))
+    if s.get("init"):
+        source = s["init"]["from"] or "a fresh model"
+        Console().print(
+            f"started from {source}"
+            + (" (classifier head re-initialised)" if s["init"]["reset_head"] else "")
+        )
+    if s.get("resumed_at_rounds"):
+        Console().print(f"resumed at round(s) {', '.join(map(str, s['resumed_at_rounds']))}")
+    Console().print(f"written to [bold]{out}[/bold] (summary.json, history.csv, config.toml, model.pt)")

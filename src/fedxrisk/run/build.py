@@ -1,0 +1,126 @@
+"""Build a run's parts from a checked config: data, model (and its starting weights), algorithm, engine.
+
+Nothing here writes a file; :func:`build` raises :class:`ConfigError` before any
+output exists.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
+from fedxrisk.classaware import use_class_aware_batches
+from fedxrisk.data import FederatedData, make_federated
+from fedxrisk.engines import DistributedSimulation, Simulation
+from fedxrisk.errors import ConfigError
+from fedxrisk.models import build_model
+from fedxrisk.problem import Problem
+from fedxrisk.run.checks import CheckedConfig, check
+from fedxrisk.run.spec import RunConfig
+
+
+@dataclass
+class Setup:
+    """The built pieces of a run, before any training."""
+
+    config: RunConfig
+    data: FederatedData
+    problem: Problem
+    algorithm: Algorithm
+    simulation: Simulation
+    stream: Any = None  # data.stream.StreamChoice for file datasets: streamed or not, and why
+    init: dict[str, Any] | None = None  # where the weights came from (run.weights.load_weights)
+
+
+def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
+    """The run's training shards and test set as training sees them (``fedxrisk evaluate`` too),
+    and the streaming choice (``data.stream.StreamChoice``, None for bundled data); no stream attached."""
+    from fedxrisk.data.stream import open_training_data
+
+    source, choice = open_training_data(cfg)
+    data = make_federated(
+        source, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
+        cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
+        cfg.feature_shift, one_class_ok=not ALGORITHMS[cfg.algorithm].needs_both_classes,
+        num_samples=cfg.num_samples,
+    )  # fmt: skip
+    return data, choice
+
+
+def build(
+    cfg: RunConfig | CheckedConfig,
+    init: str | Path | dict[str, Any] | None = None,
+    data_from: Setup | None = None,
+) -> Setup:
+    """Check (unless checked already) and build everything; :class:`ConfigError` before any output.
+
+    The model starts from ``init`` (a path, or a state dict in memory) if given, else from
+    ``cfg.init_from`` (a two-stage config's ``init_from`` belongs to its first stage).
+    ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
+    """
+    cfg = check(cfg).config
+    from fedxrisk.data.stream import attach_stream
+
+    if init is None and cfg.pretrain is None:
+        init = cfg.init_from
+    try:
+        if data_from is not None:  # its stream restarts when the new Simulation starts
+            data, choice = data_from.data, data_from.stream
+        else:
+            data, choice = build_data(cfg)
+            attach_stream(data, choice, cfg.device)
+        batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
+        labels = data.data.num_labels
+        model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
+        source = None
+        if init is not None or cfg.reset_head:
+            from fedxrisk.run.weights import load_weights
+
+            source = load_weights(model, cfg.model, init, cfg.reset_head)
+        problem = Problem(
+            model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
+        )
+        algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
+        use_class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
+        schedule = Schedule.build(
+            cfg.rounds,
+            cfg.resolved_local_steps(),
+            cfg.resolved_lr(),
+            cfg.stages,
+            cfg.lr_decay,
+            cfg.window_growth,
+        )
+        if cfg.engine == "distributed":
+            sim: Simulation = DistributedSimulation(
+                algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
+                cfg.clients_per_rank, cfg.dist_timeout,
+            )  # fmt: skip
+        else:
+            sim = Simulation(algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from e
+    return Setup(cfg, data, problem, algorithm, sim, choice, source)
+
+
+def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:
+    """The batch size to train with: ``batch_size``, capped with a warning at the largest shard
+    (a larger batch only repeats every sample); a warning too when it exceeds some shards."""
+    largest, smallest = max(shard_sizes), min(shard_sizes)
+    if batch_size > largest:
+        warnings.warn(
+            f"data.batch_size = {batch_size} exceeds every client's data (largest shard: {largest} "
+            f"samples); training with batches of {largest}",
+            stacklevel=2,
+        )
+        return largest
+    if batch_size > smallest:
+        small = sum(size < batch_size for size in shard_sizes)
+        warnings.warn(
+            f"data.batch_size = {batch_size} exceeds the data of {small} client(s) (smallest shard: "
+            f"{smallest} samples): they repeat samples within a batch",
+            stacklevel=2,
+        )
+    return batch_size

@@ -1,0 +1,115 @@
+"""Callbacks: what the training loop calls at its events, with state that survives a resume.
+
+A :class:`Callback` overrides the hooks it needs. The loop passes a
+:class:`LoopState` to each hook; setting ``state.should_stop = True`` ends
+training after the current round (the run then finishes normally: model,
+summary). A callback whose :meth:`Callback.state_dict` is not empty has it
+saved in ``checkpoint.pt`` under ``callbacks[state_key]`` and handed back to
+:meth:`Callback.load_state_dict` on resume — the seam for model selection and
+early stopping. Under the distributed engine only rank 0 evaluates, so a
+callback that stops must make every rank agree first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedxrisk.run.spec import RunConfig
+
+ProgressFn = Callable[[dict[str, Any], int, int], None]  # (row or {}, rounds done, total)
+
+
+@dataclass
+class LoopState:
+    """What a hook may read: the run, the rounds done so far, the history; ``should_stop`` it may set."""
+
+    config: RunConfig
+    out: Path
+    total: int
+    round: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    primary: bool = True
+    should_stop: bool = False
+
+
+class Callback:
+    """No-op hooks; override the ones needed."""
+
+    @property
+    def state_key(self) -> str:
+        return type(self).__name__
+
+    def on_start(self, state: LoopState) -> None:
+        """Before the first round (after a resume: before the next round)."""
+
+    def on_evaluation(self, row: dict[str, Any], state: LoopState) -> None:
+        """After each evaluation row is written (round 0: the starting weights of a run with ``init``)."""
+
+    def on_round_end(self, row: dict[str, Any], state: LoopState) -> None:
+        """After each round and its checkpoint; ``row`` is ``{}`` when the round was not evaluated."""
+
+    def on_end(self, state: LoopState) -> None:
+        """When training stops, also on a failure."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class Progress(Callback):
+    """Calls ``fn(row or {}, rounds done, total)``: the progress function of :func:`run_experiment`."""
+
+    def __init__(self, fn: ProgressFn) -> None:
+        self.fn = fn
+
+    def on_start(self, state: LoopState) -> None:
+        if state.round:  # resumed: show where the run stands
+            self.fn(state.history[-1] if state.history else {}, state.round, state.total)
+
+    def on_evaluation(self, row: dict[str, Any], state: LoopState) -> None:
+        if row["round"] == 0:  # the starting weights: no round follows to report it
+            self.fn(row, 0, state.total)
+
+    def on_round_end(self, row: dict[str, Any], state: LoopState) -> None:
+        self.fn(row, state.round, state.total)
+
+
+TB_SCALARS = ("test_auroc", "test_ap", "train_loss", "client_auroc_mean", "lr")
+
+
+class TensorBoard(Callback):
+    """TensorBoard events in ``RUN/tensorboard`` when ``cfg.tensorboard`` and tensorboard is installed."""
+
+    def __init__(self) -> None:
+        self.writer: Any = None
+
+    def on_start(self, state: LoopState) -> None:
+        if not (state.primary and state.config.tensorboard):
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return
+        purge = state.round + 1 if state.round else None  # drop events after the checkpoint
+        self.writer = SummaryWriter(str(state.out / "tensorboard"), purge_step=purge)
+
+    def on_evaluation(self, row: dict[str, Any], state: LoopState) -> None:
+        if self.writer is None or row["round"] == 0:  # round 0 (starting weights) is not logged
+            return
+        for key in TB_SCALARS:
+            self.writer.add_scalar(key, row[key], row["round"])
+
+    def on_end(self, state: LoopState) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def default_callbacks(progress: ProgressFn | None, extra: Sequence[Callback] = ()) -> list[Callback]:
+    """TensorBoard, any ``extra`` callbacks, then the progress function (called last, as before)."""
+    return [TensorBoard(), *extra, *([Progress(progress)] if progress else [])]

@@ -1,0 +1,242 @@
+"""Every check of a run's settings, run once per run, before any data is loaded or output written.
+
+:func:`check` is the entry: it validates a :class:`RunConfig` (and a two-stage
+run's first stage) and returns a :class:`CheckedConfig`; the config remembers
+that it passed, so building, the two stages and a config read from a file do
+not check it again unless it changed. Each check raises :class:`ConfigError`
+(exit status 2 at the CLI) with one line naming the setting.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedxrisk.algorithms import ALGORITHMS, Schedule
+from fedxrisk.classaware import owns_positives
+from fedxrisk.data import DATASETS, PARTITIONS
+from fedxrisk.engines import ENGINE_NAMES
+from fedxrisk.engines.distributed import check_launch
+from fedxrisk.errors import ConfigError
+from fedxrisk.models import MODELS
+from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES
+from fedxrisk.run.spec import (
+    CENTRALIZED,
+    PRETRAIN_ALGORITHM,
+    STAGE_KEYS,
+    RunConfig,
+    check_stage_algorithm,
+    pretrain_config,
+    stage_algorithm,
+)
+
+
+@dataclass(frozen=True)
+class CheckedConfig:
+    """A config that passed :func:`check`; ``pretrain``: its first stage's, checked too."""
+
+    config: RunConfig
+    pretrain: CheckedConfig | None = None
+
+
+_MARK = "_fedxrisk_checked"  # instance attribute (not a field): (repr when checked, CheckedConfig)
+
+
+def check(cfg: RunConfig | CheckedConfig) -> CheckedConfig:
+    """``cfg`` checked: :func:`validate` runs unless this very config (unchanged) passed already."""
+    if isinstance(cfg, CheckedConfig):
+        return cfg
+    mark = cfg.__dict__.get(_MARK)
+    if mark is not None and mark[0] == repr(cfg):
+        return mark[1]
+    stage = validate(cfg)
+    checked = CheckedConfig(cfg, stage)
+    cfg.__dict__[_MARK] = (repr(cfg), checked)
+    return checked
+
+
+def _choice(name: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of {sorted(allowed)}")
+
+
+def validate(cfg: RunConfig) -> CheckedConfig | None:
+    """Check every setting that can be checked without loading data; the checked first stage, if any."""
+    _choice("algorithm", cfg.algorithm, ALGORITHMS)
+    _choice("dataset", cfg.dataset, DATASETS)
+    _choice("partition", cfg.partition, PARTITIONS)
+    _choice("model", cfg.model, MODELS)
+    _choice("engine", cfg.engine, ENGINE_NAMES)
+    _choice("buffer_policy", cfg.buffer_policy, BUFFER_POLICIES)
+    _choice("pos_ratio_mode", cfg.pos_ratio_mode, POS_RATIO_MODES)
+    if cfg.imratio is not None and not 0.0 < cfg.imratio < 1.0:
+        raise ConfigError(f"imratio must lie in (0, 1), got {cfg.imratio}")
+    for name in ("clients", "rounds", "batch_size", "eval_every", "stages"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be ≥ 1, got {getattr(cfg, name)}")
+    if cfg.lr is not None and cfg.lr <= 0:
+        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.checkpoint_every < 0:
+        raise ConfigError(f"checkpoint_every must be ≥ 0 (0: no checkpoints), got {cfg.checkpoint_every}")
+    _check_stream_settings(cfg)
+    if cfg.dirichlet_alpha <= 0:
+        raise ConfigError(f"dirichlet_alpha must be > 0, got {cfg.dirichlet_alpha}")
+    steps = cfg.resolved_local_steps()
+    fixed = ALGORITHMS[cfg.algorithm].fixed_window
+    if fixed is not None and steps != fixed:
+        raise ConfigError(
+            f"{cfg.algorithm} communicates every {fixed} step(s); local_steps must be {fixed}, got {steps}"
+        )
+    validate_settings(cfg)
+    _validate_batches(cfg)
+    known = ALGORITHMS[cfg.algorithm].hyperparameters()
+    unknown = sorted(set(cfg.options) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {unknown} for {cfg.algorithm}; allowed: {sorted(known)}")
+    try:
+        Schedule.build(cfg.rounds, steps, cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth)
+        if cfg.engine == "distributed":
+            check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return check_pretrain(cfg) if cfg.pretrain is not None else None
+
+
+def _check_stream_settings(cfg: RunConfig) -> None:
+    from fedxrisk.data.stream import ON_BAD_FILE, STREAM_CHOICES, parse_bytes
+
+    if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
+        raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
+    if cfg.workers is not None and cfg.workers < 0:
+        raise ConfigError(f"data.workers must be ≥ 0 (0: decode in the training process), got {cfg.workers}")
+    _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
+    try:
+        parse_bytes(cfg.memory_budget)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _validate_batches(cfg: RunConfig) -> None:
+    """data.num_samples and class-aware batches (data.positives_per_batch), before any data."""
+    from fedxrisk.data.datasets import SIZED_DATASETS
+
+    if cfg.num_samples is not None and (cfg.dataset not in SIZED_DATASETS or cfg.num_samples < 100):
+        raise ConfigError(
+            f"num_samples sizes a generated dataset {list(SIZED_DATASETS)} and must be ≥ 100, "
+            f"got {cfg.num_samples} for {cfg.dataset!r}"
+        )
+    p, cls = cfg.positives_per_batch, ALGORITHMS[cfg.algorithm]
+    if "positives_per_batch" in cfg.options and not owns_positives(cls):
+        raise ConfigError(
+            f"positives_per_batch is a data setting for {cfg.algorithm}: use data.positives_per_batch "
+            "(--set data.positives_per_batch=N); it works for every algorithm"
+        )
+    own = cfg.options.get("positives_per_batch")
+    if p and own is not None and own != p:
+        raise ConfigError(f"positives_per_batch = {p} but the {cfg.algorithm} option says {own}; set one")
+
+
+FINITE = ("lr", "lr_decay", "window_growth", "dirichlet_alpha", "imratio", "dist_timeout")
+
+
+def validate_settings(cfg: Any) -> None:
+    """Settings the type checks let through: NaN/inf numbers, a negative seed, an unknown
+    device, an empty positive-class list, distributed-only settings on another engine."""
+    for name in FINITE:
+        value = getattr(cfg, name, None)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+    for name, value in cfg.options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"algorithm.{name} must be a finite number, got {value} ({cfg.algorithm})")
+    if cfg.seed < 0:
+        raise ConfigError(f"seed must be ≥ 0, got {cfg.seed}")
+    if cfg.positive_classes is not None and len(cfg.positive_classes) == 0:
+        raise ConfigError(
+            "positive_classes is empty: name at least one class, or leave the key out for the default "
+            "(the upper half of the classes)"
+        )
+    if cfg.engine != "distributed" and str(cfg.clients_per_rank) != "1":
+        raise ConfigError(
+            f"clients_per_rank = {cfg.clients_per_rank!r} applies to engine = 'distributed' only "
+            f"(engine is {cfg.engine!r}); drop it"
+        )
+    check_device(cfg.device)
+
+
+def check_device(device: str) -> None:
+    """``device`` names a torch device type that this machine has."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"device {device!r} is not a torch device; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} requested but CUDA is not available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {device!r} requested but MPS is not available")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device {device!r}: only cpu, cuda and mps are supported")
+
+
+def check_pretrain(cfg: RunConfig) -> CheckedConfig:
+    """Check the first stage as a run of its own; messages name ``pretrain.KEY``."""
+    if not isinstance(cfg.pretrain, Mapping):
+        raise ConfigError(f"pretrain must be a dict of settings or None, got {cfg.pretrain!r}")
+    unknown = set(cfg.pretrain) - set(STAGE_KEYS)
+    name = cfg.pretrain.get("algorithm", PRETRAIN_ALGORITHM)
+    check_stage_algorithm(name)
+    unknown -= set(ALGORITHMS[stage_algorithm(name)].hyperparameters())
+    if unknown:
+        raise ConfigError(
+            f"unknown pretrain key(s) {sorted(unknown)}; allowed: {[*STAGE_KEYS]} and hyperparameters"
+        )
+    if name == CENTRALIZED and cfg.engine == "distributed":
+        raise ConfigError(
+            "pretrain.algorithm: 'centralized' runs in one process; use engine loop, vmap or compile"
+        )
+    stage, names = pretrain_config(cfg), dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
+    try:
+        checked = check(stage)
+    except ConfigError as e:
+        raise ConfigError(qualify(str(e), names)) from None
+    try:  # the algorithm's own range checks, before any data is loaded
+        ALGORITHMS[stage.algorithm](None, **stage.options)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ConfigError(f"{qualify(str(e), names)} ({stage.algorithm})") from None
+    except Exception:  # the constructor needs a real problem: checked when the stage is built
+        pass
+    return checked
+
+
+def qualify(message: str, sections: Mapping[str, str]) -> str:
+    """Name the key with its section: ``imratio must …`` → ``data.imratio must …``,
+    ``unknown dataset 'x'; …`` → ``unknown dataset 'x' (data.dataset); …``."""
+    m = re.match(r"(unknown (?:option\(s\) )?)?(\w+)(.*)", message, re.S)
+    if not m or m.group(2) not in sections or m.group(3).startswith("."):  # already qualified
+        return message
+    unknown, name, rest = m.groups()
+    if unknown:
+        value, sep, tail = rest.partition(";")
+        return f"{unknown}{name}{value} ({sections[name]}.{name}){sep}{tail}"
+    return f"{sections[name]}.{name}{rest}"
+
+
+def check_hyperparameters(cfg: RunConfig) -> None:
+    """Let the algorithm's own ``__post_init__`` range checks run now, before any data is loaded."""
+    try:
+        ALGORITHMS[cfg.algorithm](None, **cfg.options)  # type: ignore[arg-type]
+    except ValueError as e:
+        message = qualify(str(e), dict.fromkeys(cfg.options, "algorithm"))
+        raise ConfigError(f"{message} ({cfg.algorithm})") from e
+    except Exception:  # the constructor needs a real problem: checked when the run is built
+        pass

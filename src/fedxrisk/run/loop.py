@@ -1,0 +1,184 @@
+"""The training loop: rounds, evaluation rows, checkpoints, the summary.
+
+:func:`train` runs a built :class:`~fedxrisk.run.build.Setup` to its end (or
+until a callback sets ``should_stop``), writing through a
+:class:`~fedxrisk.run.folder.RunFolder`. Under the distributed engine every
+rank trains and takes part in checkpoints (a collective); only the primary rank
+evaluates and writes files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fedxrisk.algorithms import Algorithm
+from fedxrisk.engines import NonFiniteLoss
+from fedxrisk.metrics import evaluate
+from fedxrisk.run.build import Setup
+from fedxrisk.run.callbacks import Callback, LoopState
+from fedxrisk.run.folder import PAUC_KEYS, RunFolder, RunResult, json_safe
+
+
+def train(
+    setup: Setup, folder: RunFolder, callbacks: Sequence[Callback] = (), ckpt: dict[str, Any] | None = None
+) -> RunResult:
+    """Train ``setup`` (resumed from ``ckpt`` if given), evaluating every ``eval_every`` rounds and at
+    the end; on a NaN/inf loss the summary records ``status: failed`` and :class:`NonFiniteLoss` is raised."""
+    cfg, sim = setup.config, setup.simulation
+    primary = sim.is_primary
+    history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
+    best: dict[str, Any] | None = ckpt["best"] if ckpt else None
+    resumed: list[int] = [*ckpt["resumed_at"], sim.round] if ckpt else []
+    earlier = ckpt["wall_seconds"] if ckpt else 0.0
+    saved = ckpt.get("callbacks", {}) if ckpt else {}
+    for cb in callbacks:
+        if cb.state_key in saved:
+            cb.load_state_dict(saved[cb.state_key])
+    start = time.perf_counter()
+
+    def elapsed() -> float:
+        return earlier + time.perf_counter() - start
+
+    folder.write_history(history)  # drops rows evaluated after the checkpoint
+    state = LoopState(cfg, folder.path, len(sim.plans), sim.round, history, primary)
+    for cb in callbacks:
+        cb.on_start(state)
+    if primary and setup.init is not None and ckpt is None:  # the starting weights' metrics
+        history.append(_initial_row(setup))
+        best = history[0]
+        folder.write_history(history)
+        for cb in callbacks:
+            cb.on_evaluation(history[0], state)
+    failure: NonFiniteLoss | None = None
+    with folder.history_rows() as append:
+        try:
+            while not sim.done and not state.should_stop:
+                plan = sim.run_round()
+                state.round = sim.round
+                row: dict[str, Any] = {}
+                if primary and (sim.round % cfg.eval_every == 0 or sim.done):
+                    row = _evaluate_row(setup, plan, elapsed())
+                    append(row)
+                    history.append(row)
+                    if best is None or _better(row["test_auroc"], best["test_auroc"]):
+                        best = row
+                    for cb in callbacks:
+                        cb.on_evaluation(row, state)
+                if cfg.checkpoint_every and sim.round % cfg.checkpoint_every == 0 and not sim.done:
+                    simulation = sim.state_dict()  # collective under the distributed engine
+                    kept = {cb.state_key: cb.state_dict() for cb in callbacks if cb.state_dict()}
+                    folder.save_checkpoint(
+                        {
+                            "config": cfg.to_dict(),
+                            "simulation": simulation,
+                            "history": history,
+                            "best": best,
+                            "wall_seconds": elapsed(),
+                            "resumed_at": resumed,
+                            "torch_version": str(torch.__version__),
+                            **({"callbacks": kept} if kept else {}),
+                        }
+                    )
+                for cb in callbacks:
+                    cb.on_round_end(row, state)
+        except NonFiniteLoss as e:
+            failure = e
+        finally:
+            for cb in callbacks:
+                cb.on_end(state)
+    summary = _summary(setup, history, best, elapsed(), failure)
+    summary["resumed_at_rounds"] = resumed
+    if failure is None:  # the model before the summary: the summary commits the run
+        params, buffers = sim.global_model() if primary else ({}, {})
+        folder.save_model(cfg.model, setup.data.data.input_shape, setup.problem.num_labels, params, buffers)
+    folder.write_summary(summary)
+    if failure is not None:
+        raise failure
+    folder.drop_checkpoint()
+    return RunResult(summary, history, folder.path)
+
+
+def _better(new: float, old: float) -> bool:
+    return not math.isnan(new) and (math.isnan(old) or new > old)
+
+
+def _initial_row(setup: Setup) -> dict[str, Any]:
+    """Round 0: the metrics of the starting model, before any training step."""
+    sim, first = setup.simulation, setup.simulation.plans[0]
+    params, buffers = sim.global_model()
+    metrics = evaluate(setup.problem, params, buffers, setup.data)
+    return {
+        "round": 0, "step": 0, "stage": first.stage, "lr": first.lr, "train_loss": math.nan, **metrics,
+        "bytes_up_per_client": 0, "bytes_down_per_client": 0, "wall_seconds": 0.0,
+    }  # fmt: skip
+
+
+def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
+    sim = setup.simulation
+    params, buffers = sim.global_model()
+    metrics = evaluate(setup.problem, params, buffers, setup.data)
+    return {
+        "round": sim.round,
+        "step": plan.first_step + plan.window,
+        "stage": plan.stage,
+        "lr": plan.lr,
+        "train_loss": sim.train_loss(),
+        **metrics,
+        "bytes_up_per_client": sim.ledger.total_up,
+        "bytes_down_per_client": sim.ledger.total_down,
+        "wall_seconds": round(wall, 4),
+    }
+
+
+def _summary(setup: Setup, history, best, wall: float, failure: Exception | None) -> dict[str, Any]:
+    cfg, sim = setup.config, setup.simulation
+    final = history[-1] if history else {}
+    keys = ("test_auroc", "test_ap", *PAUC_KEYS, "client_auroc_mean", "client_auroc_std", "round")
+    return json_safe(
+        {
+            "status": "failed" if failure else "completed",
+            "error": str(failure) if failure else None,
+            "algorithm": cfg.algorithm,
+            "dataset": cfg.dataset,
+            "engine": cfg.engine,
+            "num_clients": cfg.clients,
+            "rounds": sim.round,
+            "local_steps": cfg.resolved_local_steps(),
+            "seed": cfg.seed,
+            "final": {k: final.get(k, math.nan) for k in keys}
+            | {k: final[k] for k in ("test_auroc_per_label", "test_ap_per_label") if k in final},
+            "label_names": list(setup.data.data.label_names) or None,
+            "best": {"test_auroc": best["test_auroc"], "round": best["round"], **_best_of(history, PAUC_KEYS)}
+            if best
+            else None,
+            "communication": sim.ledger.summary(),
+            "wall_seconds": round(wall, 3),
+            "data": {
+                "train_samples": len(setup.data.data.y_train),
+                "train_pos_ratio": setup.data.data.pos_ratio,
+                "test_samples": len(setup.data.data.y_test),
+                "client_counts": setup.data.client_counts(),
+                "stream": setup.stream.summary() if setup.stream is not None else None,
+            },
+            "hyperparameters": _hparams(setup.algorithm),
+            **({"init": setup.init} if setup.init is not None else {}),
+            "config": cfg.to_dict(),
+            "torch_version": torch.__version__,
+        }
+    )
+
+
+def _hparams(alg: Algorithm) -> dict[str, Any]:
+    return {f.name: getattr(alg, f.name) for f in dataclasses.fields(alg) if f.name != "problem"}  # type: ignore[arg-type]
+
+
+def _best_of(history, keys) -> dict[str, float]:
+    """The best value of each metric over the evaluations (rounds may differ from best.round)."""
+    values = {k: [r[k] for r in history if not math.isnan(r.get(k, math.nan))] for k in keys}
+    return {k: max(v, default=math.nan) for k, v in values.items()}

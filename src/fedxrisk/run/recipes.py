@@ -1,0 +1,243 @@
+"""Recipes: a whole run, composed of check → build → train; one stage, two stages, resume.
+
+:func:`run_experiment` and :func:`resume_experiment` are the public entries;
+the config is checked once (:func:`fedxrisk.run.checks.check`) and the checked
+value travels to every build. Nothing in the package below this module imports it.
+
+Two-stage runs: a ``[pretrain]`` stage, then the main (AUC) stage from its model.
+
+The FDAM chest X-ray protocol (Yuan et al. 2021, §6.2) and LibAUC's practice:
+train with cross-entropy first, then continue from that network with an AUC
+loss (``model.reset_head = true`` discards the cross-entropy classifier).
+
+Config::
+
+    [pretrain]
+    algorithm = "localsgdm"   # default: cross-entropy FedAvg; "centralized": one client, all data
+    rounds = 20               # keys not given take the main stage's value, except
+    lr = 0.1                  # algorithm, lr, local_steps and hyperparameters (the
+    momentum = 0.9            # pretrain algorithm's defaults) and reset_head (false)
+
+Data, model, seed and engine are shared; ``model.init_from`` is where the *first*
+stage starts. Run folder::
+
+    RUN/config.toml           the whole two-stage config (re-runnable)
+    RUN/pretrain/             a complete run folder of stage 1 (config.toml, history.csv,
+                              summary.json, model.pt; checkpoint.pt while unfinished)
+    RUN/history.csv, summary.json, model.pt   the main stage; its history starts with a
+                              round-0 row (the pretrained model's metrics) and its
+                              summary's ``init`` records the source and stage 1's summary
+
+``fedxrisk run --resume RUN`` continues whichever stage was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedxrisk.engines.distributed import launched_rank
+from fedxrisk.errors import ConfigError
+from fedxrisk.run.build import Setup, build
+from fedxrisk.run.callbacks import Callback, ProgressFn, default_callbacks
+from fedxrisk.run.checks import CheckedConfig, check
+from fedxrisk.run.folder import (
+    CHECKPOINT,
+    PRETRAIN_DIR,
+    RunFolder,
+    RunResult,
+    check_out_dir,
+    default_out_dir,
+    load_checkpoint,
+    refuse_run,
+    write_config,
+)
+from fedxrisk.run.loop import train
+from fedxrisk.run.spec import CENTRALIZED, RunConfig
+
+SUMMARY_KEYS = ("status", "algorithm", "rounds", "final", "best", "wall_seconds", "communication")
+
+
+def run_experiment(
+    cfg: RunConfig,
+    out_dir: str | Path | None = None,
+    callback: ProgressFn | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> RunResult:
+    """Train, evaluating every ``eval_every`` rounds and at the end; write history and summary.
+
+    The folder gets ``config.toml`` first, then ``history.csv`` row by row and a
+    checkpoint every ``cfg.checkpoint_every`` rounds; a killed run continues with
+    :func:`resume_experiment`. On a NaN/inf loss the run stops: the history written
+    so far is kept, the summary records ``status: failed`` and the round, and
+    :class:`NonFiniteLoss` is raised. ``callback(row or {}, rounds done, total)`` reports
+    progress; ``callbacks`` (:class:`~fedxrisk.run.callbacks.Callback`) hook into the loop.
+    """
+    checked = check(cfg)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
+    if launched_rank() == 0:  # before the data is loaded: a bad --out fails fast
+        check_out_dir(out)
+    if cfg.pretrain is not None:
+        return run_two_stage(checked, out, callback, callbacks)
+    setup = build(checked)
+    folder = RunFolder(out, setup.simulation.is_primary)  # distributed: only rank 0 writes
+    folder.start(cfg)
+    return train(setup, folder, default_callbacks(callback, callbacks), None)
+
+
+def resume_experiment(
+    run_dir: str | Path,
+    callback: ProgressFn | None = None,
+    overrides: Sequence[str] = (),
+    callbacks: Sequence[Callback] = (),
+) -> RunResult:
+    """Continue a killed or failed run from its last checkpoint (or from the start if it had none yet).
+
+    The final metrics equal those of an uninterrupted run bit for bit (same
+    machine, engine and seed): the checkpoint holds every client's state and
+    sampler RNG, the byte ledger, the history and the best row so far.
+    ``history.csv`` is rewritten from the checkpoint, dropping rows evaluated
+    after it; ``wall_seconds`` counts the time of the rounds kept. A run whose
+    summary exists but whose ``model.pt`` does not (killed in between) is
+    finished the same way. ``overrides`` (``algorithm.lr=…``, ``algorithm.lr_decay=…``)
+    continue a run that failed on a NaN loss with smaller steps.
+    """
+    from fedxrisk.run.configfile import config_from_flat, load_config
+
+    out = Path(run_dir)
+    if not out.is_dir():
+        raise ConfigError(f"{out} is not a run folder")
+    if (out / "summary.json").exists():
+        status = json.loads((out / "summary.json").read_text()).get("status")
+        if status == "completed" and (out / "model.pt").exists():
+            raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
+    ckpt = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    if ckpt is not None:
+        cfg = config_from_flat(ckpt["config"])
+    elif (out / "config.toml").exists():  # killed before its first checkpoint
+        cfg = load_config(out / "config.toml")
+    else:
+        raise ConfigError(f"{out} holds neither {CHECKPOINT} nor config.toml: not a fedxrisk run folder")
+    if overrides:
+        cfg = resume_overrides(cfg, overrides)
+        write_config(out, cfg)
+    checked = check(cfg)
+    if cfg.pretrain is not None:
+        return resume_two_stage(checked, out, ckpt, callback, callbacks)
+    setup = build(checked)
+    if ckpt is not None:
+        setup.simulation.load_state_dict(ckpt["simulation"])
+    folder = RunFolder(out, setup.simulation.is_primary)
+    return train(setup, folder, default_callbacks(callback, callbacks), ckpt)
+
+
+RESUME_KEYS = ("algorithm.lr", "algorithm.lr_decay")
+
+
+def resume_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """``cfg`` with ``--set`` overrides that a resumed run may take (the step size only)."""
+    from fedxrisk.run.configfile import apply_override, config_from_sections, config_to_sections
+
+    doc = config_to_sections(cfg)
+    for text in overrides:
+        name = text.split("=", 1)[0].strip()
+        if name not in RESUME_KEYS:
+            raise ConfigError(
+                f"--resume takes --set {' or '.join(RESUME_KEYS)} only (to continue with smaller steps), got {name!r}"
+            )
+        apply_override(doc, text)
+    return config_from_sections(doc)
+
+
+def _summary_of(folder: Path) -> dict[str, Any]:
+    summary = json.loads((folder / "summary.json").read_text())
+    if summary.get("status") != "completed":
+        raise ConfigError(
+            f"{folder} (the pretrain stage) ended with status {summary.get('status')!r}: "
+            f"{summary.get('error')}; the main stage needs its model.pt"
+        )
+    return summary
+
+
+def _finish_stage1(setup: Setup, folder: RunFolder, callbacks: list[Callback], ckpt: dict[str, Any] | None):
+    """Train stage 1 to its end; its summary and final network, in memory (under torchrun every
+    rank holds it, so no rank waits for rank 0 to write ``model.pt``)."""
+    result = train(setup, folder, callbacks, ckpt)
+    params, buffers = setup.simulation.global_model()
+    return result.summary, {k: v.detach().clone() for k, v in {**params, **buffers}.items()}  # no views
+
+
+def _main_stage(
+    cfg: CheckedConfig,
+    out: Path,
+    callbacks: list[Callback],
+    ckpt: dict[str, Any] | None,
+    data_from: Setup | None = None,
+    stage1: tuple[dict[str, Any], dict[str, Any]] | None = None,
+) -> RunResult:
+    """Build the main stage from stage 1's network (``stage1``, else ``out/pretrain``) and train it."""
+    if stage1 is None:
+        stage1 = _summary_of(out / PRETRAIN_DIR), None
+    pre, weights = stage1
+    setup = build(cfg, init=weights if weights is not None else out / PRETRAIN_DIR, data_from=data_from)
+    setup.init = {
+        **(setup.init or {}),
+        "from": PRETRAIN_DIR,
+        "pretrain": {k: pre.get(k) for k in SUMMARY_KEYS},
+    }
+    if ckpt is not None:
+        setup.simulation.load_state_dict(ckpt["simulation"])
+    return train(setup, RunFolder(out, setup.simulation.is_primary), callbacks, ckpt)
+
+
+def run_two_stage(
+    cfg: RunConfig | CheckedConfig,
+    out: Path,
+    callback: ProgressFn | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> RunResult:
+    """Stage 1 in ``out/pretrain``, then the main stage in ``out`` from its network.
+
+    Both stages are built (data loaded, ``init_from`` read) before anything is written.
+    """
+    checked = check(cfg)
+    first = checked.pretrain
+    assert first is not None, "run_two_stage needs a config with [pretrain]"
+    main = build(checked)  # loads the main stage's data
+    shared = checked.config.pretrain.get("algorithm") != CENTRALIZED  # type: ignore[union-attr]
+    pre = build(first, data_from=main if shared else None)
+    main.simulation = main.algorithm = main.problem = None  # type: ignore[assignment]  # keep only the data
+    folder = RunFolder(out, pre.simulation.is_primary)
+    if folder.primary:
+        refuse_run(out, (PRETRAIN_DIR,))  # re-checked: the data took time to load
+    folder.start(checked.config)
+    folder.stage().start(first.config)
+    stage1 = _finish_stage1(pre, folder.stage(), default_callbacks(callback, callbacks), None)
+    del pre  # stage 1's client states
+    return _main_stage(checked, out, default_callbacks(callback, callbacks), None, main, stage1)
+
+
+def resume_two_stage(
+    cfg: RunConfig | CheckedConfig,
+    out: Path,
+    ckpt: dict[str, Any] | None,
+    callback: ProgressFn | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> RunResult:
+    """Continue a killed two-stage run: finish stage 1 if needed, then the main stage."""
+    checked = check(cfg)
+    folder = out / PRETRAIN_DIR
+    stage1 = None
+    if ckpt is None and not (folder / "summary.json").exists():
+        pre = build(checked.pretrain)  # type: ignore[arg-type]
+        pre_folder = RunFolder(folder, pre.simulation.is_primary)
+        pre_ckpt = load_checkpoint(folder / CHECKPOINT) if (folder / CHECKPOINT).exists() else None
+        if pre_ckpt is not None:
+            pre.simulation.load_state_dict(pre_ckpt["simulation"])
+        else:  # killed before stage 1's first checkpoint
+            pre_folder.start(pre.config)
+        stage1 = _finish_stage1(pre, pre_folder, default_callbacks(callback, callbacks), pre_ckpt)
+        del pre, pre_ckpt  # stage 1's client states
+    return _main_stage(checked, out, default_callbacks(callback, callbacks), ckpt, stage1=stage1)
