@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedxrisk.data.datasets import BinaryData, LabeledData
+from fedxrisk.data.types import BinaryData, LabeledData
 from fedxrisk.errors import DataFileError  # noqa: F401  (re-exported)
 
 CHUNK = 1 << 14  # rows checked at a time (bounded memory on large image sets)

@@ -11,10 +11,11 @@ import numpy as np
 import torch
 
 from fedxrisk.data.checks import check_labeled, check_test_classes
-from fedxrisk.data.datasets import BinaryData, binarize, load_dataset
 from fedxrisk.data.imbalance import make_imbalanced
+from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.partition import partition
 from fedxrisk.data.shift import feature_shift as shift_features
+from fedxrisk.data.types import BinaryData, binarize
 
 
 @dataclass

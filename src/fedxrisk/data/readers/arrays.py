@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 
 from fedxrisk.data.checks import check_class_ids, check_features, check_integer_labels, read_text
-from fedxrisk.data.datasets import LabeledData
-from fedxrisk.data.lazy import ArraySource, LazySamples, npz_member, reading_lazily
+from fedxrisk.data.decode import npz_member
+from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
 from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
+from fedxrisk.data.registry import register
+from fedxrisk.data.types import LabeledData
 
 NPZ_LAYOUT = (
     "  <data_dir>/data.npz (or data_dir = the .npz file) with arrays x_train, y_train, x_test, y_test;\n"
@@ -24,6 +26,7 @@ TABULAR_LAYOUT = (
 )
 
 
+@register("npz", files=True)
 def read_npz(data_dir: str | Path | None) -> LabeledData:
     """A ``.npz`` archive of train/test arrays (see :data:`NPZ_LAYOUT`)."""
     root = require_dir(data_dir, "npz", NPZ_LAYOUT)
@@ -114,6 +117,7 @@ def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, l
     return x, y, sources, [header[i] for i in feats]
 
 
+@register("tabular", files=True)
 def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
     """Numeric feature columns + integer ``label``; standardized with the training mean and std."""
     root = require_dir(data_dir, "tabular", TABULAR_LAYOUT)
