@@ -165,6 +165,9 @@ def make_federated(
         positive_classes=data.positive_classes,
         groups_train={k: v[kept] for k, v in data.groups_train.items()},
         label_names=data.label_names,
+        x_val=data.x_val,
+        y_val=data.y_val,
+        groups_test=data.groups_test,
     )
     shards = partition(
         partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha,

@@ -52,7 +52,7 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
     budget = parse_bytes(cfg.memory_budget)
     choice = choose(cfg.stream, int(lazy.x_train.nbytes), budget, workers)
     choice.on_bad_file = cfg.on_bad_file
-    for split in ("train", "test"):
+    for split in ("train", "test", "val"):
         x, y = getattr(lazy, f"x_{split}"), getattr(lazy, f"y_{split}")
         if is_lazy(x):
             x.attach(y, workers=workers, on_bad_file=cfg.on_bad_file, bad_log=choice.bad_log)
@@ -67,7 +67,7 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
     check_labeled(lazy, cfg.data_dir or cfg.dataset)  # what is in memory now; streamed inputs are not scanned
     data = binarize(lazy, cfg.positive_classes)
     check_test_classes(data, cfg.data_dir or cfg.dataset)
-    for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test)):
+    for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test), (data.x_val, data.y_val)):
         if is_lazy(x):
             x.attach(y.numpy())  # binary labels: a replacement keeps the task's label
     return data, choice

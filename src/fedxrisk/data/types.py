@@ -9,8 +9,9 @@ bundled sets. Imports nothing of :mod:`fedxrisk.data`: lazy inputs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +26,10 @@ class LabeledData:
 
     Multi-label data (e.g. five chest X-ray findings) has ``y`` of shape ``[N, L]``
     in {0, 1} and ``num_classes = L``. ``groups_train`` holds per-sample ids used
-    by natural partitions (``source``: site/folder index, ``patient``: patient id).
+    by natural partitions (``source``: site/folder index, ``patient``: patient id);
+    ``groups_test`` the same ids of the test samples, where a reader knows them.
+    ``x_val``/``y_val``: a validation split the data come with (MedMNIST's official
+    one), kept apart from training and test; None when there is none.
     """
 
     name: str
@@ -36,6 +40,9 @@ class LabeledData:
     num_classes: int
     groups_train: dict[str, np.ndarray] = field(default_factory=dict)
     label_names: tuple[str, ...] = ()
+    x_val: np.ndarray | None = None
+    y_val: np.ndarray | None = None
+    groups_test: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def multilabel(self) -> bool:
@@ -48,7 +55,8 @@ class LabeledData:
 
 @dataclass
 class BinaryData:
-    """A binary task: float inputs, labels in {0, 1}, original classes kept for partitions."""
+    """A binary task: float inputs, labels in {0, 1}, original classes kept for partitions;
+    the validation split (``x_val``/``y_val``) when the data come with one."""
 
     name: str
     x_train: torch.Tensor
@@ -59,10 +67,15 @@ class BinaryData:
     positive_classes: tuple[int, ...]
     groups_train: dict[str, np.ndarray] = field(default_factory=dict)
     label_names: tuple[str, ...] = ()
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+    groups_test: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for split in ("train", "test"):
+        for split in ("train", "test", "val"):
             y = getattr(self, f"y_{split}")
+            if y is None:
+                continue
             values = torch.unique(y).tolist()
             if not set(values) <= {0.0, 1.0}:
                 raise ValueError(
@@ -71,6 +84,10 @@ class BinaryData:
                 )
         if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
             raise ValueError(f"{self.name}: inputs and labels differ in length")
+        if (self.x_val is None) != (self.y_val is None) or (
+            self.x_val is not None and len(self.x_val) != len(self.y_val)  # type: ignore[arg-type]
+        ):
+            raise ValueError(f"{self.name}: validation inputs and labels differ in length")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -129,6 +146,7 @@ def binarize(data: LabeledData, positive_classes: Sequence[int] | None = None) -
         positive_classes=pos,
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
+        **_validation(data, to01),
     )
 
 
@@ -137,6 +155,14 @@ def _inputs(x: np.ndarray) -> torch.Tensor:
     if not isinstance(x, np.ndarray):
         return x  # LazySamples: decoded when sampled
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+
+
+def _validation(data: LabeledData, labels: Callable[[np.ndarray], torch.Tensor]) -> dict[str, Any]:
+    """The validation split (labels mapped like the others) and the test groups, for :class:`BinaryData`."""
+    out: dict[str, Any] = {"groups_test": dict(data.groups_test)}
+    if data.x_val is not None and data.y_val is not None:
+        out |= {"x_val": _inputs(data.x_val), "y_val": labels(data.y_val)}
+    return out
 
 
 def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int] | None) -> BinaryData:
@@ -159,4 +185,5 @@ def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int] | None
         positive_classes=(),
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
+        **_validation(data, tensor),
     )
