@@ -24,6 +24,8 @@ from fedxrisk.data.readers.manifest import (
     read_manifest_table,
 )
 from fedxrisk.data.readers.arrays import read_npz, read_tabular_csv
+from fedxrisk.data.readers.medmnist import read_medmnist
+from fedxrisk.data.readers.heart import read_heart_disease
 
 # isort: on
 from fedxrisk.data.readers.base import DataFileError, MissingDataError
@@ -43,11 +45,13 @@ __all__ = [
     "read_cifar10",
     "read_cifar100",
     "read_fashion_mnist",
+    "read_heart_disease",
     "read_idx",
     "read_image_folder",
     "read_manifest",
     "read_manifest_dir",
     "read_manifest_table",
+    "read_medmnist",
     "read_mnist",
     "read_npz",
     "read_site_folders",
