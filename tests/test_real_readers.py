@@ -276,3 +276,12 @@ def test_streamed_run_equals_in_memory_run(tmp_path, reader):
         assert isinstance(st_setup.data.data.x_val, LazySamples)
         np.testing.assert_array_equal(st_setup.data.data.x_val.numpy(), mem_setup.data.data.x_val.numpy())
     assert max_abs_diff(mem.states, st.states) < 1e-5
+
+
+def test_heart_disease_line_numbers_count_blank_lines(tmp_path):
+    tables = _hospitals(tmp_path)
+    rows = tables["cleveland"]
+    rows[2][2] = "9"
+    (tmp_path / "processed.cleveland.data").write_text("\n" + "".join(",".join(r) + "\n" for r in rows))
+    with pytest.raises(DataFileError, match=r"processed.cleveland.data line 4: cp = 9, expected one of"):
+        read_heart_disease(tmp_path)

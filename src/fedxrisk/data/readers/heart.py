@@ -7,7 +7,7 @@ a stratified 66/34 train/test split with seed 43 (unstratified when a class has
 fewer than 3 patients). Then, pooled: the 8 numeric columns, ``cp`` one-hot (2, 3, 4;
 1 dropped) and ``restecg`` one-hot as FLamby's code produces it (see :func:`encode`),
 standardized with the training rows' mean and standard deviation (FLamby does not
-standardize; a linear model reaches the same optimum). On the UCI files: 740 patients
+standardize). On the UCI files: 740 patients
 (Cleveland 303, Hungarian 261, Switzerland 46, VA 130), 486 train / 254 test, 16 features.
 """
 
@@ -40,11 +40,13 @@ HEART_LAYOUT = (
 def read_hospital(path: Path) -> tuple[np.ndarray, bool]:
     """The complete rows of one file (columns 10-12 dropped) as float ``[n, 11]``, and whether its
     ``restecg`` column has a missing value (then FLamby's code reads that column as text)."""
-    lines = [line for line in read_text(path).splitlines() if line.strip()]
-    if not lines:
+    lines = read_text(path).splitlines()
+    if not any(line.strip() for line in lines):
         raise DataFileError(f"{path}: no rows; expected:\n{HEART_LAYOUT}")
     kept, rows, restecg_text = [c for c in range(len(COLUMNS)) if c not in DROPPED], [], False
     for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         cells = [c.strip() for c in line.split(",")]
         if len(cells) != len(COLUMNS):
             raise DataFileError(
@@ -68,7 +70,7 @@ def read_hospital(path: Path) -> tuple[np.ndarray, bool]:
         if len(bad):
             raise DataFileError(f"{path} line {rows[bad[0]][0]}: {COLUMNS[col]} = {table[bad[0], col]:g}, "
                                 f"expected one of {list(codes)}")  # fmt: skip
-    if (table[:, -1] < 0).any() or (np.mod(table[:, -1], 1) != 0).any():
+    if not np.isin(table[:, -1], (0, 1, 2, 3, 4)).all():
         raise DataFileError(f"{path}: num (the last column) must be an integer 0-4")
     return table, restecg_text
 
