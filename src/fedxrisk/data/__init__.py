@@ -1,7 +1,13 @@
-"""Datasets, imbalance, partitions and per-client samplers."""
+"""Datasets, imbalance, partitions and per-client samplers.
 
-from fedxrisk.data import readers  # noqa: F401  (registers the file datasets)
-from fedxrisk.data.datasets import DATASETS, BinaryData, LabeledData, binarize, load_dataset
+Layers, bottom to top (each imports only those below; tests/test_data_layers.py checks it):
+types → checks, decode → lazy → registry → bundled, mnist1d, readers → loading →
+imbalance, partition, shift, augment → federated → sampler, prefetch, stream, validation.
+"""
+
+from fedxrisk.data.types import BinaryData, LabeledData, binarize  # noqa: I001  (layer order)
+from fedxrisk.data.registry import DATASETS
+from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.federated import FederatedData, check_client_classes, make_federated
 from fedxrisk.data.imbalance import imbalance_counts, make_imbalanced
 from fedxrisk.data.partition import PARTITIONS, partition

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedxrisk.data.datasets import BinaryData, LabeledData
+from fedxrisk.data.types import BinaryData, LabeledData
 from fedxrisk.errors import DataFileError  # noqa: F401  (re-exported)
 
 CHUNK = 1 << 14  # rows checked at a time (bounded memory on large image sets)
@@ -102,10 +102,10 @@ def check_class_ids(labels: Mapping[str, np.ndarray], base: int = 0) -> None:
 
 def check_labeled(data: LabeledData, where: str) -> None:
     """Non-empty splits of matching width with finite features (arrays in memory only)."""
-    for split in ("train", "test"):
+    for split in ("train", "test", "val"):
         x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
-        if not isinstance(x, np.ndarray):
-            continue  # a lazy (streamed) dataset checks its own files
+        if x is None or not isinstance(x, np.ndarray):
+            continue  # no validation split, or a lazy (streamed) dataset that checks its own files
         if len(y) == 0:
             raise DataFileError(f"{where}: the {split} split is empty")
         check_features(x, f"{where}: x_{split}")

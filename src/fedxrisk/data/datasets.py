@@ -1,237 +1,43 @@
-"""Bundled datasets (no download) and the binary-task interface every reader targets.
+"""Where the data types, bundled datasets and ``load_dataset`` used to live; their names, re-exported.
 
-A reader returns a :class:`LabeledData` (inputs and integer class labels with a
-fixed train/test split). :func:`binarize` turns it into the binary task the
-AUC objectives need. Readers for real files (CIFAR, MNIST, folders) plug in by
-registering another loader in :data:`DATASETS`.
+New code imports from the module that defines a name: :mod:`fedxrisk.data.types`
+(``LabeledData``, ``BinaryData``, ``binarize``, ``split``), :mod:`fedxrisk.data.registry`
+(``DATASETS``), :mod:`fedxrisk.data.bundled`, :mod:`fedxrisk.data.loading` (``load_dataset``).
+Nothing inside :mod:`fedxrisk.data` imports this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-
-import numpy as np
-import torch
-
+from fedxrisk.data.bundled import load_breast_cancer, load_digits, load_synthetic
+from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.mnist1d import load_mnist1d
+from fedxrisk.data.registry import DATASETS, FILE_DATASETS, SIZED_DATASETS
+from fedxrisk.data.types import (
+    SPLIT_SEED,
+    TEST_FRACTION,
+    BinaryData,
+    LabeledData,
+    binarize,
+    default_positive_classes,
+    split,
+)
 
-SPLIT_SEED = 0  # the test split never depends on the run's seed
-TEST_FRACTION = 0.3
+_split = split  # the old private name (fedxrisk.inference uses it)
 
-
-@dataclass
-class LabeledData:
-    """Multi-class data with a fixed split; ``y`` holds integer class ids 0..C-1.
-
-    Multi-label data (e.g. five chest X-ray findings) has ``y`` of shape ``[N, L]``
-    in {0, 1} and ``num_classes = L``. ``groups_train`` holds per-sample ids used
-    by natural partitions (``source``: site/folder index, ``patient``: patient id).
-    """
-
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int
-    groups_train: dict[str, np.ndarray] = field(default_factory=dict)
-    label_names: tuple[str, ...] = ()
-
-    @property
-    def multilabel(self) -> bool:
-        return self.y_train.ndim == 2
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
-
-
-@dataclass
-class BinaryData:
-    """A binary task: float inputs, labels in {0, 1}, original classes kept for partitions."""
-
-    name: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    classes_train: np.ndarray
-    positive_classes: tuple[int, ...]
-    groups_train: dict[str, np.ndarray] = field(default_factory=dict)
-    label_names: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        for split in ("train", "test"):
-            y = getattr(self, f"y_{split}")
-            values = torch.unique(y).tolist()
-            if not set(values) <= {0.0, 1.0}:
-                raise ValueError(
-                    f"{self.name}: {split} labels must be binary (0/1); found values "
-                    f"{values[:10]}. Pass positive_classes to binarize multi-class labels."
-                )
-        if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
-            raise ValueError(f"{self.name}: inputs and labels differ in length")
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
-
-    @property
-    def num_labels(self) -> int:
-        """1 for a binary task, L for multi-label data (``y`` of shape ``[N, L]``)."""
-        return self.y_train.shape[1] if self.y_train.dim() == 2 else 1
-
-    @property
-    def pos_ratio(self) -> float | list[float]:
-        """Positive ratio of the training labels (one per label for multi-label data)."""
-        if self.y_train.dim() == 2:
-            return self.y_train.mean(0).tolist()
-        return float(self.y_train.mean())
-
-
-def _split(name: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> LabeledData:
-    from sklearn.model_selection import train_test_split
-
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=y)
-    return LabeledData(name, xtr, ytr, xte, yte, num_classes)
-
-
-def load_digits() -> LabeledData:
-    """scikit-learn's 8×8 digits (1797 images, 10 classes), as 1×8×8 images in [0, 1]."""
-    from sklearn.datasets import load_digits as sk_digits
-
-    d = sk_digits()
-    x = (d.images / 16.0).astype(np.float32)[:, None, :, :]
-    return _split("digits", x, d.target.astype(np.int64), 10)
-
-
-def load_breast_cancer() -> LabeledData:
-    """scikit-learn's Wisconsin breast cancer (569 × 30), standardized on the train split.
-
-    Classes: 0 = malignant, 1 = benign (scikit-learn's coding).
-    """
-    from sklearn.datasets import load_breast_cancer as sk_bc
-
-    d = sk_bc()
-    data = _split("breast_cancer", d.data.astype(np.float32), d.target.astype(np.int64), 2)
-    mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
-    data.x_train = ((data.x_train - mean) / std).astype(np.float32)
-    data.x_test = ((data.x_test - mean) / std).astype(np.float32)
-    return data
-
-
-def load_synthetic(
-    num_samples: int = 6000, num_features: int = 20, num_classes: int = 10, seed: int = 7
-) -> LabeledData:
-    """Gaussian class clusters in ``num_features`` dimensions, overlapping enough to be hard."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0.0, 1.0, size=(num_classes, num_features))
-    y = rng.integers(0, num_classes, size=num_samples)
-    x = centers[y] + rng.normal(0.0, 1.5, size=(num_samples, num_features))
-    return _split("synthetic", x.astype(np.float32), y.astype(np.int64), num_classes)
-
-
-DATASETS: dict[str, Callable[[], LabeledData]] = {
-    "digits": load_digits,
-    "breast_cancer": load_breast_cancer,
-    "synthetic": load_synthetic,
-    "mnist1d": load_mnist1d,
-}
-
-
-FILE_DATASETS: set[str] = set()  # loaders that read files from a data_dir (fedxrisk.data.readers)
-SIZED_DATASETS = ("mnist1d", "synthetic")  # generated: their loader takes num_samples
-
-
-def load_dataset(
-    name: str, data_dir: str | None = None, lazy: bool = False, num_samples: int | None = None
-) -> LabeledData:
-    """A bundled dataset by name, or a file dataset read from ``data_dir``.
-
-    ``lazy``: a file dataset's inputs are :class:`~fedxrisk.data.lazy.LazySamples`
-    (decoded when sampled; labels are always read); bundled datasets ignore it.
-    ``num_samples``: the size of a generated dataset (:data:`SIZED_DATASETS`; None: its default)."""
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
-    if num_samples is not None:
-        if name not in SIZED_DATASETS:
-            raise ValueError(
-                f"num_samples applies to generated datasets {list(SIZED_DATASETS)}, not {name!r}; drop it"
-            )
-        return DATASETS[name](num_samples=num_samples)  # type: ignore[call-arg]
-    if name in FILE_DATASETS:
-        if lazy:
-            from fedxrisk.data.lazy import lazy_reading
-
-            with lazy_reading():
-                return DATASETS[name](data_dir)  # type: ignore[call-arg]
-        return DATASETS[name](data_dir)  # type: ignore[call-arg]
-    if data_dir is not None:
-        raise ValueError(f"dataset {name!r} is bundled and reads no files; drop data_dir={data_dir!r}")
-    return DATASETS[name]()
-
-
-def default_positive_classes(num_classes: int) -> tuple[int, ...]:
-    """The papers' convention: the second half of the classes is positive."""
-    return tuple(range(num_classes // 2, num_classes))
-
-
-def binarize(data: LabeledData, positive_classes: Sequence[int] | None = None) -> BinaryData:
-    """Label ``positive_classes`` 1 and every other class 0 (train and test alike).
-
-    Multi-label data is already binary per label and passes through unchanged.
-    """
-    if data.multilabel:
-        return _multilabel_binary(data, positive_classes)
-    pos = tuple(positive_classes) if positive_classes else default_positive_classes(data.num_classes)
-    bad = [c for c in pos if not 0 <= c < data.num_classes]
-    if bad:
-        raise ValueError(f"positive classes {bad} do not exist in {data.name} (0..{data.num_classes - 1})")
-    if len(set(pos)) == data.num_classes:
-        raise ValueError(f"positive classes {list(pos)} leave no negative class in {data.name}")
-
-    def to01(y: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.isin(y, pos).astype(np.float32))
-
-    return BinaryData(
-        name=data.name,
-        x_train=_inputs(data.x_train),
-        y_train=to01(data.y_train),
-        x_test=_inputs(data.x_test),
-        y_test=to01(data.y_test),
-        classes_train=data.y_train.copy(),
-        positive_classes=pos,
-        groups_train=dict(data.groups_train),
-        label_names=data.label_names,
-    )
-
-
-def _inputs(x: np.ndarray) -> torch.Tensor:
-    """Inputs as a float32 tensor; lazy inputs (:mod:`fedxrisk.data.lazy`) stay lazy."""
-    if not isinstance(x, np.ndarray):
-        return x  # LazySamples: decoded when sampled
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-
-
-def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int] | None) -> BinaryData:
-    if positive_classes:
-        raise ValueError(
-            f"{data.name} is multi-label ({data.num_classes} labels, each binary); "
-            "positive_classes applies to multi-class data only"
-        )
-
-    def tensor(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-
-    return BinaryData(
-        name=data.name,
-        x_train=_inputs(data.x_train),
-        y_train=tensor(data.y_train),
-        x_test=_inputs(data.x_test),
-        y_test=tensor(data.y_test),
-        classes_train=np.zeros(len(data.y_train), dtype=np.int64),
-        positive_classes=(),
-        groups_train=dict(data.groups_train),
-        label_names=data.label_names,
-    )
+__all__ = [
+    "DATASETS",
+    "FILE_DATASETS",
+    "SIZED_DATASETS",
+    "SPLIT_SEED",
+    "TEST_FRACTION",
+    "BinaryData",
+    "LabeledData",
+    "binarize",
+    "default_positive_classes",
+    "load_breast_cancer",
+    "load_dataset",
+    "load_digits",
+    "load_mnist1d",
+    "load_synthetic",
+    "split",
+]

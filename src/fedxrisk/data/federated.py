@@ -11,10 +11,11 @@ import numpy as np
 import torch
 
 from fedxrisk.data.checks import check_labeled, check_test_classes
-from fedxrisk.data.datasets import BinaryData, binarize, load_dataset
 from fedxrisk.data.imbalance import make_imbalanced
+from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.partition import partition
 from fedxrisk.data.shift import feature_shift as shift_features
+from fedxrisk.data.types import BinaryData, binarize
 
 
 @dataclass
@@ -164,6 +165,9 @@ def make_federated(
         positive_classes=data.positive_classes,
         groups_train={k: v[kept] for k, v in data.groups_train.items()},
         label_names=data.label_names,
+        x_val=data.x_val,
+        y_val=data.y_val,
+        groups_test=data.groups_test,
     )
     shards = partition(
         partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha,

@@ -13,19 +13,26 @@ A *source* does the decoding: :class:`ImageFiles` (Pillow, one file per sample),
 :class:`ArraySource` (a uint8 or float array, e.g. CIFAR/STL/IDX images kept as
 bytes, or a memory-mapped ``.npy`` member of an uncompressed ``.npz``). Readers
 return lazy inputs inside :func:`lazy_reading` (see :mod:`fedxrisk.data.readers`).
+
+Decoding many samples (:func:`decode_rows`) applies the ``on_bad_file`` policy: a file
+that cannot be decoded raises :class:`~fedxrisk.errors.BadFileError` naming it, or is
+replaced by the next readable sample with the same label. This module imports the
+decoders (:mod:`fedxrisk.data.decode`), never a reader.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from fedxrisk.data.decode import images_to_float, load_image, npy_header, npz_member  # noqa: F401
+from fedxrisk.errors import BadFileError, DataFileError
 
 _LAZY = contextvars.ContextVar("fedxrisk_lazy_reading", default=False)
 
@@ -75,13 +82,9 @@ class ImageFiles:
         return len(self.paths)
 
     def _read(self, i: int) -> np.ndarray:
-        from fedxrisk.data.readers.images import load_image
-
         return load_image(Path(self.paths[i]), self.image_size, self.mode)
 
     def decode(self, i: int) -> np.ndarray:
-        from fedxrisk.data.readers.base import DataFileError
-
         raw = self._read(i)
         if raw.shape != self.sample_shape:
             raise DataFileError(
@@ -188,9 +191,7 @@ class LazySamples:
 
     def decode(self) -> torch.Tensor:
         """Every sample of the view, decoded in this process, as one tensor (a bad file is
-        handled by the attached ``on_bad_file`` policy, see :func:`fedxrisk.data.stream.decode_rows`)."""
-        from fedxrisk.data.stream import decode_rows
-
+        handled by the attached ``on_bad_file`` policy, see :func:`decode_rows`)."""
         x, _ = decode_rows(self, np.arange(len(self))[None], None)
         return torch.from_numpy(x[0])
 
@@ -214,31 +215,64 @@ def as_tensor(x: Any) -> torch.Tensor:
     return x.decode() if isinstance(x, LazySamples) else x
 
 
-def npy_header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """(shape, fortran order, dtype) of the ``.npy`` stream ``f``, left at the first data byte."""
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    return np.lib.format.read_array_header_2_0(f)
+def uint8_images(x: np.ndarray, name: str = "images") -> np.ndarray:
+    """uint8 images → float32 in [0, 1] (inside :func:`lazy_reading`: kept as bytes, a
+    :class:`LazySamples` decoding each image when sampled)."""
+    if reading_lazily():
+        return LazySamples(ArraySource(x, name, divisor=255.0))  # type: ignore[return-value]
+    return images_to_float(x)
 
 
-def npz_member(path: Path, key: str) -> np.ndarray:
-    """Array ``key`` of an ``.npz``: memory-mapped when stored uncompressed (``np.savez``),
-    else read into memory (``np.savez_compressed`` members cannot be mapped)."""
-    with zipfile.ZipFile(path) as z:
-        info = z.getinfo(f"{key}.npy")
-        if info.compress_type == zipfile.ZIP_STORED:
-            with open(path, "rb") as f:
-                f.seek(info.header_offset)
-                local = f.read(30)
-                name_len = int.from_bytes(local[26:28], "little")
-                extra_len = int.from_bytes(local[28:30], "little")
-                start = info.header_offset + 30 + name_len + extra_len
-                f.seek(start)
-                shape, fortran, dtype = npy_header(f)
-                offset = f.tell()
-            if not dtype.hasobject:
-                order = "F" if fortran else "C"
-                return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
-    with np.load(path, allow_pickle=False) as z:
-        return z[key]
+RESUME_ADVICE = (
+    "training stopped. Replace the file and continue with `fedxrisk run --resume RUN_DIR` (the last "
+    'checkpoint is kept), or run with data.on_bad_file = "skip" to replace unreadable samples'
+)
+
+
+def _decode_one(
+    samples: LazySamples, p: int, pool: np.ndarray | None, on_bad: str, bad: list[str]
+) -> np.ndarray:
+    try:
+        return samples.sample(p)
+    except (DataFileError, OSError, ValueError) as e:
+        name = samples.identifier(p)
+        if on_bad != "skip":
+            raise BadFileError(
+                f"corrupt or unreadable data file {name} ({e})", RESUME_ADVICE, str(e)
+            ) from None
+        bad.append(name)
+    pool = np.arange(len(samples)) if pool is None else pool
+    start = int(np.flatnonzero(pool == p)[0]) if (pool == p).any() else 0
+    labels = samples.labels
+    for q in np.roll(pool, -start)[1:]:
+        if labels is not None and not np.array_equal(labels[q], labels[p]):
+            continue
+        try:
+            return samples.sample(int(q))
+        except (DataFileError, OSError, ValueError):
+            continue
+    raise BadFileError(
+        f"{samples.identifier(p)} cannot be decoded and no readable sample with its label replaces it"
+    )
+
+
+def decode_rows(
+    samples: LazySamples,
+    positions: np.ndarray,
+    pools: Sequence[np.ndarray] | None,
+    on_bad: str | None = None,
+) -> tuple[np.ndarray, list[str]]:
+    """Decode ``samples`` at ``positions`` ``[K, n]`` into float32 ``[K, n, …]``.
+
+    ``pools[k]``: where row k's replacements come from under ``on_bad = "skip"``
+    (a client's shard; None: all of ``samples``). Returns the batch and the
+    identifiers of the files replaced.
+    """
+    on_bad = on_bad or samples.options.get("on_bad_file", "error")
+    out = np.empty((*positions.shape, *samples.sample_shape), dtype=np.float32)
+    bad: list[str] = []
+    for k, row in enumerate(positions):
+        pool = pools[k] if pools is not None else None
+        for j, p in enumerate(row):
+            out[k, j] = _decode_one(samples, int(p), pool, on_bad, bad)
+    return out, bad

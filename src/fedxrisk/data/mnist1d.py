@@ -15,6 +15,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from fedxrisk.data.registry import register
+from fedxrisk.data.types import LabeledData, split
+
 # mnist1d's published defaults (get_dataset_args), minus the download URL
 MNIST1D_ARGS = {
     "num_samples": 5000,
@@ -52,12 +55,11 @@ def _generate(seed: int, num_samples: int = MNIST1D_ARGS["num_samples"]) -> tupl
     return x, y
 
 
-def load_mnist1d(seed: int = 42, num_samples: int | None = None):
+@register("mnist1d", sized=True)
+def load_mnist1d(seed: int = 42, num_samples: int | None = None) -> LabeledData:
     """``num_samples`` (default 5000, the package's) signals of length 40, 10 classes, split
     like the other bundled sets (70/30, stratified); the same seed and size give the same data."""
-    from fedxrisk.data.datasets import _split
-
     if num_samples is not None and num_samples < 100:
         raise ValueError(f"num_samples must be ≥ 100 for mnist1d, got {num_samples}")
     x, y = _generate(seed, num_samples or MNIST1D_ARGS["num_samples"])
-    return _split("mnist1d", x.copy(), y.copy(), 10)
+    return split("mnist1d", x.copy(), y.copy(), 10)

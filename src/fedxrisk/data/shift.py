@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedxrisk.data.datasets import BinaryData
+from fedxrisk.data.types import BinaryData
 
 
 def feature_shift(

@@ -1,442 +1,41 @@
-"""Streaming training data from disk: one DataLoader decodes every local step of all K clients.
+"""A run's training data, streamed or in memory: read the dataset lazily, choose, attach the stream.
 
-The per-client samplers are today's (:mod:`fedxrisk.data.sampler`), so a streamed run
-draws exactly the positions of the in-memory run. :func:`simulation_requests`
-replays, on copies of the samplers, the order in which ``Simulation`` asks for
-batches (the ``begin`` batch, I local steps, the stage and round batches of every
-round), and :class:`Stream` hands that sequence to one
-:class:`torch.utils.data.DataLoader` whose worker processes decode each step's
-``[K, B]`` union and stack it, several steps ahead of training (``prefetch``
-steps per worker; pinned memory when the device is CUDA). When the engine asks
-for a batch, the prefetched one is used only if its positions are the requested
-ones (otherwise it and every later batch are decoded on the spot: ``misses``
-counts this, 0 in a normal run).
-
-Augmentation (``FederatedData.augment``) keeps the in-memory run's random draws:
-an augmenter with ``draw``/``apply`` (``RandomCropFlip``) draws every batch's
-offsets and flips in the engine's order; a copy of it draws ahead for the
-prefetched requests and the workers apply the draws, which are checked against
-the engine-side ones when the batch is used. Any other augmenter runs in the
-training process on the stacked batch.
-
-Bad files: a file that cannot be decoded stops the run with :class:`BadFileError`
-naming it (``on_bad_file = "error"``), or (``"skip"``) is replaced by the next
-sample, cyclically in the same client's shard (in the evaluated split when
-scoring), that has the same label and decodes; the replacement is deterministic,
-so a skipped run is reproducible, and every skip is counted (``skipped``,
-``bad_files``).
+:func:`open_training_data` applies ``data.stream`` (:mod:`fedxrisk.data.stream_choice`)
+and :func:`attach_stream` gives the federated data its :class:`~fedxrisk.data.prefetch.Stream`.
+The streaming machinery lives in :mod:`fedxrisk.data.prefetch` and the bad-file policy in
+:mod:`fedxrisk.data.lazy`; their names are re-exported here, where callers have found them.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Sequence
-from copy import deepcopy
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-import torch
-
-from fedxrisk.data.lazy import LazySamples, is_lazy
-from fedxrisk.errors import BadFileError, DataFileError  # noqa: F401  (re-exported)
-
-if TYPE_CHECKING:
-    from fedxrisk.engines.simulation import Simulation
-
-ON_BAD_FILE = ("error", "skip")
-STREAM_CHOICES = (True, False, "auto")
-MEMORY_FRACTION = 0.25  # default budget: a quarter of the machine's physical memory
-PREFETCH = 4  # steps decoded ahead per worker
-MAX_NAMED = 20  # bad files named in the summary
-UNITS = {"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1.0}
-
-
-RESUME_ADVICE = (
-    "training stopped. Replace the file and continue with `fedxrisk run --resume RUN_DIR` (the last "
-    'checkpoint is kept), or run with data.on_bad_file = "skip" to replace unreadable samples'
+from fedxrisk.data.checks import check_labeled, check_test_classes
+from fedxrisk.data.lazy import RESUME_ADVICE, decode_rows, is_lazy  # noqa: F401  (re-exported)
+from fedxrisk.data.loading import load_dataset
+from fedxrisk.data.prefetch import (  # noqa: F401  (re-exported)
+    PREFETCH,
+    Stream,
+    input_chunks,
+    materialize,
+    sampler_requests,
+    simulation_requests,
 )
-
-
-def default_workers() -> int:
-    """Half the cores this process may use (at least 1): the other half trains."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // 2)
-
-
-def physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return 8 * 10**9
-
-
-def parse_bytes(value: int | float | str | None) -> int:
-    """A memory size: a number of bytes, or a string such as ``"4GB"``, ``"500 MB"``; None: the default."""
-    if value is None:
-        return int(MEMORY_FRACTION * physical_memory())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value <= 0:
-            raise ValueError(f"data.memory_budget must be > 0, got {value}")
-        return int(value)
-    text = str(value).strip().lower().replace(" ", "")
-    for unit in sorted(UNITS, key=len, reverse=True):
-        if text.endswith(unit):
-            try:
-                number = float(text[: -len(unit)])
-            except ValueError:
-                break
-            if number > 0:
-                return int(number * UNITS[unit])
-            break
-    raise ValueError(f"data.memory_budget must be a positive size such as 4GB or 500MB, got {value!r}")
-
-
-def _fmt(nbytes: int) -> str:
-    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
-
-
-@dataclass
-class StreamChoice:
-    """Whether the run streams its training data, and why (reported in the summary)."""
-
-    streamed: bool
-    reason: str
-    decoded_bytes: int = 0
-    budget: int = 0
-    workers: int = 0
-    on_bad_file: str = "error"
-    bad_log: list[str] = field(default_factory=list)  # every replaced sample's file (skip)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "streamed": self.streamed,
-            "reason": self.reason,
-            "decoded_train_bytes": self.decoded_bytes,
-            "memory_budget_bytes": self.budget,
-            "workers": self.workers,
-            "on_bad_file": self.on_bad_file,
-            "bad_samples_skipped": len(self.bad_log),
-            "bad_files": sorted(set(self.bad_log))[:MAX_NAMED],
-        }
-
-
-def choose(setting: bool | str, decoded_bytes: int, budget: int, workers: int) -> StreamChoice:
-    """``data.stream``: ``true``/``false`` as told; ``"auto"`` streams when the decoded training
-    set would exceed ``data.memory_budget``."""
-    size = f"the decoded training set takes {_fmt(decoded_bytes)}"
-    if setting is True:
-        return StreamChoice(True, f"data.stream = true ({size})", decoded_bytes, budget, workers)
-    if setting is False:
-        return StreamChoice(False, f"data.stream = false ({size})", decoded_bytes, budget, 0)
-    if decoded_bytes > budget:
-        reason = f"data.stream = auto: {size}, more than the memory budget {_fmt(budget)}"
-        return StreamChoice(True, reason, decoded_bytes, budget, workers)
-    reason = f"data.stream = auto: {size}, within the memory budget {_fmt(budget)}"
-    return StreamChoice(False, reason, decoded_bytes, budget, 0)
-
-
-# -- decoding -------------------------------------------------------------------------------------
-def _decode_one(
-    samples: LazySamples, p: int, pool: np.ndarray | None, on_bad: str, bad: list[str]
-) -> np.ndarray:
-    try:
-        return samples.sample(p)
-    except (DataFileError, OSError, ValueError) as e:
-        name = samples.identifier(p)
-        if on_bad != "skip":
-            raise BadFileError(
-                f"corrupt or unreadable data file {name} ({e})", RESUME_ADVICE, str(e)
-            ) from None
-        bad.append(name)
-    pool = np.arange(len(samples)) if pool is None else pool
-    start = int(np.flatnonzero(pool == p)[0]) if (pool == p).any() else 0
-    labels = samples.labels
-    for q in np.roll(pool, -start)[1:]:
-        if labels is not None and not np.array_equal(labels[q], labels[p]):
-            continue
-        try:
-            return samples.sample(int(q))
-        except (DataFileError, OSError, ValueError):
-            continue
-    raise BadFileError(
-        f"{samples.identifier(p)} cannot be decoded and no readable sample with its label replaces it"
-    )
-
-
-def decode_rows(
-    samples: LazySamples,
-    positions: np.ndarray,
-    pools: Sequence[np.ndarray] | None,
-    on_bad: str | None = None,
-) -> tuple[np.ndarray, list[str]]:
-    """Decode ``samples`` at ``positions`` ``[K, n]`` into float32 ``[K, n, …]``.
-
-    ``pools[k]``: where row k's replacements come from under ``on_bad = "skip"``
-    (a client's shard; None: all of ``samples``). Returns the batch and the
-    identifiers of the files replaced.
-    """
-    on_bad = on_bad or samples.options.get("on_bad_file", "error")
-    out = np.empty((*positions.shape, *samples.sample_shape), dtype=np.float32)
-    bad: list[str] = []
-    for k, row in enumerate(positions):
-        pool = pools[k] if pools is not None else None
-        for j, p in enumerate(row):
-            out[k, j] = _decode_one(samples, int(p), pool, on_bad, bad)
-    return out, bad
-
-
-class _StepDataset(torch.utils.data.Dataset):
-    """Map-style dataset whose "index" is a whole step request: ``(id, positions [K, n])``."""
-
-    def __init__(self, samples: LazySamples, pools: Sequence[np.ndarray] | None, on_bad: str):
-        self.samples, self.pools, self.on_bad = samples, pools, on_bad
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(
-        self, request: tuple[int, np.ndarray, Any]
-    ) -> tuple[int, Any, list[str], BadFileError | None]:
-        rid, positions, augment = request
-        try:
-            x, bad = decode_rows(self.samples, positions, self.pools, self.on_bad)
-        except BadFileError as e:  # returned, not raised: the error reaches the main process intact
-            return rid, None, [], e
-        out = torch.from_numpy(x)
-        if augment is not None:  # (augmenter, its draws for this batch): crop and flip here
-            out = augment[0].apply(out, augment[1])
-        return rid, out, bad, None
-
-
-def _drawable(augment: Any) -> bool:
-    """Whether an augmenter separates its random draws from applying them (``draw``/``apply``,
-    as :class:`~fedxrisk.data.augment.RandomCropFlip`): then it runs in the workers."""
-    return augment is not None and hasattr(augment, "draw") and hasattr(augment, "apply")
-
-
-def _same(a: tuple[np.ndarray, ...] | None, b: tuple[np.ndarray, ...] | None) -> bool:
-    return a is not None and b is not None and all(np.array_equal(x, y) for x, y in zip(a, b))
-
-
-def _identity(item: Any) -> Any:
-    return item
-
-
-class Stream:
-    """The decoded inputs of this process's K clients, step after step, from one DataLoader.
-
-    ``shards[k]``: client k's sample indices into ``samples`` (its pool of replacements).
-    """
-
-    def __init__(
-        self,
-        samples: LazySamples,
-        shards: Sequence[np.ndarray],
-        workers: int = 0,
-        on_bad_file: str = "error",
-        pin_memory: bool = False,
-        prefetch: int = PREFETCH,
-    ):
-        if on_bad_file not in ON_BAD_FILE:
-            raise ValueError(f"data.on_bad_file must be one of {list(ON_BAD_FILE)}, got {on_bad_file!r}")
-        self.samples, self.shards = samples, [np.asarray(s) for s in shards]
-        self.workers, self.on_bad, self.pin, self.prefetch = workers, on_bad_file, pin_memory, prefetch
-        self.misses = 0  # prefetched batches that were not the ones asked for (0 in a normal run)
-        self.augmented_by_workers = 0  # batches whose augmentation ran in a worker
-        self.bad_log: list[str] = samples.options.setdefault("bad_log", [])  # files replaced (skip)
-        self._table = _table(self.shards)
-        self._it: Iterator[tuple[int, Any, list[str], BadFileError | None]] | None = None
-        self._requests: dict[int, tuple[np.ndarray, Any]] = {}  # prefetched, not yet consumed
-        self._shadow: Any = None  # a copy of the augmenter, drawing ahead for the workers
-
-    def subset(self, clients: Sequence[int]) -> Stream:
-        """The same stream settings for a subset of the clients (a rank's or a site's own)."""
-        return Stream(self.samples, [self.shards[k] for k in clients], self.workers, self.on_bad, self.pin,
-                      self.prefetch)  # fmt: skip
-
-    # -- prefetching --------------------------------------------------------------------------
-    def start(self, positions: Iterator[np.ndarray]) -> None:
-        """Prefetch the batches of ``positions`` (local positions ``[K, n]``, in the order the
-        engine will ask for them), replacing any prefetch under way."""
-        self.close()
-        self._requests, self._shadow = {}, None
-
-        def requests() -> Iterator[tuple[int, np.ndarray, Any]]:
-            for rid, local in enumerate(positions):
-                index = self.global_index(local)
-                shadow = self._shadow
-                augment = (shadow, shadow.draw(index.size)) if shadow is not None else None
-                self._requests[rid] = (index, augment[1] if augment else None)
-                yield rid, index, augment
-
-        loader = torch.utils.data.DataLoader(
-            _StepDataset(self.samples, self.shards, self.on_bad),
-            batch_size=None,
-            sampler=requests(),  # type: ignore[arg-type]
-            num_workers=self.workers,
-            collate_fn=_identity,
-            pin_memory=self.pin,
-            prefetch_factor=self.prefetch if self.workers else None,
-            persistent_workers=False,
-        )
-        self._it = iter(loader)
-
-    def close(self) -> None:
-        """Stop the workers (if any). Batches still prefetched are dropped: the workers are
-        terminated first (a worker blocked on a full result pipe would otherwise hold the
-        DataLoader's shutdown for its 5 s timeout)."""
-        it, self._it = self._it, None
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            for worker in getattr(it, "_workers", []):
-                if worker.is_alive():
-                    worker.terminate()
-            it._shutdown_workers()  # noqa: SLF001 - DataLoader offers no public shutdown
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer (e.g. at interpreter exit)
-            pass
-
-    def global_index(self, local: np.ndarray) -> np.ndarray:
-        """Local positions ``[K, n]`` → sample indices into ``samples``."""
-        return self._table[np.arange(len(self.shards))[:, None], local]
-
-    # -- the engine's side --------------------------------------------------------------------
-    def fetch(self, index: np.ndarray, augment: Any = None) -> torch.Tensor:
-        """Decoded inputs ``[K, n, …]`` at sample indices ``index`` ``[K, n]``, augmented by
-        ``augment`` when given (its random draws are made here, in the engine's order)."""
-        params = augment.draw(index.size) if _drawable(augment) else None
-        if self._it is not None:
-            try:
-                rid, x, bad, error = next(self._it)
-            except StopIteration:
-                self._it = None
-            else:
-                want, drawn = self._requests.pop(rid)
-                if np.array_equal(want, index) and (drawn is None or _same(drawn, params)):
-                    x = self._accept(x, bad, error)
-                    if drawn is not None:  # decoded and augmented by a worker
-                        self.augmented_by_workers += 1
-                        return x
-                    if params is not None and self._shadow is None:
-                        self._draw_ahead(augment)
-                    return self._augment(x, augment, params)
-                self.misses += 1  # not the batch asked for: decode here from now on
-                self.close()
-        x, bad = decode_rows(self.samples, index, self._pools(index), self.on_bad)
-        return self._augment(self._accept(torch.from_numpy(x), bad, ""), augment, params)
-
-    def _draw_ahead(self, augment: Any) -> None:
-        """From now on the workers augment: a copy of ``augment`` makes the draws of the batches
-        already requested (they come back unaugmented), then draws for each new request."""
-        shadow = deepcopy(augment)
-        for index, _ in self._requests.values():  # in request order
-            shadow.draw(index.size)
-        self._shadow = shadow
-
-    @staticmethod
-    def _augment(x: torch.Tensor, augment: Any, params: Any) -> torch.Tensor:
-        if augment is None:
-            return x
-        return augment.apply(x, params) if params is not None else augment(x)
-
-    def _pools(self, index: np.ndarray) -> list[np.ndarray]:
-        return self.shards if len(index) == len(self.shards) else [np.arange(len(self.samples))] * len(index)
-
-    def _accept(self, x: torch.Tensor | None, bad: list[str], error: BadFileError | None) -> torch.Tensor:
-        if error is not None:
-            self.close()
-            raise error
-        self.bad_log.extend(bad)
-        assert x is not None
-        return x
-
-
-def _table(shards: Sequence[np.ndarray]) -> np.ndarray:
-    width = max([len(s) for s in shards] + [1])
-    table = np.zeros((len(shards), width), dtype=np.int64)
-    for k, s in enumerate(shards):
-        table[k, : len(s)] = s
-    return table
-
-
-def sampler_requests(sampler: Any, uniforms: int, steps: int) -> Iterator[np.ndarray]:
-    """The positions of the next ``steps`` training batches of ``sampler`` (a copy is drawn
-    from, with ``uniforms`` U(0, 1) per step in between, as the engines draw them)."""
-    sampler = deepcopy(sampler)
-
-    def run() -> Iterator[np.ndarray]:
-        for _ in range(steps):
-            positions = sampler.next()
-            if uniforms:
-                sampler.uniforms(uniforms)
-            yield positions
-
-    return run()
-
-
-def simulation_requests(sim: Simulation, begin: bool) -> Iterator[np.ndarray]:
-    """The local positions of every batch ``sim`` will ask for from its current state, in order
-    (``Simulation.__init__``'s begin batch when ``begin``, then ``run_round``'s batches),
-    drawn from copies of its samplers. The copies are taken now, not when iteration starts."""
-    sampler, aux = deepcopy(sim.sampler), deepcopy(sim.aux_sampler)
-    alg, plans, first = sim.algorithm, sim.plans, sim.round
-    extra = alg.uniforms_per_step
-
-    def train() -> np.ndarray:
-        positions = sampler.next()
-        if extra:
-            sampler.uniforms(extra)
-        return positions
-
-    def run() -> Iterator[np.ndarray]:
-        if begin and alg.begin_batch:
-            yield train()
-        for r in range(first, len(plans)):
-            plan = plans[r]
-            for _ in range(plan.window):
-                yield train()
-            if alg.stage_batch_size and plan.stage_end and r + 1 < len(plans):
-                yield aux.sample(alg.stage_batch_size)
-            if alg.round_batch_size:
-                yield aux.sample(alg.round_batch_size)
-
-    return run()
-
-
-def input_chunks(x: Any, chunk: int) -> Iterator[torch.Tensor]:
-    """``x`` in consecutive chunks of ``chunk`` samples, decoded (lazy inputs: by the
-    ``workers`` attached to them; under ``skip`` a bad file is replaced by the next sample
-    of ``x`` with its label)."""
-    if not is_lazy(x):
-        for i in range(0, len(x), chunk):
-            yield x[i : i + chunk]
-        return
-    workers = int(x.options.get("workers", 0))
-    on_bad = x.options.get("on_bad_file", "error")
-    starts = range(0, len(x), chunk)
-    requests = ((i, np.arange(s, min(s + chunk, len(x)))[None], None) for i, s in enumerate(starts))
-    workers = workers if len(starts) > 1 else 0
-    loader = torch.utils.data.DataLoader(
-        _StepDataset(x, None, on_bad), batch_size=None, sampler=requests,  # type: ignore[arg-type]
-        num_workers=workers, collate_fn=_identity, prefetch_factor=2 if workers else None,
-    )  # fmt: skip
-    log = x.options.get("bad_log")
-    for _, decoded, bad, error in loader:
-        if error is not None:
-            raise error
-        if log is not None:
-            log.extend(bad)
-        yield decoded[0]
-
-
-def materialize(x: Any, chunk: int = 1024) -> torch.Tensor:
-    """Decode every sample of ``x`` (with its attached workers) into one tensor."""
-    if not is_lazy(x):
-        return x
-    return torch.cat(list(input_chunks(x, chunk))) if len(x) else torch.empty(x.shape)
+from fedxrisk.data.registry import FILE_DATASETS
+from fedxrisk.data.stream_choice import (  # noqa: F401  (re-exported)
+    MAX_NAMED,
+    MEMORY_FRACTION,
+    ON_BAD_FILE,
+    STREAM_CHOICES,
+    UNITS,
+    StreamChoice,
+    choose,
+    default_workers,
+    parse_bytes,
+    physical_memory,
+)
+from fedxrisk.data.types import binarize
+from fedxrisk.errors import BadFileError, DataFileError  # noqa: F401  (re-exported)
 
 
 def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
@@ -444,9 +43,6 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
     dataset's name (bundled data, or ``data.stream = false``: read into memory as always),
     or a binarized dataset read lazily, either decoded into memory here (``auto`` within
     the budget) or left lazy to be streamed; and the choice made."""
-    from fedxrisk.data.checks import check_labeled, check_test_classes
-    from fedxrisk.data.datasets import FILE_DATASETS, binarize, load_dataset
-
     if cfg.dataset not in FILE_DATASETS:
         return cfg.dataset, StreamChoice(False, "a bundled dataset, held in memory")
     if cfg.stream is False:
@@ -456,7 +52,7 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
     budget = parse_bytes(cfg.memory_budget)
     choice = choose(cfg.stream, int(lazy.x_train.nbytes), budget, workers)
     choice.on_bad_file = cfg.on_bad_file
-    for split in ("train", "test"):
+    for split in ("train", "test", "val"):
         x, y = getattr(lazy, f"x_{split}"), getattr(lazy, f"y_{split}")
         if is_lazy(x):
             x.attach(y, workers=workers, on_bad_file=cfg.on_bad_file, bad_log=choice.bad_log)
@@ -471,7 +67,7 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
     check_labeled(lazy, cfg.data_dir or cfg.dataset)  # what is in memory now; streamed inputs are not scanned
     data = binarize(lazy, cfg.positive_classes)
     check_test_classes(data, cfg.data_dir or cfg.dataset)
-    for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test)):
+    for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test), (data.x_val, data.y_val)):
         if is_lazy(x):
             x.attach(y.numpy())  # binary labels: a replacement keeps the task's label
     return data, choice

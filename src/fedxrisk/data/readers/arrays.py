@@ -10,22 +10,27 @@ from pathlib import Path
 import numpy as np
 
 from fedxrisk.data.checks import check_class_ids, check_features, check_integer_labels, read_text
-from fedxrisk.data.datasets import LabeledData
-from fedxrisk.data.lazy import ArraySource, LazySamples, npz_member, reading_lazily
+from fedxrisk.data.decode import npz_member
+from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
 from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
+from fedxrisk.data.registry import register
+from fedxrisk.data.types import LabeledData
 
 NPZ_LAYOUT = (
     "  <data_dir>/data.npz (or data_dir = the .npz file) with arrays x_train, y_train, x_test, y_test;\n"
-    "  y: integer classes [N] or multi-label {0,1} [N, L]; optional source_train, patient_train [N]"
+    "  y: integer classes [N] or multi-label {0,1} [N, L]; optional source_train, patient_train [N];\n"
+    "  or (ADBench's layout) X [N, features] and y [N] class ids, split 70/30 stratified and standardized"
 )
+SPLIT_KEYS = ("x_train", "y_train", "x_test", "y_test")
 TABULAR_LAYOUT = (
     "  <data_dir>/train.csv and <data_dir>/test.csv (or one <data_dir>/data.csv, split 70/30),\n"
     "  header with numeric feature columns, an integer 'label' column, optionally a 'source' column"
 )
 
 
+@register("npz", files=True)
 def read_npz(data_dir: str | Path | None) -> LabeledData:
-    """A ``.npz`` archive of train/test arrays (see :data:`NPZ_LAYOUT`)."""
+    """A ``.npz`` archive of train/test arrays, or of all rows ``X``, ``y`` (see :data:`NPZ_LAYOUT`)."""
     root = require_dir(data_dir, "npz", NPZ_LAYOUT)
     path = root if root.is_file() else root / "data.npz"
     if not path.is_file():
@@ -42,11 +47,14 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
         raise DataFileError(
             f"{path}: not a readable .npz archive ({reason}); expected:\n{NPZ_LAYOUT}"
         ) from None
-    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
+    xy = "X" in arrays and not any(k in arrays for k in SPLIT_KEYS)  # ADBench's layout
+    missing = [k for k in (("X", "y") if xy else SPLIT_KEYS) if k not in arrays]
     if missing:
         raise DataFileError(
             f"{path}: missing array(s) {missing} (has {sorted(arrays)}); expected:\n{NPZ_LAYOUT}"
         )
+    if xy:
+        return _read_xy(path, arrays, lazy)
     y_train, y_test = arrays["y_train"], arrays["y_test"]
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
@@ -83,6 +91,30 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
     return LabeledData(path.stem, x_train, y_train, x_test, y_test, num_classes, groups_train=groups)
 
 
+def _read_xy(path: Path, arrays: dict[str, np.ndarray], lazy: bool) -> LabeledData:
+    """ADBench's layout: all rows in ``X``, labels in ``y``; a fixed stratified split, then
+    features standardized with the training rows' mean and std (per sample when ``lazy``)."""
+    x, y = arrays["X"], arrays["y"]
+    check_features(x, f"{path}: X")
+    if y.ndim != 1 or len(y) != len(x):
+        raise DataFileError(f"{path}: y must hold one class id per row of X {x.shape}, got shape {y.shape}")
+    check_integer_labels(y, f"{path}: y")
+    y = y.astype(np.int64)
+    check_class_ids({f"{path}: y": y})
+    if np.bincount(y).min() < 2:
+        raise DataFileError(f"{path}: every class needs at least 2 rows to split into train and test")
+    data = split_labeled(path.stem, x.astype(np.float32), y, int(y.max()) + 1)
+    raw_train, raw_test = data.x_train, data.x_test
+    mean, std = raw_train.mean(0), raw_train.std(0) + 1e-8
+    if lazy:
+        data.x_train = LazySamples(ArraySource(raw_train, f"{path.name}:X[train]", mean=mean, std=std))  # type: ignore[assignment]
+        data.x_test = LazySamples(ArraySource(raw_test, f"{path.name}:X[test]", mean=mean, std=std))  # type: ignore[assignment]
+    else:
+        data.x_train = ((raw_train - mean) / std).astype(np.float32)
+        data.x_test = ((raw_test - mean) / std).astype(np.float32)
+    return data
+
+
 def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str]]:
     """(features, labels, sources or None, feature names) of one tabular CSV."""
     rows = list(csv.reader(io.StringIO(read_text(path), newline="")))
@@ -114,6 +146,7 @@ def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, l
     return x, y, sources, [header[i] for i in feats]
 
 
+@register("tabular", files=True)
 def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
     """Numeric feature columns + integer ``label``; standardized with the training mean and std."""
     root = require_dir(data_dir, "tabular", TABULAR_LAYOUT)

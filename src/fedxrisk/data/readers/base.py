@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from fedxrisk.data.datasets import SPLIT_SEED, TEST_FRACTION, LabeledData
-from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
+from fedxrisk.data.decode import read_bytes  # noqa: F401  (re-exported)
+from fedxrisk.data.types import SPLIT_SEED, TEST_FRACTION, LabeledData
 from fedxrisk.errors import DataFileError, MissingDataError  # noqa: F401  (re-exported)
+
+RESERVED_COLUMNS = ("path", "split", "source", "patient")  # manifest columns that are not labels
 
 
 def require_dir(data_dir: str | Path | None, dataset: str, layout: str) -> Path:
@@ -35,22 +35,6 @@ def find_file(roots: Sequence[Path], names: Sequence[str], dataset: str, layout:
                 return root / name
     tried = ", ".join(str(r / names[0]) for r in roots)
     raise MissingDataError(f"{dataset}: file {names[0]!r} not found (looked in {tried}); expected:\n{layout}")
-
-
-def read_bytes(path: Path) -> bytes:
-    """File contents, transparently gunzipped when the name ends in ``.gz``."""
-    try:
-        return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:
-        raise DataFileError(f"{path}: cannot read ({e})") from None
-
-
-def images_to_float(x: np.ndarray, name: str = "images") -> np.ndarray:
-    """uint8 images → float32 in [0, 1] (inside :func:`~fedxrisk.data.lazy.lazy_reading`: kept
-    as bytes, a :class:`~fedxrisk.data.lazy.LazySamples` decoding each image when sampled)."""
-    if reading_lazily():
-        return LazySamples(ArraySource(x, name, divisor=255.0))  # type: ignore[return-value]
-    return (x.astype(np.float32) / 255.0).astype(np.float32)
 
 
 def split_labeled(

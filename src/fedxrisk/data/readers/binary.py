@@ -7,8 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from fedxrisk.data.checks import check_features
-from fedxrisk.data.datasets import LabeledData
-from fedxrisk.data.readers.base import DataFileError, find_file, images_to_float, read_bytes, require_dir
+from fedxrisk.data.decode import read_bytes
+from fedxrisk.data.lazy import uint8_images
+from fedxrisk.data.readers.base import DataFileError, find_file, require_dir
+from fedxrisk.data.registry import register
+from fedxrisk.data.types import LabeledData
 
 STL10_LAYOUT = (
     "  <data_dir>/stl10_binary/{train_X.bin, train_y.bin, test_X.bin, test_y.bin}\n"
@@ -34,9 +37,10 @@ def _stl_split(root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataFileError(f"{y_path}: {len(y)} labels for {len(x)} images in {x_path.name}")
     if len(y) and (y.min() < 1 or y.max() > 10):
         raise DataFileError(f"{y_path}: STL-10 labels must lie in 1..10, found {y.min()}..{y.max()}")
-    return images_to_float(np.ascontiguousarray(x)), y - 1
+    return uint8_images(np.ascontiguousarray(x)), y - 1
 
 
+@register("stl10", files=True)
 def read_stl10(data_dir: str | Path | None) -> LabeledData:
     """STL-10 labelled splits (5000 train / 8000 test): 3×96×96 images in [0, 1], classes 0–9."""
     root = require_dir(data_dir, "stl10", STL10_LAYOUT)
@@ -96,19 +100,21 @@ def _read_idx_dataset(data_dir: str | Path | None, name: str, folder: str) -> La
             raise DataFileError(f"{name}: {split} labels must lie in 0..9")
     return LabeledData(
         name,
-        images_to_float(arrays["xtrain"][:, None]),
+        uint8_images(arrays["xtrain"][:, None]),
         arrays["ytrain"].astype(np.int64),
-        images_to_float(arrays["xtest"][:, None]),
+        uint8_images(arrays["xtest"][:, None]),
         arrays["ytest"].astype(np.int64),
         10,
     )
 
 
+@register("mnist", files=True)
 def read_mnist(data_dir: str | Path | None) -> LabeledData:
     """MNIST IDX files: 1×28×28 images in [0, 1], digits 0–9."""
     return _read_idx_dataset(data_dir, "mnist", "MNIST")
 
 
+@register("fashionmnist", files=True)
 def read_fashion_mnist(data_dir: str | Path | None) -> LabeledData:
     """FashionMNIST IDX files (same layout as MNIST): 1×28×28 images in [0, 1], classes 0–9."""
     return _read_idx_dataset(data_dir, "fashionmnist", "FashionMNIST")

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from fedxrisk.data.datasets import LabeledData
-from fedxrisk.data.readers.base import DataFileError, MissingDataError, images_to_float, require_dir
+from fedxrisk.data.lazy import uint8_images
+from fedxrisk.data.readers.base import DataFileError, MissingDataError, require_dir
+from fedxrisk.data.registry import register
+from fedxrisk.data.types import LabeledData
 
 CIFAR10_LAYOUT = (
     "  <data_dir>/cifar-10-python.tar.gz  (the archive from https://www.cs.toronto.edu/~kriz/cifar.html)\n"
@@ -112,15 +114,14 @@ def _read(
     for y, split in ((y_train, "train"), (y_test, "test")):
         if y.min() < 0 or y.max() >= num_classes:
             raise DataFileError(f"{dataset}: {split} labels must lie in 0..{num_classes - 1}")
-    return LabeledData(
-        dataset, images_to_float(x_train), y_train, images_to_float(x_test), y_test, num_classes
-    )
+    return LabeledData(dataset, uint8_images(x_train), y_train, uint8_images(x_test), y_test, num_classes)
 
 
 def _batch_number(name: str) -> int:
     return int(re.sub(r"\D", "", name) or 0)
 
 
+@register("cifar10", files=True)
 def read_cifar10(data_dir: str | Path | None) -> LabeledData:
     """CIFAR-10: 3×32×32 images in [0, 1], classes 0–9; every ``data_batch_N`` present is read."""
     names = sorted((f"data_batch_{i}" for i in range(1, 6)), key=_batch_number)
@@ -128,6 +129,7 @@ def read_cifar10(data_dir: str | Path | None) -> LabeledData:
                  names, "labels", 10)  # fmt: skip
 
 
+@register("cifar100", files=True)
 def read_cifar100(data_dir: str | Path | None) -> LabeledData:
     """CIFAR-100 with its 100 fine labels, 3×32×32 images in [0, 1]."""
     return _read(data_dir, "cifar100", "cifar-100-python", "cifar-100-python.tar.gz", CIFAR100_LAYOUT,
