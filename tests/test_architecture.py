@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.errors", "fedxrisk.tree", "fedxrisk.problem", "fedxrisk.objectives", "fedxrisk.models",
         "fedxrisk.algorithms", "fedxrisk.classaware", "fedxrisk.data", "fedxrisk.engines", "fedxrisk.metrics",
         "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog",
+        "fedxrisk.outfiles",
     )),
     ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec")),  # run/__init__ imports nothing
     ("run.checks", ("fedxrisk.run.checks",)),

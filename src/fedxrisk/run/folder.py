@@ -14,6 +14,8 @@ training loop writes through; :func:`load_run`, :func:`load_model` and
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import json
 import math
 import os
@@ -30,6 +32,7 @@ import torch
 
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
+from fedxrisk.outfiles import disk_errors, open_append, replace_atomic
 from fedxrisk.run.spec import RunConfig
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
@@ -53,20 +56,34 @@ def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
     return Path(root) / f"{stamp}-{cfg.algorithm}-{cfg.dataset}"
 
 
-def replace_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> None:
-    """Write through a temporary file, fsync, and a rename: never a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, mode, **({"newline": ""} if "b" not in mode else {})) as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, intact: str | None = None) -> None:
     """Write JSON through a temporary file and a rename: never a half-written file."""
     text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
-    replace_atomic(path, lambda f: f.write(text))
+    replace_atomic(path, lambda f: f.write(text), intact=intact)
+
+
+def fingerprint(config: Mapping[str, Any]) -> str:
+    """sha256 of a config dict (``RunConfig.to_dict()``) as canonical JSON: the run's identity."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def same_config(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two config dicts are equal once both went through JSON (tuples and lists alike)."""
+    return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
+
+
+def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    a, b = json.loads(json.dumps(a, default=str)), json.loads(json.dumps(b, default=str))
+    return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def config_difference(a: Mapping[str, Any], b: Mapping[str, Any], limit: int = 4) -> str:
+    """``clients: 8 vs 4, seed: 0 vs 1`` for the keys whose values differ."""
+    keys = differing_keys(a, b)
+    a, b = json.loads(json.dumps(a, default=str)), json.loads(json.dumps(b, default=str))
+    shown = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:limit])
+    return shown + (", …" if len(keys) > limit else "")
 
 
 def _torch_safe(obj: Any) -> Any:
@@ -82,10 +99,14 @@ def _torch_safe(obj: Any) -> Any:
     return obj
 
 
+def resume_hint(folder: Path) -> str:
+    return f"the run keeps its last checkpoint; free space, then `fedxrisk run --resume {folder}`"
+
+
 def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
     """``torch.save`` through a temporary file and ``os.replace``: the old checkpoint survives a crash."""
     safe = _torch_safe(obj)
-    replace_atomic(path, lambda f: torch.save(safe, f), "wb")
+    replace_atomic(path, lambda f: torch.save(safe, f), "wb", intact=resume_hint(path.parent))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -140,10 +161,10 @@ def write_config(out: Path, cfg: RunConfig) -> None:
     replace_atomic(out / "config.toml", lambda f: f.write(text))
 
 
-def save_model(
-    path: Path, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
-) -> None:
-    """``model.pt``: the network's name, input shape, labels and its weights on the CPU."""
+def model_bytes(
+    model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+) -> bytes:
+    """The bytes of ``model.pt``: the network's name, input shape, labels and its weights on the CPU."""
     blob = {
         "model": model,
         "input_shape": list(input_shape),
@@ -151,7 +172,40 @@ def save_model(
         "params": {k: v.detach().cpu() for k, v in params.items()},
         "buffers": {k: v.detach().cpu() for k, v in buffers.items()},
     }
-    replace_atomic(path, lambda f: torch.save(blob, f), "wb")
+    buffer = io.BytesIO()
+    torch.save(blob, buffer)
+    return buffer.getvalue()
+
+
+def save_model(
+    path: Path, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+) -> str:
+    """Write ``model.pt``; returns its sha256 (recorded in summary.json)."""
+    data = model_bytes(model, input_shape, num_labels, params, buffers)
+    replace_atomic(path, lambda f: f.write(data), "wb", intact=resume_hint(path.parent))
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_model_identity(run_dir: str | Path) -> None:
+    """Refuse a ``model.pt`` that is not the one the run wrote (its sha256 is in summary.json)."""
+    folder = Path(run_dir)
+    try:
+        expected = json.loads((folder / SUMMARY).read_text()).get("model_sha256")
+    except (OSError, ValueError, AttributeError):
+        return  # no readable summary: the caller reports it
+    if expected and (folder / MODEL).is_file() and file_sha256(folder / MODEL) != expected:
+        raise ConfigError(
+            f"{folder / MODEL} is not the model this run wrote (its sha256 differs from summary.json's "
+            "model_sha256); put the run's own model.pt back, or use the run folder the model came from"
+        )
 
 
 @dataclass
@@ -180,17 +234,19 @@ class RunFolder:
             writer.writeheader()
             writer.writerows(rows)
 
-        replace_atomic(self.path / HISTORY, write_rows)
+        replace_atomic(self.path / HISTORY, write_rows, intact=resume_hint(self.path))
 
     @contextmanager
     def history_rows(self) -> Iterator[Callable[[Mapping[str, Any]], None]]:
         """Append rows to ``history.csv`` as they come, each flushed to disk."""
-        with open(self.path / HISTORY if self.primary else os.devnull, "a", newline="") as f:
+        path = self.path / HISTORY
+        with open_append(path) if self.primary else open(os.devnull, "a") as f:
             writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
 
             def append(row: Mapping[str, Any]) -> None:
-                writer.writerow(row)
-                f.flush()
+                with disk_errors(path, resume_hint(self.path)):
+                    writer.writerow(row)
+                    f.flush()
 
             yield append
 
@@ -209,14 +265,16 @@ class RunFolder:
 
     def save_model(
         self, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
-    ) -> None:
+    ) -> str | None:
+        """Write ``model.pt``; its sha256 (None on a rank that does not write)."""
         if self.primary:
-            save_model(self.path / MODEL, model, input_shape, num_labels, params, buffers)
+            return save_model(self.path / MODEL, model, input_shape, num_labels, params, buffers)
+        return None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """``summary.json``: written last, it commits the run."""
         if self.primary:
-            write_json_atomic(self.path / SUMMARY, summary)
+            write_json_atomic(self.path / SUMMARY, summary, resume_hint(self.path))
 
     def summary(self) -> dict[str, Any] | None:
         path = self.path / SUMMARY

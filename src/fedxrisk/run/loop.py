@@ -22,7 +22,7 @@ from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import Callback, LoopState
-from fedxrisk.run.folder import PAUC_KEYS, RunFolder, RunResult, json_safe
+from fedxrisk.run.folder import PAUC_KEYS, RunFolder, RunResult, fingerprint, json_safe
 
 
 def train(
@@ -76,6 +76,7 @@ def train(
                     folder.save_checkpoint(
                         {
                             "config": cfg.to_dict(),
+                            "config_sha256": fingerprint(cfg.to_dict()),
                             "simulation": simulation,
                             "history": history,
                             "best": best,
@@ -96,7 +97,9 @@ def train(
     summary["resumed_at_rounds"] = resumed
     if failure is None:  # the model before the summary: the summary commits the run
         params, buffers = sim.global_model() if primary else ({}, {})
-        folder.save_model(cfg.model, setup.data.data.input_shape, setup.problem.num_labels, params, buffers)
+        summary["model_sha256"] = folder.save_model(
+            cfg.model, setup.data.data.input_shape, setup.problem.num_labels, params, buffers
+        )
     folder.write_summary(summary)
     if failure is not None:
         raise failure
@@ -169,6 +172,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "hyperparameters": _hparams(setup.algorithm),
             **({"init": setup.init} if setup.init is not None else {}),
             "config": cfg.to_dict(),
+            "config_sha256": fingerprint(cfg.to_dict()),
             "torch_version": torch.__version__,
         }
     )
