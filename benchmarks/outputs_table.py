@@ -86,6 +86,14 @@ def plot_link(tmp: Path) -> list[str]:
     return ["plot", str(tmp / "run")]
 
 
+def plot_damaged(name: str, text: str) -> Callable[[Path], list[str]]:
+    def build(tmp: Path) -> list[str]:
+        (tmp / "run" / name).write_text(text)
+        return ["plot", str(tmp / "run"), "--out", str(tmp / "plots")]
+
+    return build
+
+
 def evaluate_dangling(tmp: Path) -> list[str]:
     _link(tmp / "run" / "roc.png", tmp / "elsewhere" / "roc.png", None)
     return ["evaluate", str(tmp / "run"), "--overwrite", "-q", "--bootstrap", "0"]
@@ -136,6 +144,9 @@ CASES = [
     Case("compare-another", "compare", "again into the same `--out` with another `-a`", compare_other),
     Case("plot-users-folder", "plot", "`--out` = a user's folder (curves.csv, notes.txt)", plot_users),
     Case("plot-symlink", "plot", "`RUN/curves.csv` a symlink to a file outside", plot_link),
+    Case("plot-broken-summary", "plot", "`summary.json` cut short", plot_damaged("summary.json", '{"status": "comp')),
+    Case("plot-broken-history", "plot", "`history.csv` with text in `test_auroc`",
+         plot_damaged("history.csv", "round,test_auroc,test_ap,bytes_up_per_client,bytes_down_per_client\n1,high,0.5,1,1\n")),
     Case("evaluate-dangling", "evaluate", "`RUN/roc.png` a dangling symlink, `--overwrite`", evaluate_dangling),
     Case("evaluate-users-folder", "evaluate", "`--out` = a user's folder (curves.csv, notes.txt)", evaluate_users),
     Case("evaluate-swapped-model", "evaluate", "`model.pt` replaced by another run's", evaluate_swapped),

@@ -44,12 +44,11 @@ from fedxrisk.run.configfile import (
 from fedxrisk.run.folder import (
     CHECKPOINT,
     RunResult,
-    config_difference,
     load_checkpoint,
     load_run,
-    same_config,
     write_json_atomic,
 )
+from fedxrisk.run.identity import config_difference, same_config
 from fedxrisk.run.names import resolve
 from fedxrisk.run.recipes import resume_experiment, run_experiment
 from fedxrisk.run.spec import RunConfig

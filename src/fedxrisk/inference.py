@@ -74,7 +74,8 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     """The model of a finished run folder, on ``device``; :class:`InputError` when it is not one."""
     from fedxrisk.problem import Problem
     from fedxrisk.run.configfile import load_config
-    from fedxrisk.run.folder import check_model_identity, load_model
+    from fedxrisk.run.folder import load_model
+    from fedxrisk.run.identity import check_model_identity
 
     folder = Path(run_dir)
     if not folder.is_dir():

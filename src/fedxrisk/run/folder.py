@@ -33,6 +33,7 @@ import torch
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.outfiles import disk_errors, open_append, replace_atomic
+from fedxrisk.run.identity import check_model_identity, fingerprint  # noqa: F401  (re-exported)
 from fedxrisk.run.spec import RunConfig
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
@@ -60,30 +61,6 @@ def write_json_atomic(path: Path, obj: Any, intact: str | None = None) -> None:
     """Write JSON through a temporary file and a rename: never a half-written file."""
     text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
     replace_atomic(path, lambda f: f.write(text), intact=intact)
-
-
-def fingerprint(config: Mapping[str, Any]) -> str:
-    """sha256 of a config dict (``RunConfig.to_dict()``) as canonical JSON: the run's identity."""
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def same_config(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Two config dicts are equal once both went through JSON (tuples and lists alike)."""
-    return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
-
-
-def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    a, b = json.loads(json.dumps(a, default=str)), json.loads(json.dumps(b, default=str))
-    return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-
-
-def config_difference(a: Mapping[str, Any], b: Mapping[str, Any], limit: int = 4) -> str:
-    """``clients: 8 vs 4, seed: 0 vs 1`` for the keys whose values differ."""
-    keys = differing_keys(a, b)
-    a, b = json.loads(json.dumps(a, default=str)), json.loads(json.dumps(b, default=str))
-    shown = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:limit])
-    return shown + (", …" if len(keys) > limit else "")
 
 
 def _torch_safe(obj: Any) -> Any:
@@ -186,28 +163,6 @@ def save_model(
     return hashlib.sha256(data).hexdigest()
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def check_model_identity(run_dir: str | Path) -> None:
-    """Refuse a ``model.pt`` that is not the one the run wrote (its sha256 is in summary.json)."""
-    folder = Path(run_dir)
-    try:
-        expected = json.loads((folder / SUMMARY).read_text()).get("model_sha256")
-    except (OSError, ValueError, AttributeError):
-        return  # no readable summary: the caller reports it
-    if expected and (folder / MODEL).is_file() and file_sha256(folder / MODEL) != expected:
-        raise ConfigError(
-            f"{folder / MODEL} is not the model this run wrote (its sha256 differs from summary.json's "
-            "model_sha256); put the run's own model.pt back, or use the run folder the model came from"
-        )
-
-
 @dataclass
 class RunFolder:
     """The files of one run. ``primary``: this process writes (under torchrun only rank 0 does)."""
@@ -304,7 +259,9 @@ def load_run(run_dir: str | Path) -> RunResult:
     """A saved run: ``summary.json`` (or, for an unfinished run, ``config.toml``) and ``history.csv``."""
     out = Path(run_dir)
     if (out / "summary.json").exists():
-        summary = json.loads((out / "summary.json").read_text())
+        summary = _read_json(out / "summary.json")
+        if not isinstance(summary.get("config"), dict):
+            raise ConfigError(f"{out / 'summary.json'}: no config in it; the run folder is damaged")
     elif (out / "config.toml").exists():
         from fedxrisk.run.configfile import flat_unchecked, read_config_file
 
@@ -313,9 +270,42 @@ def load_run(run_dir: str | Path) -> RunResult:
         raise ConfigError(f"{out} is not a run folder (no summary.json or config.toml)")
     history = []
     if (out / "history.csv").exists():
-        with open(out / "history.csv", newline="") as f:
-            history = [{k: _parse_cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        history = _read_history(out / "history.csv")
     return RunResult(summary, history, out)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object, or one line naming the damaged file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
+        ) from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e}); the run folder is damaged") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: not a JSON object; the run folder is damaged")
+    return value
+
+
+def _read_history(path: Path) -> list[dict[str, Any]]:
+    """history.csv rows with numbers parsed, or one line naming what is missing or unreadable."""
+    needed = ("round", "test_auroc", "test_ap", "bytes_up_per_client", "bytes_down_per_client")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [k for k in needed if k not in (reader.fieldnames or [])]
+            if missing:
+                raise ConfigError(f"{path}: no column {', '.join(missing)}; the run folder is damaged")
+            rows = [{k: _parse_cell(v or "") for k, v in row.items() if k is not None} for row in reader]
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{path}: unreadable ({e}); the run folder is damaged") from None
+    for i, row in enumerate(rows, start=2):
+        bad = [k for k in needed if not isinstance(row.get(k), (int, float))]
+        if bad:
+            raise ConfigError(f"{path} line {i}: {bad[0]} is not a number; the run folder is damaged")
+    return rows
 
 
 def check_out_dir(out: Path) -> None:

@@ -22,7 +22,8 @@ from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import Callback, LoopState
-from fedxrisk.run.folder import PAUC_KEYS, RunFolder, RunResult, fingerprint, json_safe
+from fedxrisk.run.folder import PAUC_KEYS, RunFolder, RunResult, json_safe
+from fedxrisk.run.identity import fingerprint
 
 
 def train(

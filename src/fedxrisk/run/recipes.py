@@ -49,15 +49,12 @@ from fedxrisk.run.folder import (
     RunFolder,
     RunResult,
     check_out_dir,
-    config_difference,
     default_out_dir,
-    differing_keys,
-    fingerprint,
     load_checkpoint,
     refuse_run,
-    same_config,
     write_config,
 )
+from fedxrisk.run.identity import config_difference, differing_keys, fingerprint, same_config
 from fedxrisk.run.loop import train
 from fedxrisk.run.spec import CENTRALIZED, RunConfig
 
