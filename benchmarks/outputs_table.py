@@ -141,6 +141,12 @@ def _foreign_checkpoint(run: Path) -> None:
 
 CASES = [
     Case("compare-users-folder", "compare", "`--out` = a user's folder (curves.csv, notes.txt)", compare_users),
+    Case("compare-full-disk", "compare", "disk full (ENOSPC) at the first write",
+         lambda tmp: ["compare", "-a", "codasca", *CMP, "--out", str(tmp / "cmp")], errno.ENOSPC),
+    Case("run-read-only", "run", "read-only folder (EROFS) at the first write",
+         lambda tmp: ["run", "--rounds", "1", "-q", "--out", str(tmp / "new")], errno.EROFS),
+    Case("plot-full-disk", "plot", "disk full (ENOSPC) while writing",
+         lambda tmp: ["plot", str(tmp / "run")], errno.ENOSPC),
     Case("compare-another", "compare", "again into the same `--out` with another `-a`", compare_other),
     Case("plot-users-folder", "plot", "`--out` = a user's folder (curves.csv, notes.txt)", plot_users),
     Case("plot-symlink", "plot", "`RUN/curves.csv` a symlink to a file outside", plot_link),
