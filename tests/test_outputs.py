@@ -167,6 +167,19 @@ def test_a_users_folder_is_refused(run, tmp_path, command):
     assert {p.name: digest(p) for p in mine.iterdir()} == before
 
 
+def test_plot_writes_into_a_folder_of_runs_and_over_its_own_plots(run, tmp_path):
+    shutil.copytree(run, tmp_path / "runs" / "a")
+    for _ in range(2):  # the second time over its own files
+        result = cli("plot", tmp_path / "runs")
+        assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        "a",
+        "auroc_vs_bytes.png",
+        "auroc_vs_rounds.png",
+        "curves.csv",
+    ]
+
+
 @pytest.mark.parametrize("target", ["input", "model.pt", "history.csv"])
 def test_predict_never_overwrites_its_input_or_the_run(run, copy, target):
     x = copy.parent / "x.npz"

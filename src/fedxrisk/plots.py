@@ -30,7 +30,6 @@ from fedxrisk.outfiles import (
     bytes_writer,
     check_folder,
     make_folder,
-    refuse_inputs,
     text_writer,
     write_together,
 )
@@ -302,8 +301,11 @@ def curves_text(groups: Sequence[Group]) -> str:
 
 
 def is_plot_folder(folder: Path) -> bool:
-    """A folder fedxrisk writes plots into: a run, a comparison, or earlier plots (our curves.csv)."""
-    if any((folder / name).exists() for name in ("summary.json", "config.toml", "compare.json")):
+    """A folder fedxrisk writes plots into: a run, a comparison, a folder of runs, or earlier plots."""
+    marks = ("summary.json", "config.toml", "compare.json")
+    if any((folder / name).exists() for name in marks):
+        return True
+    if any(any((child / name).exists() for name in marks) for child in folder.iterdir() if child.is_dir()):
         return True
     try:
         with open(folder / "curves.csv", newline="") as f:
@@ -318,13 +320,4 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path) -> list[Path]:
     check_folder(out, is_plot_folder, "fedxrisk run, comparison or plots")
     sources = find_runs(paths)
     runs = [load_run(p) for p in sources]
-    refuse_inputs_of(out, sources)
     return plot_groups(group_runs(runs), out)
-
-
-def refuse_inputs_of(out: Path, runs: Sequence[Path]) -> None:
-    """The plot files are none of the runs' own files."""
-    for run in runs:
-        for name in (*PLOTS, "curves.csv"):
-            for own in ("history.csv", "summary.json", "config.toml", "model.pt"):
-                refuse_inputs(out / name, [(f"a file of run {run}", run / own)])
