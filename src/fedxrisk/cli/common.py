@@ -33,10 +33,10 @@ def config_errors() -> Iterator[None]:
         yield
     except ConfigError as e:
         raise BadConfig(str(e)) from None
-    except OSError as e:  # a write the output layer did not wrap: still one line
+    except OSError as e:  # a full disk or a refused permission the output layer did not wrap: one line
         if e.errno not in DISK_ERRORS:
             raise
-        raise BadConfig(f"cannot write {e.filename or 'a file'}: {e.strerror}") from None
+        raise BadConfig(f"{e.filename or 'a file'}: {e.strerror}") from None
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
