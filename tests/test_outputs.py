@@ -443,3 +443,13 @@ def test_every_bad_output_is_one_line_and_keeps_every_file(case, base, tmp_path)
     assert row["kept"] and row["one_line"]  # no file changed, no link target written, no .tmp left
     assert (row["exit"], row["message"]) == (COMMITTED[case.id]["exit"], COMMITTED[case.id]["message"])
     assert row["exit"] == (0 if case.id == "predict-stale-tmp" else 2)
+
+
+def test_an_unwrapped_permission_error_is_still_one_line(run, monkeypatch):
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", "/data/model.pt")
+
+    monkeypatch.setattr("fedxrisk.evaluation.load_trained", denied)
+    result = cli("evaluate", run, "-q", "--out", run.parent / "ev")
+    assert result.exit_code == 2
+    assert error_line(result) == "Error: /data/model.pt: Permission denied"
