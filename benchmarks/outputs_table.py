@@ -213,10 +213,10 @@ def prepare(root: Path) -> Path:
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    """Every file below ``folder`` (links by their target's content) → sha256."""
+    """Every regular file below ``folder`` → sha256 (a link is not a file: its target is checked)."""
     found = {}
     for p in sorted(folder.rglob("*")):
-        if p.is_file():
+        if p.is_file() and not p.is_symlink():
             found[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return found
 

@@ -440,7 +440,7 @@ def test_docs_show_the_rendering_of_the_committed_outputs_table():
 @pytest.mark.parametrize("case", table.CASES, ids=lambda c: c.id)
 def test_every_bad_output_is_one_line_and_keeps_every_file(case, base, tmp_path):
     row = table.run_case(case, base, tmp_path / "case")
-    assert row["kept"] and row["one_line"]  # no file changed, no link target written, no .tmp left
+    assert row["kept"] and row["one_line"] and COMMITTED[case.id]["kept"]  # no file changed, no .tmp left
     assert (row["exit"], row["message"]) == (COMMITTED[case.id]["exit"], COMMITTED[case.id]["message"])
     assert row["exit"] == (0 if case.id == "predict-stale-tmp" else 2)
 
