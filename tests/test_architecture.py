@@ -22,8 +22,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.errors", "fedxrisk.tree", "fedxrisk.problem", "fedxrisk.objectives", "fedxrisk.models",
         "fedxrisk.algorithms", "fedxrisk.classaware", "fedxrisk.data", "fedxrisk.engines", "fedxrisk.metrics",
         "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog",
+        "fedxrisk.outfiles",
     )),
-    ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec")),  # run/__init__ imports nothing
+    ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec", "fedxrisk.run.identity")),  # run/__init__ imports nothing
     ("run.checks", ("fedxrisk.run.checks",)),
     ("run.names", ("fedxrisk.run.names",)),
     ("run.configfile", ("fedxrisk.run.configfile",)),

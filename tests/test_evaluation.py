@@ -142,7 +142,7 @@ def test_manifest_evaluation_per_site_equals_direct_computation(runs, tmp_path):
         )
     shutil.copytree(test, tmp_path, dirs_exist_ok=True)
     result = fedxrisk.evaluate(
-        runs / "img", manifest=tmp_path / "m.csv", bootstrap=20, batch_size=5, out=tmp_path
+        runs / "img", manifest=tmp_path / "m.csv", bootstrap=20, batch_size=5, out=tmp_path / "ev"
     )
     data = read_image_folder(runs / "data" / "img")
     y, s = data.y_test.astype(float), _direct(runs / "img", data.x_test)[:, 0]

@@ -136,7 +136,7 @@ def test_model_pt_is_written_before_the_summary_commits_the_run(tmp_path, monkey
     order = []
     real = run_folder.replace_atomic
     monkeypatch.setattr(
-        run_folder, "replace_atomic", lambda path, *a: (order.append(path.name), real(path, *a))
+        run_folder, "replace_atomic", lambda path, *a, **k: (order.append(path.name), real(path, *a, **k))
     )
     run_experiment(RunConfig(**CFG), tmp_path / "run")
     assert order.index("model.pt") < order.index("summary.json")

@@ -108,6 +108,7 @@ def test_a_checkpoint_without_stateful_callbacks_keeps_its_old_keys(tmp_path):
     assert keys == [
         "format",
         "config",
+        "config_sha256",
         "simulation",
         "history",
         "best",

@@ -17,7 +17,9 @@ runs are read back, killed ones resume from their checkpoint.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +32,7 @@ import numpy as np
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.errors import ConfigError
+from fedxrisk.outfiles import check_folder, make_folder, replace_atomic
 from fedxrisk.plots import Group, plot_groups, variant_labels
 from fedxrisk.run.callbacks import ProgressFn as Callback
 from fedxrisk.run.configfile import (
@@ -39,7 +42,14 @@ from fedxrisk.run.configfile import (
     hyperparameter_types,
     section_keys,
 )
-from fedxrisk.run.folder import CHECKPOINT, RunResult, load_run, write_json_atomic
+from fedxrisk.run.folder import (
+    CHECKPOINT,
+    RunResult,
+    load_checkpoint,
+    load_run,
+    write_json_atomic,
+)
+from fedxrisk.run.identity import config_difference, same_config
 from fedxrisk.run.names import resolve
 from fedxrisk.run.recipes import resume_experiment, run_experiment
 from fedxrisk.run.spec import RunConfig
@@ -138,16 +148,49 @@ def build_variants(
     return variants
 
 
+def _stored_config(out: Path) -> dict[str, Any]:
+    """The config of the run in ``out``: its summary's, else its checked ``config.toml``."""
+    from fedxrisk.run.configfile import load_config
+
+    summary = out / "summary.json"
+    if summary.exists():
+        return load_run(out).summary["config"]
+    if (out / "config.toml").exists():
+        return load_config(out / "config.toml").to_dict()
+    return load_checkpoint(out / CHECKPOINT)["config"]
+
+
 def _run_one(cfg: RunConfig, out: Path, callback: Callback | None) -> RunResult:
     """Run, resume or read back one run of the comparison (same config required)."""
     if (out / "summary.json").exists() or (out / CHECKPOINT).exists() or (out / "config.toml").exists():
+        stored = _stored_config(out)
+        if not same_config(stored, cfg.to_dict()):
+            raise ConfigError(
+                f"{out} holds a run with another config ({config_difference(stored, cfg.to_dict())}); "
+                "choose another --out"
+            )
         done = load_run(out)
-        if done.summary["config"] != cfg.to_dict():
-            raise ConfigError(f"{out} holds a run with another config; choose another --out")
-        if done.summary.get("status") in ("completed", "failed"):
+        status = done.summary.get("status")
+        if status == "failed" or (status == "completed" and (out / "model.pt").exists()):
             return done
         return resume_experiment(out, callback)
     return run_experiment(cfg, out, callback)
+
+
+def check_compare_out(out: Path, spec: dict[str, Any]) -> None:
+    """``out`` is new, empty, or holds this very comparison (the same command, to continue it)."""
+    check_folder(out, lambda f: (f / "compare.json").exists(), "fedxrisk comparison")
+    if (out / "compare.json").exists():
+        try:
+            before = json.loads((out / "compare.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{out / 'compare.json'} is unreadable ({e}); choose another --out") from None
+        if not same_config(before, spec):
+            old = ", ".join(before.get("variants", {})) if isinstance(before, dict) else "?"
+            raise ConfigError(
+                f"{out} holds another comparison (variants: {old}); rerun its own command to continue it, "
+                "or choose another --out"
+            )
 
 
 def run_comparison(
@@ -158,8 +201,9 @@ def run_comparison(
 ) -> ComparisonResult:
     """Run every variant and seed, then write the table, the plots and their data into ``out_dir``."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     spec = {"variants": {v.label: [c.to_dict() for c in v.configs] for v in variants}}
+    check_compare_out(out, spec)
+    make_folder(out)
     write_json_atomic(out / "compare.json", spec)
     total = sum(len(v.configs) for v in variants)
     groups, index = [], 0
@@ -176,8 +220,9 @@ def run_comparison(
                 group.runs.append(load_run(run_dir))  # status failed, history up to the failure
         groups.append(group)
     rows = [summarize(g) for g in groups]
-    files = [write_csv(rows, out / "comparison.csv"), write_markdown(rows, out / "comparison.md")]
-    files += plot_groups(groups, out)
+    tables = {"comparison.csv": csv_text(rows), "comparison.md": markdown_text(rows)}
+    files = plot_groups(groups, out, extra=tables)  # all together: tables, plots, curves.csv
+    files = [*files[-2:], *files[:-2]]
     return ComparisonResult(rows, groups, out, files)
 
 
@@ -230,11 +275,16 @@ def _cell(value: Any) -> Any:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
-def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
-    with open(path, "w", newline="") as f:
+def csv_text(rows: Sequence[dict[str, Any]]) -> str:
+    with io.StringIO(newline="") as f:
         writer = csv.DictWriter(f, fieldnames=TABLE_FIELDS)
         writer.writeheader()
         writer.writerows({k: _cell(row[k]) for k in TABLE_FIELDS} for row in rows)
+        return f.getvalue()
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    replace_atomic(path, lambda f: f.write(csv_text(rows)))
     return path
 
 
@@ -268,12 +318,16 @@ def display_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[s
 
 
 def write_markdown(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    replace_atomic(path, lambda f: f.write(markdown_text(rows)))
+    return path
+
+
+def markdown_text(rows: Sequence[dict[str, Any]]) -> str:
     header, cells = display_rows(rows)
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(c) + " |" for c in cells]
     note = "mean ± sample standard deviation over seeds; bytes are per client over the whole run"
-    path.write_text("\n".join(lines) + f"\n\n{note}\n")
-    return path
+    return "\n".join(lines) + f"\n\n{note}\n"
 
 
 def parse_vary(text: str) -> tuple[str, list[Any]]:

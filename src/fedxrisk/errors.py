@@ -42,3 +42,10 @@ class NonFiniteLoss(RuntimeError):
 
 class DistributedError(RuntimeError):
     """A rank died, hung, or could not join; the message names the rank(s) when known."""
+
+
+class OutputError(ConfigError):
+    """An output that cannot or must not be written (a symlink, an input, a full or read-only disk).
+
+    The message names the path and what is left intact; the CLI exits with status 2.
+    """

@@ -31,6 +31,7 @@ import numpy as np
 
 from fedxrisk.evaluation_report import FILES, PAUC_FPR, console_tables, markdown, write_files
 from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
+from fedxrisk.outfiles import check_folder, refuse_inputs
 
 __all__ = ["FILES", "PAUC_FPR", "console_tables", "evaluate", "label_metrics", "markdown", "run_summary"]
 LEVEL = 0.95
@@ -81,7 +82,12 @@ def evaluate(
     if bootstrap < 0:
         raise InputError(f"bootstrap must be ≥ 0 (0: no bootstrap intervals), got {bootstrap}")
     folder = Path(out) if out is not None else Path(run_dir)
-    taken = [name for name in FILES if (folder / name).exists()]
+    check_folder(folder, lambda f: (f / "config.toml").exists() or (f / "evaluation.json").exists(),
+                 "fedxrisk run or evaluation")  # fmt: skip
+    if manifest is not None:
+        for name in FILES:
+            refuse_inputs(folder / name, [("the --manifest file", Path(manifest))])
+    taken = [name for name in FILES if (folder / name).exists() or (folder / name).is_symlink()]
     if taken and not overwrite:
         raise InputError(f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or --out")
     trained = load_trained(run_dir, device)

@@ -62,13 +62,16 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Path) -> None:
-    """roc.png and pr.png: one curve per label on the evaluated data."""
+def _plot(result: dict[str, Any], data: Scored, names: Sequence[str]) -> dict[str, bytes]:
+    """roc.png and pr.png (name → PNG bytes): one curve per label on the evaluated data."""
+    import io
+
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
     from sklearn.metrics import precision_recall_curve, roc_curve
 
     from fedxrisk.metrics import _rankable
 
+    images = {}
     for filename, kind in (("roc.png", "roc"), ("pr.png", "pr")):
         fig = Figure(figsize=(5, 4.5))
         ax = fig.add_subplot()
@@ -102,18 +105,28 @@ def _plot(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Pa
         ax.set_ylim(0, 1.02)
         ax.legend(loc="lower right" if kind == "roc" else "lower left", fontsize=7)
         fig.tight_layout()
-        fig.savefig(folder / filename, dpi=110)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110)
+        images[filename] = buffer.getvalue()
+    return images
 
 
 def write_files(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Path) -> None:
-    from fedxrisk.run.folder import json_safe, replace_atomic, write_json_atomic
+    """The four files, together (all written to temporary names, then renamed) or none of them."""
+    import json
 
-    folder.mkdir(parents=True, exist_ok=True)
+    from fedxrisk.outfiles import bytes_writer, make_folder, text_writer, write_together
+    from fedxrisk.run.folder import json_safe
+
     result["files"] = [str(folder / f) for f in FILES]
-    _plot(result, data, names, folder)
-    text = markdown(result)
-    replace_atomic(folder / "evaluation.md", lambda f: f.write(text))
-    write_json_atomic(folder / "evaluation.json", json_safe(_tuples_to_lists(result)))
+    texts = {
+        "evaluation.json": json.dumps(json_safe(_tuples_to_lists(result)), indent=2, allow_nan=False) + "\n",
+        "evaluation.md": markdown(result),
+    }
+    files = {folder / name: text_writer(text) for name, text in texts.items()}
+    files |= {folder / name: bytes_writer(data) for name, data in _plot(result, data, names).items()}
+    make_folder(folder)
+    write_together(files, "no evaluation file was written or replaced")
 
 
 def _tuples_to_lists(value: Any) -> Any:

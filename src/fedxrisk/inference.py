@@ -75,6 +75,7 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     from fedxrisk.problem import Problem
     from fedxrisk.run.configfile import load_config
     from fedxrisk.run.folder import load_model
+    from fedxrisk.run.identity import check_model_identity
 
     folder = Path(run_dir)
     if not folder.is_dir():
@@ -86,6 +87,7 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
             )
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"device {device!r} requested but CUDA is not available")
+    check_model_identity(folder)  # a model.pt swapped in from elsewhere is refused
     cfg = load_config(folder / "config.toml")
     blob = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
     labels = int(blob.get("num_labels", 1))

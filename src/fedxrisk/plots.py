@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,13 @@ import numpy as np
 
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.errors import ConfigError
+from fedxrisk.outfiles import (
+    bytes_writer,
+    check_folder,
+    make_folder,
+    text_writer,
+    write_together,
+)
 from fedxrisk.run.folder import RunResult, load_run
 from fedxrisk.run.spec import RunConfig
 
@@ -203,13 +211,24 @@ def _byte_unit(largest: float) -> tuple[float, str]:
     return 1.0, "bytes"
 
 
-def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "test_auroc") -> list[Path]:
-    """Write ``auroc_vs_rounds.png``, ``auroc_vs_bytes.png`` and ``curves.csv`` into ``out_dir``."""
+def plot_groups(
+    groups: Sequence[Group], out_dir: str | Path, metric: str = "test_auroc", extra: Mapping[str, str] = {}
+) -> list[Path]:
+    """Write ``auroc_vs_rounds.png``, ``auroc_vs_bytes.png`` and ``curves.csv`` (and ``extra``: file
+    name → text) into ``out_dir``, together: all of them or none."""
+    out = Path(out_dir)
+    files = {name: bytes_writer(data) for name, data in render_groups(groups, metric).items()}
+    files["curves.csv"] = text_writer(curves_text(groups))
+    files |= {name: text_writer(text) for name, text in extra.items()}
+    make_folder(out)
+    return write_together({out / name: w for name, w in files.items()})
+
+
+def render_groups(groups: Sequence[Group], metric: str = "test_auroc") -> dict[str, bytes]:
+    """The two PNGs (file name → bytes) of :func:`plot_groups`."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
     from matplotlib.ticker import MaxNLocator
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if not groups:
         raise ConfigError("nothing to plot: no runs")
     curves = [g.curve(metric) for g in groups]
@@ -223,7 +242,7 @@ def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "tes
     }
     styles, labels = line_styles(len(groups)), legend_labels(groups)
     outside = len(groups) > LEGEND_INSIDE
-    paths = []
+    images = {}
     for filename, (xkey, xscale, xlabel) in axes.items():
         fig = Figure(figsize=(10.0 if outside else 7.5, 4.8), layout="constrained")
         ax = fig.subplots()
@@ -246,15 +265,21 @@ def plot_groups(groups: Sequence[Group], out_dir: str | Path, metric: str = "tes
             ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=9)
         else:
             ax.legend(loc="best", fontsize=9)
-        fig.savefig(out / filename, dpi=120)
-        paths.append(out / filename)
-    paths.append(write_curves(groups, out / "curves.csv"))
-    return paths
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=120)
+        images[filename] = buffer.getvalue()
+    return images
 
 
 def write_curves(groups: Sequence[Group], path: Path) -> Path:
+    """``curves.csv`` alone (atomically)."""
+    write_together({path: text_writer(curves_text(groups))})
+    return path
+
+
+def curves_text(groups: Sequence[Group]) -> str:
     """The per-run numbers behind the plots, one row per run and evaluated round."""
-    with open(path, "w", newline="") as f:
+    with io.StringIO(newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CURVE_FIELDS)
         writer.writeheader()
         for g in groups:
@@ -272,10 +297,27 @@ def write_curves(groups: Sequence[Group], path: Path) -> Path:
                             "run_dir": str(run.out_dir),
                         }
                     )
-    return path
+        return f.getvalue()
+
+
+def is_plot_folder(folder: Path) -> bool:
+    """A folder fedxrisk writes plots into: a run, a comparison, a folder of runs, or earlier plots."""
+    marks = ("summary.json", "config.toml", "compare.json")
+    if any((folder / name).exists() for name in marks):
+        return True
+    if any(any((child / name).exists() for name in marks) for child in folder.iterdir() if child.is_dir()):
+        return True
+    try:
+        with open(folder / "curves.csv", newline="") as f:
+            return next(csv.reader(f), None) == list(CURVE_FIELDS)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
 
 
 def plot_runs(paths: Iterable[str | Path], out_dir: str | Path) -> list[Path]:
     """Re-draw the plots from saved run folders (or folders holding runs, e.g. a compare folder)."""
-    runs = [load_run(p) for p in find_runs(paths)]
-    return plot_groups(group_runs(runs), out_dir)
+    out = Path(out_dir)
+    check_folder(out, is_plot_folder, "fedxrisk run, comparison or plots")
+    sources = find_runs(paths)
+    runs = [load_run(p) for p in sources]
+    return plot_groups(group_runs(runs), out)

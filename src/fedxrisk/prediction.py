@@ -17,7 +17,6 @@ refused unless ``overwrite=True``.
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 
 from fedxrisk.inference import InputError, load_trained, resolve_workers
 from fedxrisk.inputs import open_input
+from fedxrisk.outfiles import make_folder, refuse_inputs, refuse_symlink, replace_atomic
 
 SCORE_KINDS = ("prob", "logit", "both")
 Progress = Callable[[int, int], None]  # (rows done, rows in total)
@@ -52,10 +52,24 @@ class Predictions:
         return [f"{k}_{name}" for k in kinds for name in self.label_names]
 
 
-def check_out(out: str | Path | None, overwrite: bool) -> None:
-    """Refuse to replace an existing file unless ``overwrite``."""
-    if out is not None and Path(out).exists() and not overwrite:
+def check_out(
+    out: str | Path | None, overwrite: bool, run_dir: str | Path = "", input: str | Path = ""
+) -> None:
+    """Refuse to replace an existing file unless ``overwrite``; never the input or a file of the run."""
+    if out is None:
+        return
+    out = Path(out)
+    refuse_symlink(out)
+    inputs = [("the input", Path(input))] if str(input) else []
+    if str(run_dir) and Path(run_dir).is_dir():
+        inputs += [
+            (f"a file of the run {run_dir}", p) for p in sorted(Path(run_dir).iterdir()) if p.is_file()
+        ]
+    refuse_inputs(out, inputs)
+    if out.exists() and not overwrite:
         raise InputError(f"{out}: already exists; choose another --out or pass --overwrite to replace it")
+    if out.exists() and out.is_dir():
+        raise InputError(f"--out {out} is a folder; name the CSV file to write")
 
 
 def predict(
@@ -80,7 +94,7 @@ def predict(
         raise InputError(f"scores must be one of {SCORE_KINDS}, got {scores!r}")
     if batch_size < 1:
         raise InputError(f"batch_size must be ≥ 1, got {batch_size}")
-    check_out(out, overwrite)
+    check_out(out, overwrite, run_dir, input)
     trained = load_trained(run_dir, device)
     source = open_input(input, trained.input_shape, resolve_workers(workers))
     ids: list[tuple[Any, ...]] = []
@@ -102,16 +116,14 @@ def predict(
 
 def write_csv(pred: Predictions, out: Path, scores: str = "prob") -> None:
     """The predictions as CSV, through a temporary file and a rename."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
     blocks = {"prob": pred.probabilities, "logit": pred.logits}
     values = np.hstack([blocks[k] for k in (("prob", "logit") if scores == "both" else (scores,))])
-    try:
-        with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow([*pred.id_columns, *pred.columns(scores)])
-            for ident, row in zip(pred.ids, values):
-                writer.writerow([*ident, *(format(float(v), ".9g") for v in row)])
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    def write(f) -> None:
+        writer = csv.writer(f)
+        writer.writerow([*pred.id_columns, *pred.columns(scores)])
+        for ident, row in zip(pred.ids, values):
+            writer.writerow([*ident, *(format(float(v), ".9g") for v in row)])
+
+    make_folder(out.parent)
+    replace_atomic(out, write)

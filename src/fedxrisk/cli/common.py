@@ -27,10 +27,16 @@ class BadConfig(click.ClickException):
 
 @contextmanager
 def config_errors() -> Iterator[None]:
+    from fedxrisk.outfiles import DISK_ERRORS
+
     try:
         yield
     except ConfigError as e:
         raise BadConfig(str(e)) from None
+    except OSError as e:  # a full disk or a refused permission the output layer did not wrap: one line
+        if e.errno not in DISK_ERRORS:
+            raise
+        raise BadConfig(f"{e.filename or 'a file'}: {e.strerror}") from None
 
 
 def _parse_option(text: str) -> tuple[str, Any]:

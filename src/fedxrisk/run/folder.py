@@ -14,6 +14,8 @@ training loop writes through; :func:`load_run`, :func:`load_model` and
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import json
 import math
 import os
@@ -31,6 +33,8 @@ import torch
 from fedxrisk.engines.validation import VAL_KEYS
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
+from fedxrisk.outfiles import disk_errors, open_append, replace_atomic
+from fedxrisk.run.identity import check_model_identity, fingerprint  # noqa: F401  (re-exported)
 from fedxrisk.run.spec import RunConfig
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
@@ -55,20 +59,10 @@ def default_out_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
     return Path(root) / f"{stamp}-{cfg.algorithm}-{cfg.dataset}"
 
 
-def replace_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> None:
-    """Write through a temporary file, fsync, and a rename: never a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, mode, **({"newline": ""} if "b" not in mode else {})) as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, intact: str | None = None) -> None:
     """Write JSON through a temporary file and a rename: never a half-written file."""
     text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
-    replace_atomic(path, lambda f: f.write(text))
+    replace_atomic(path, lambda f: f.write(text), intact=intact)
 
 
 def _torch_safe(obj: Any) -> Any:
@@ -84,10 +78,14 @@ def _torch_safe(obj: Any) -> Any:
     return obj
 
 
+def resume_hint(folder: Path) -> str:
+    return f"the run keeps its last checkpoint; free space, then `fedxrisk run --resume {folder}`"
+
+
 def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
     """``torch.save`` through a temporary file and ``os.replace``: the old checkpoint survives a crash."""
     safe = _torch_safe(obj)
-    replace_atomic(path, lambda f: torch.save(safe, f), "wb")
+    replace_atomic(path, lambda f: torch.save(safe, f), "wb", intact=resume_hint(path.parent))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -142,10 +140,10 @@ def write_config(out: Path, cfg: RunConfig) -> None:
     replace_atomic(out / "config.toml", lambda f: f.write(text))
 
 
-def save_model(
-    path: Path, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
-) -> None:
-    """``model.pt``: the network's name, input shape, labels and its weights on the CPU."""
+def model_bytes(
+    model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+) -> bytes:
+    """The bytes of ``model.pt``: the network's name, input shape, labels and its weights on the CPU."""
     blob = {
         "model": model,
         "input_shape": list(input_shape),
@@ -153,7 +151,18 @@ def save_model(
         "params": {k: v.detach().cpu() for k, v in params.items()},
         "buffers": {k: v.detach().cpu() for k, v in buffers.items()},
     }
-    replace_atomic(path, lambda f: torch.save(blob, f), "wb")
+    buffer = io.BytesIO()
+    torch.save(blob, buffer)
+    return buffer.getvalue()
+
+
+def save_model(
+    path: Path, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+) -> str:
+    """Write ``model.pt``; returns its sha256 (recorded in summary.json)."""
+    data = model_bytes(model, input_shape, num_labels, params, buffers)
+    replace_atomic(path, lambda f: f.write(data), "wb", intact=resume_hint(path.parent))
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass
@@ -182,17 +191,19 @@ class RunFolder:
             writer.writeheader()
             writer.writerows(rows)
 
-        replace_atomic(self.path / HISTORY, write_rows)
+        replace_atomic(self.path / HISTORY, write_rows, intact=resume_hint(self.path))
 
     @contextmanager
     def history_rows(self) -> Iterator[Callable[[Mapping[str, Any]], None]]:
         """Append rows to ``history.csv`` as they come, each flushed to disk."""
-        with open(self.path / HISTORY if self.primary else os.devnull, "a", newline="") as f:
+        path = self.path / HISTORY
+        with open_append(path) if self.primary else open(os.devnull, "a") as f:
             writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
 
             def append(row: Mapping[str, Any]) -> None:
-                writer.writerow(row)
-                f.flush()
+                with disk_errors(path, resume_hint(self.path)):
+                    writer.writerow(row)
+                    f.flush()
 
             yield append
 
@@ -217,14 +228,16 @@ class RunFolder:
         params: Tensors,
         buffers: Tensors,
         name: str = MODEL,
-    ) -> None:
+    ) -> str | None:
+        """Write ``name`` (``model.pt`` by default); its sha256 (None on a rank that does not write)."""
         if self.primary:
-            save_model(self.path / name, model, input_shape, num_labels, params, buffers)
+            return save_model(self.path / name, model, input_shape, num_labels, params, buffers)
+        return None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """``summary.json``: written last, it commits the run."""
         if self.primary:
-            write_json_atomic(self.path / SUMMARY, summary)
+            write_json_atomic(self.path / SUMMARY, summary, resume_hint(self.path))
 
     def summary(self) -> dict[str, Any] | None:
         path = self.path / SUMMARY
@@ -256,7 +269,9 @@ def load_run(run_dir: str | Path) -> RunResult:
     """A saved run: ``summary.json`` (or, for an unfinished run, ``config.toml``) and ``history.csv``."""
     out = Path(run_dir)
     if (out / "summary.json").exists():
-        summary = json.loads((out / "summary.json").read_text())
+        summary = _read_json(out / "summary.json")
+        if not isinstance(summary.get("config"), dict):
+            raise ConfigError(f"{out / 'summary.json'}: no config in it; the run folder is damaged")
     elif (out / "config.toml").exists():
         from fedxrisk.run.configfile import flat_unchecked, read_config_file
 
@@ -265,9 +280,42 @@ def load_run(run_dir: str | Path) -> RunResult:
         raise ConfigError(f"{out} is not a run folder (no summary.json or config.toml)")
     history = []
     if (out / "history.csv").exists():
-        with open(out / "history.csv", newline="") as f:
-            history = [{k: _parse_cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        history = _read_history(out / "history.csv")
     return RunResult(summary, history, out)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object, or one line naming the damaged file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
+        ) from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e}); the run folder is damaged") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: not a JSON object; the run folder is damaged")
+    return value
+
+
+def _read_history(path: Path) -> list[dict[str, Any]]:
+    """history.csv rows with numbers parsed, or one line naming what is missing or unreadable."""
+    needed = ("round", "test_auroc", "test_ap", "bytes_up_per_client", "bytes_down_per_client")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [k for k in needed if k not in (reader.fieldnames or [])]
+            if missing:
+                raise ConfigError(f"{path}: no column {', '.join(missing)}; the run folder is damaged")
+            rows = [{k: _parse_cell(v or "") for k, v in row.items() if k is not None} for row in reader]
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{path}: unreadable ({e}); the run folder is damaged") from None
+    for i, row in enumerate(rows, start=2):
+        bad = [k for k in needed if not isinstance(row.get(k), (int, float))]
+        if bad:
+            raise ConfigError(f"{path} line {i}: {bad[0]} is not a number; the run folder is damaged")
+    return rows
 
 
 def check_out_dir(out: Path) -> None:

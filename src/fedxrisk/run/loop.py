@@ -24,6 +24,7 @@ from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
+from fedxrisk.run.identity import fingerprint
 
 
 def train(
@@ -91,6 +92,7 @@ def train(
                     folder.save_checkpoint(
                         {
                             "config": cfg.to_dict(),
+                            "config_sha256": fingerprint(cfg.to_dict()),
                             "simulation": simulation,
                             "history": history,
                             "best": best,
@@ -120,7 +122,7 @@ def train(
         if chosen is not None and chosen.params is not None:
             folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL)
             params, buffers = chosen.params, chosen.buffers or {}
-        folder.save_model(cfg.model, shape, labels, params, buffers, MODEL)
+        summary["model_sha256"] = folder.save_model(cfg.model, shape, labels, params, buffers, MODEL)
     folder.write_summary(summary)
     if failure is not None:
         raise failure
@@ -219,6 +221,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "hyperparameters": _hparams(setup.algorithm),
             **({"init": setup.init} if setup.init is not None else {}),
             "config": cfg.to_dict(),
+            "config_sha256": fingerprint(cfg.to_dict()),
             "torch_version": torch.__version__,
         }
     )

@@ -54,6 +54,7 @@ from fedxrisk.run.folder import (
     refuse_run,
     write_config,
 )
+from fedxrisk.run.identity import config_difference, differing_keys, fingerprint, same_config
 from fedxrisk.run.loop import train
 from fedxrisk.run.spec import CENTRALIZED, RunConfig
 
@@ -115,7 +116,7 @@ def resume_experiment(
             raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
     ckpt = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     if ckpt is not None:
-        cfg = config_from_flat(ckpt["config"])
+        cfg = check_identity(out, ckpt, config_from_flat(ckpt["config"]))
     elif (out / "config.toml").exists():  # killed before its first checkpoint
         cfg = load_config(out / "config.toml")
     else:
@@ -131,6 +132,34 @@ def resume_experiment(
         setup.simulation.load_state_dict(ckpt["simulation"])
     folder = RunFolder(out, setup.simulation.is_primary)
     return train(setup, folder, default_callbacks(callback, callbacks), ckpt)
+
+
+def check_identity(out: Path, ckpt: dict[str, Any], cfg: RunConfig) -> RunConfig:
+    """The config to continue: the checkpoint's, which must be this folder's ``config.toml``.
+
+    An edited config or a foreign checkpoint is refused with the way to start a new run
+    from the config; a config.toml that differs in the step size only (written by
+    ``--resume --set algorithm.lr=…`` after the checkpoint) is the one continued.
+    """
+    from fedxrisk.run.configfile import load_config
+
+    stored = ckpt.get("config_sha256")
+    if stored is not None and stored != fingerprint(ckpt["config"]):
+        raise ConfigError(f"{out / CHECKPOINT}: its config does not match its own fingerprint (damaged)")
+    if not (out / "config.toml").exists():
+        return cfg
+    from_file = load_config(out / "config.toml")
+    written = from_file.to_dict()
+    if not same_config(written, cfg.to_dict()):
+        steps = {key.split(".")[1] for key in RESUME_KEYS}
+        if set(differing_keys(written, cfg.to_dict())) <= steps:
+            return from_file
+        raise ConfigError(
+            f"{out}/config.toml differs from the run in {CHECKPOINT} ({config_difference(written, cfg.to_dict())}); "
+            f"--resume continues the checkpoint's run only: start a new run from this config with "
+            f"`fedxrisk run --config {out}/config.toml --out NEW_FOLDER`, or restore the original config.toml"
+        )
+    return cfg
 
 
 RESUME_KEYS = ("algorithm.lr", "algorithm.lr_decay")
