@@ -150,6 +150,7 @@ def run(
     """
     from fedxrisk.engines import DistributedError, NonFiniteLoss
     from fedxrisk.engines.distributed import launched_rank
+    from fedxrisk.run.callbacks import Announce
     from fedxrisk.run.configfile import config_from_sections
     from fedxrisk.run.folder import default_out_dir
     from fedxrisk.run.recipes import resume_experiment, run_experiment
@@ -167,22 +168,23 @@ def run(
                     "(it takes only --set algorithm.lr=… / algorithm.lr_decay=…)"
                 )
             folder = Path(resume)
-            job = lambda callback: resume_experiment(folder, callback, overrides)
+            job = lambda callback, hooks: resume_experiment(folder, callback, overrides, hooks)
         else:
             if pretrain_rounds is not None:  # --set pretrain.rounds still wins
                 overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
             cfg = config_from_sections(resolve(config_file, given, options, overrides))
             folder = Path(out) if out else default_out_dir(cfg)
-            job = lambda callback: run_experiment(cfg, folder, callback)
+            job = lambda callback, hooks: run_experiment(cfg, folder, callback, hooks)
         from fedxrisk.data.stream import BadFileError
 
         secondary = launched_rank() != 0  # under torchrun only rank 0 reports
         try:
             if quiet or secondary:
-                result = job(None)
+                result = job(None, [])
             else:
                 with training_progress() as progress:
-                    result = job(Bar(progress, "training"))
+                    say = lambda line: progress.console.print(escape(line), soft_wrap=True)
+                    result = job(Bar(progress, "training"), [Announce(say)])
         except NonFiniteLoss as e:
             console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
             sys.exit(1)

@@ -127,7 +127,7 @@ def make_federated(
     partition_kind: str = "class",
     imratio: float | None = 0.1,
     seed: int = 0,
-    positive_classes: Sequence[int] | None = None,
+    positive_classes: Sequence[int | str] | None = None,
     dirichlet_alpha: float = 0.5,
     allow_missing_class: bool = False,
     data_dir: str | None = None,

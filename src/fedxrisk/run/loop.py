@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fedxrisk.algorithms import Algorithm
+from fedxrisk.data.types import describe_positive, positive_record
 from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
@@ -47,6 +48,7 @@ def train(
 
     folder.write_history(history)  # drops rows evaluated after the checkpoint
     state = LoopState(cfg, folder.path, len(sim.plans), sim.round, history, primary)
+    state.positive = describe_positive(setup.data.data)
     for cb in callbacks:
         cb.on_start(state)
     if primary and setup.init is not None and ckpt is None:  # the starting weights' metrics
@@ -154,6 +156,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "final": {k: final.get(k, math.nan) for k in keys}
             | {k: final[k] for k in ("test_auroc_per_label", "test_ap_per_label") if k in final},
             "label_names": list(setup.data.data.label_names) or None,
+            "positive_class": positive_record(setup.data.data),
             "best": {"test_auroc": best["test_auroc"], "round": best["round"], **_best_of(history, PAUC_KEYS)}
             if best
             else None,

@@ -29,7 +29,7 @@ class RunConfig:
     imratio: float | None = 0.1
     partition: str = "class"
     dirichlet_alpha: float = 0.5
-    positive_classes: list[int] | None = None
+    positive_classes: list[int | str] | None = None  # class ids or names
     model: str = "mlp"
     rounds: int = 100
     local_steps: int | None = None  # None: the algorithm's fixed window, else 8
