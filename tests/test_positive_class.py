@@ -10,14 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 import fedxrisk
 from fedxrisk.cli import main
 from fedxrisk.data.datasets import binarize, load_dataset
 from fedxrisk.data.federated import make_federated
+from fedxrisk.errors import ConfigError
 from fedxrisk.evaluation import inversion_warnings
 from fedxrisk.experiment import RunConfig, run_experiment
+from fedxrisk.run.checks import check
 from helpers import write_image_folder
 
 TINY = dict(rounds=2, stages=1, eval_every=2, clients=2, tensorboard=False, checkpoint_every=0)
@@ -121,3 +124,13 @@ def test_inversion_warning_rule():
     assert len(inversion_warnings({"score": row(0.35, 0.20, 0.49)})) == 1
     assert len(inversion_warnings({"score": row(0.2, float("nan"), float("nan"))})) == 1
     assert inversion_warnings({"score": row(0.4, float("nan"), float("nan"))}) == []
+
+
+def test_test_imratio_thins_the_test_set_the_same_for_every_seed():
+    plain = make_federated("digits", 4, "iid", 0.1, 0)
+    assert (int(plain.data.y_test.sum()), len(plain.data.y_test)) == (269, 540)  # the data's own 50%
+    a, b = (make_federated("digits", 4, "iid", 0.1, seed, test_imratio=0.1) for seed in (0, 1))
+    assert (int(a.data.y_test.sum()), len(a.data.y_test)) == (30, 301)  # 271 negatives, 30 positives
+    assert torch.equal(a.data.x_test, b.data.x_test) and torch.equal(a.data.y_test, b.data.y_test)
+    with pytest.raises(ConfigError, match=r"data.test_imratio must lie in \(0, 1\)"):
+        check(RunConfig(test_imratio=1.5))

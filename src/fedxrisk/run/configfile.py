@@ -64,6 +64,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "clients",
         "dirichlet_alpha",
         "positive_classes",
+        "test_imratio",
         "batch_size",
         "allow_missing_class",
         "feature_shift",

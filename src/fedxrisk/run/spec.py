@@ -27,6 +27,7 @@ class RunConfig:
     dataset: str = "digits"
     clients: int = 8
     imratio: float | None = 0.1
+    test_imratio: float | None = None  # None: the test set's own prevalence
     partition: str = "class"
     dirichlet_alpha: float = 0.5
     positive_classes: list[int | str] | None = None  # class ids or names
