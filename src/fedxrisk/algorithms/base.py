@@ -114,6 +114,9 @@ class Algorithm:
         needs_both_classes: the objective needs positives and negatives on every
             client (AUC-type risks); False for cross-entropy, where a client holding
             one class is ordinary (no ``allow_missing_class`` needed).
+        acts_at_stage_end: ``communicate`` changes the state at a stage's last round
+            (CODA+'s restart): a run extended past its last round then differs from one
+            planned longer (``fedxrisk run --resume RUN --rounds N`` warns).
     """
 
     name: ClassVar[str] = ""
@@ -126,6 +129,7 @@ class Algorithm:
     positives_per_batch: int = 0
     begin_batch: ClassVar[bool] = False
     needs_both_classes: ClassVar[bool] = True
+    acts_at_stage_end: ClassVar[bool] = False
 
     problem: Problem
 

@@ -50,7 +50,7 @@ def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
     "--resume",
     type=click.Path(file_okay=False),
     default=None,
-    help="continue a killed run from its folder (its own config; no other settings)",
+    help="continue a killed run from its folder (its own config); with --rounds N, extend a finished one",
 )
 @click.option("--algorithm", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
@@ -159,16 +159,18 @@ def run(
     given = typed_flags(click.get_current_context(), flags)
     with config_errors():
         if resume is not None:
-            extra = [*given, *(["--config"] if config_file else [])]
+            rounds = given.pop("rounds", None)  # --resume RUN --rounds N: extend a finished run
+            extra = [f"--{k.replace('_', '-')}" for k in given] + (["--config"] if config_file else [])
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
             extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:
                 raise ConfigError(
                     f"--resume continues a run with its own config; drop {', '.join(extra)} "
-                    "(it takes only --set algorithm.lr=… / algorithm.lr_decay=…)"
+                    "(it takes only --rounds N to extend a finished run, and --set algorithm.lr=… / "
+                    "algorithm.lr_decay=…)"
                 )
             folder = Path(resume)
-            job = lambda callback, hooks: resume_experiment(folder, callback, overrides, hooks)
+            job = lambda callback, hooks: resume_experiment(folder, callback, overrides, hooks, rounds)
         else:
             if pretrain_rounds is not None:  # --set pretrain.rounds still wins
                 overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)

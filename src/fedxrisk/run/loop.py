@@ -73,20 +73,7 @@ def train(
                     for cb in callbacks:
                         cb.on_evaluation(row, state)
                 if cfg.checkpoint_every and sim.round % cfg.checkpoint_every == 0 and not sim.done:
-                    simulation = sim.state_dict()  # collective under the distributed engine
-                    kept = {cb.state_key: cb.state_dict() for cb in callbacks if cb.state_dict()}
-                    folder.save_checkpoint(
-                        {
-                            "config": cfg.to_dict(),
-                            "simulation": simulation,
-                            "history": history,
-                            "best": best,
-                            "wall_seconds": elapsed(),
-                            "resumed_at": resumed,
-                            "torch_version": str(torch.__version__),
-                            **({"callbacks": kept} if kept else {}),
-                        }
-                    )
+                    folder.save_checkpoint(_checkpoint(setup, callbacks, history, best, elapsed(), resumed))
                 for cb in callbacks:
                     cb.on_round_end(row, state)
         except NonFiniteLoss as e:
@@ -102,8 +89,26 @@ def train(
     folder.write_summary(summary)
     if failure is not None:
         raise failure
+    if cfg.checkpoint_every and sim.done:  # keep the end state: the run can be extended
+        folder.save_final_state(_checkpoint(setup, callbacks, history, best, elapsed(), resumed))
     folder.drop_checkpoint()
     return RunResult(summary, history, folder.path)
+
+
+def _checkpoint(setup: Setup, callbacks, history, best, wall: float, resumed: list[int]) -> dict[str, Any]:
+    """What a resume needs (a collective under the distributed engine: every rank calls it)."""
+    simulation = setup.simulation.state_dict()
+    kept = {cb.state_key: cb.state_dict() for cb in callbacks if cb.state_dict()}
+    return {
+        "config": setup.config.to_dict(),
+        "simulation": simulation,
+        "history": history,
+        "best": best,
+        "wall_seconds": wall,
+        "resumed_at": resumed,
+        "torch_version": str(torch.__version__),
+        **({"callbacks": kept} if kept else {}),
+    }
 
 
 def _better(new: float, old: float) -> bool:
