@@ -98,6 +98,7 @@ def streamed_config(folder: Path, engine: str, stream: bool) -> RunConfig:
     """The streamed scenario (tests/test_distributed.py runs the loop reference in memory)."""
     return RunConfig(
         algorithm="codasca", dataset="folder", data_dir=str(folder), clients=4, imratio=None, partition="iid",
+        positive_classes=["b"],
         rounds=3, stages=1, local_steps=2, batch_size=6, engine=engine, stream=stream,
         clients_per_rank=2 if engine == "distributed" else 1, workers=1, dist_timeout=60, tensorboard=False,
     )  # fmt: skip

@@ -68,7 +68,12 @@ def runs(tmp_path_factory):
         "digits": RunConfig(**TINY),
         "ml": RunConfig(dataset="npz", data_dir=str(root / "ml.npz"), imratio=None, partition="iid", **TINY),
         "img": RunConfig(
-            dataset="folder", data_dir=str(root / "data" / "img"), imratio=None, partition="iid", **TINY
+            dataset="folder",
+            data_dir=str(root / "data" / "img"),
+            imratio=None,
+            partition="iid",
+            positive_classes=["c1"],
+            **TINY,
         ),
         "tab": RunConfig(
             dataset="tabular", data_dir=str(root / "data" / "tab"), imratio=None, partition="iid", **TINY

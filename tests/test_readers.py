@@ -220,7 +220,7 @@ def test_site_folders_give_one_client_per_site(tmp_path):
     assert len(data.y_train) + len(data.y_test) == 20
     assert np.bincount(sources).tolist() == [5, 8]  # 70% of hospA's 8 and hospB's 12 images
     assert len(data.y_test) == 7
-    fed = make_federated("sites", 2, "source", None, 0, data_dir=str(tmp_path))
+    fed = make_federated("sites", 2, "source", None, 0, ["malignant"], data_dir=str(tmp_path))
     np.testing.assert_array_equal(fed.shards[0], np.flatnonzero(sources == 0))
     np.testing.assert_array_equal(fed.shards[1], np.flatnonzero(sources == 1))
 
@@ -282,7 +282,7 @@ def test_manifest_patient_disjoint_split_and_errors(tmp_path):
     np.testing.assert_array_equal(data.groups_train["source"], [0 if i < 3 else 1 for i in rows["train"]])
     with pytest.raises(DataFileError, match="label column"):
         read_manifest(path, label_columns=["Cardiomegaly"], image_size=None)
-    path.write_text("path,Edema\nimg/0.png,maybe\n")
+    path.write_text("path,Edema,Effusion\nimg/0.png,maybe,1\n")
     with pytest.raises(DataFileError, match="not a number"):
         read_manifest(path, image_size=None)
     with pytest.raises(MissingDataError, match="manifest.csv with a header"):

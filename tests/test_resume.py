@@ -104,9 +104,9 @@ def test_finished_run_cannot_be_resumed_or_overwritten(reference):
 
 
 def test_resume_refuses_other_settings(reference):
-    result = CliRunner().invoke(main, ["run", "--resume", str(reference.out_dir), "--rounds", "9"])
+    result = CliRunner().invoke(main, ["run", "--resume", str(reference.out_dir), "--clients", "9"])
     assert result.exit_code == 2
-    assert "--resume continues a run with its own config; drop rounds" in result.output
+    assert "--resume continues a run with its own config; drop --clients" in result.output
 
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):

@@ -50,6 +50,8 @@ def _cfg(data_dir, stream=True, engine="loop", dataset="folder", **kw) -> RunCon
     base = dict(algorithm="codasca", dataset=dataset, data_dir=str(data_dir), clients=3, imratio=None,
                 partition="iid", model="mlp", rounds=3, stages=1, local_steps=2, batch_size=6,
                 engine=engine, stream=stream, workers=1, eval_every=1, tensorboard=False)  # fmt: skip
+    if dataset == "folder":
+        base["positive_classes"] = ["b"]
     return RunConfig(**{**base, **kw})
 
 
@@ -206,7 +208,8 @@ def test_cli_streams_from_set_options_and_a_corrupt_file_exits_1_naming_it(tmp_p
     out = tmp_path / "run"
     args = ["run", "--dataset", "folder", "--data-dir", str(data), "-K", "2", "--imratio", "none",
             "--partition", "iid", "--rounds", "2", "--stages", "1", "-I", "2", "--batch-size", "4",
-            "--set", "data.stream=true", "--set", "data.workers=0", "--out", str(out), "-q"]  # fmt: skip
+            "--set", "data.stream=true", "--set", "data.workers=0", "--set", 'data.positive_classes=["b"]',
+            "--out", str(out), "-q"]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
     text = " ".join(result.output.split())

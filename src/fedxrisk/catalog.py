@@ -31,6 +31,8 @@ def build() -> dict[str, Any]:
     algorithms = {
         name: {
             "communicates": list(cls.communicates),
+            "default_lr": cls.default_lr,
+            "window": cls.fixed_window,
             "hyperparameters": {k: _jsonable(v) for k, v in cls.hyperparameters().items()},
         }
         for name, cls in ALGORITHMS.items()

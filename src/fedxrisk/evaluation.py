@@ -48,6 +48,9 @@ class Scored:
     description: str
     group_kind: str | None = None  # "client" | "site"
     groups: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # (name, y, scores)
+    groups_split: str = (
+        "test"  # "train": the groups are training shards (in-sample), apart from the test table
+    )
 
 
 def evaluate(
@@ -123,7 +126,7 @@ def _run_data(trained: TrainedModel) -> Scored:
     return Scored(
         _columns(fed.data.y_test.numpy()), _columns(trained.model_logits(fed.data.x_test)),
         f"the run's test set ({trained.config.dataset})",
-        "client", clients,
+        "client", clients, "train",
     )  # fmt: skip
 
 
@@ -153,7 +156,7 @@ def _dataset_data(
     sites = data.groups_train.get("source") if split == "train" else None
     groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
     where = f" in {data_dir}" if data_dir else ""
-    return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups)
+    return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups, split)
 
 
 def _manifest_data(
@@ -199,6 +202,8 @@ def _manifest_labels(path: Path, rows: Sequence[dict[str, str]], trained: Traine
         if len(candidates) != 1:
             raise InputError(f"{path}: needs one label column ('label'), found candidates {candidates}")
         columns = candidates
+    if trained.num_labels == 1:
+        return _class_labels(path, [(r[columns[0]] or "").strip() for r in rows], columns[0], trained)
     y = np.empty((len(rows), len(columns)))
     for i, r in enumerate(rows):
         for j, c in enumerate(columns):
@@ -208,17 +213,35 @@ def _manifest_labels(path: Path, rows: Sequence[dict[str, str]], trained: Traine
             except ValueError:
                 raise InputError(f"{path} row {i + 2}: label {c}={text!r} is not a number") from None
     y[y == -1] = np.nan  # uncertain: left out of that label
-    if trained.num_labels == 1:
-        pos = trained.config.positive_classes
-        if pos:
-            y = np.isin(y, pos).astype(np.float64)
-        elif not np.isin(y[~np.isnan(y)], (0, 1)).all():
-            raise InputError(
-                f"{path}: labels in {columns[0]!r} must be 0/1 (or the run must set data.positive_classes)"
-            )
-    elif not np.isin(y[~np.isnan(y)], (0, 1)).all():
+    if not np.isin(y[~np.isnan(y)], (0, 1)).all():
         raise InputError(f"{path}: multi-label values must be 1, 0, blank or -1 (uncertain)")
     return y
+
+
+def _class_labels(path: Path, texts: list[str], column: str, trained: TrainedModel) -> np.ndarray:
+    """``[N, 1]`` 0/1 labels of one class column: class names or ids of the run's data, mapped
+    through the run's positive class(es); without a record of them, the values must be 0/1."""
+    rec = trained.positive or {}
+    names, ids = rec.get("names") or [], rec.get("ids") or _int_ids(trained.config.positive_classes)
+    if any(t and not t.lstrip("-").replace(".", "", 1).isdigit() for t in texts):
+        if not names:
+            raise InputError(
+                f"{path}: {column!r} holds class names, but the run records none; use 0/1 labels"
+            )
+        return np.isin(texts, names).astype(np.float64)[:, None]
+    y = np.array([float(t) if t else 0.0 for t in texts])
+    y[y == -1] = np.nan  # uncertain: left out
+    if ids:
+        return np.where(np.isnan(y), np.nan, np.isin(y, ids))[:, None].astype(np.float64)
+    if not np.isin(y[~np.isnan(y)], (0, 1)).all():
+        raise InputError(
+            f"{path}: labels in {column!r} must be 0/1 (or the run must set data.positive_classes)"
+        )
+    return y[:, None]
+
+
+def _int_ids(classes: Sequence[int | str] | None) -> list[int]:
+    return [int(c) for c in classes or () if isinstance(c, int) or str(c).isdigit()]
 
 
 # ---- metrics ------------------------------------------------------------------------------------
@@ -245,6 +268,7 @@ def label_metrics(y: np.ndarray, scores: np.ndarray, resamples: int, seed: Seque
         "n": int(len(y)),
         "positives": int(y.sum()),
         "negatives": int(len(y) - y.sum()),
+        "prevalence": float(y.mean()) if len(y) else math.nan,  # AP's baseline: a random ranking's AP
         "auroc": point,
         "auroc_se": math.sqrt(variance) if not math.isnan(variance) else math.nan,
         "auroc_ci": list(wald_interval(point, variance, LEVEL)),
@@ -253,6 +277,22 @@ def label_metrics(y: np.ndarray, scores: np.ndarray, resamples: int, seed: Seque
         "pauc30": partial_auroc(y, scores, PAUC_FPR),
         "pauc30_ci": list(boot["pauc30"]),
     }
+
+
+def inversion_warnings(overall: dict[str, dict[str, Any]]) -> list[str]:
+    """A warning per label whose AUROC lies clearly below 0.5 (the whole DeLong interval, or < 0.3
+    without one): the scores rank negatives first, as when the positive class is inverted."""
+    out = []
+    for name, m in overall.items():
+        hi = m["auroc_ci"][1]
+        low = hi < 0.5 if hi is not None and not math.isnan(hi) else m["auroc"] < 0.3
+        if low and not math.isnan(m["auroc"]):
+            where = "" if name == "score" else f" ({name})"
+            out.append(
+                f"AUROC {m['auroc']:.4f}{where} is far below 0.5: scores rank negatives first: "
+                "is the positive class inverted?"
+            )
+    return out
 
 
 def run_summary(y: np.ndarray, scores: np.ndarray, client_aurocs: Sequence[float] | None) -> dict[str, Any]:
@@ -278,17 +318,21 @@ def _report(trained: TrainedModel, data: Scored, resamples: int, seed: int) -> d
     clients = None
     if data.group_kind == "client":
         clients = [_nanmean(per_label(auroc, gy, gs)) for _, gy, gs in data.groups]
+    overall = table(data.y, data.scores, 0)
     return {
         "run": str(trained.run_dir),
         "data": data.description,
+        "positive_class": trained.positive,
+        "warnings": inversion_warnings(overall),
         "samples": int(len(data.y)),
         "labels": names,
         "level": LEVEL,
         "pauc_max_fpr": PAUC_FPR,
         "auroc_interval": "DeLong (Wald on the AUROC scale, clipped to [0, 1])",
         "bootstrap": {"resamples": resamples, "seed": seed, "method": "stratified percentile"},
-        "overall": table(data.y, data.scores, 0),
+        "overall": overall,
         "summary": run_summary(data.y, data.scores, clients),
         "group_kind": data.group_kind,
+        "groups_split": data.groups_split,
         "groups": {name: table(gy, gs, 1 + i) for i, (name, gy, gs) in enumerate(data.groups)},
     }

@@ -42,18 +42,25 @@ def markdown(result: dict[str, Any]) -> str:
         f"percentile bootstrap ({boot['resamples']} resamples, seed {boot['seed']}).",
         "",
     ]
-    header = "| {} | n+ | n− | AUROC [95% CI] | AP [95% CI] | pAUC30 [95% CI] |"
-    rule = "|---|---:|---:|---|---|---|"
+    positive = (result.get("positive_class") or {}).get("names")
+    if positive:
+        lines += [f"Positive class: {', '.join(positive)}.", ""]
+    lines += [f"**Warning:** {w}" for w in result.get("warnings", [])] + (
+        [""] if result.get("warnings") else []
+    )
+    header = "| {} | n+ | n− | prevalence | AUROC [95% CI] | AP [95% CI] | pAUC30 [95% CI] |"
+    rule = "|---|---:|---:|---:|---|---|---|"
 
     def row(first: str, m: dict[str, Any]) -> str:
         return (
-            f"| {first} | {m['positives']} | {m['negatives']} | {_num(m['auroc'])} {_ci(m['auroc_ci'])} | "
+            f"| {first} | {m['positives']} | {m['negatives']} | {_num(m['prevalence'])} | "
+            f"{_num(m['auroc'])} {_ci(m['auroc_ci'])} | "
             f"{_num(m['ap'])} {_ci(m['ap_ci'])} | {_num(m['pauc30'])} {_ci(m['pauc30_ci'])} |"
         )
 
     lines += [header.format("label"), rule, *(row(k, m) for k, m in result["overall"].items()), ""]
     if result["groups"]:
-        lines += [f"## Per {result['group_kind']}", ""]
+        lines += [f"## Per {result['group_kind']}{_in_sample(result)}", ""]
         multi = len(result["labels"]) > 1
         lines += [header.format(result["group_kind"] + (" / label" if multi else "")), rule]
         for g, labels in result["groups"].items():
@@ -137,6 +144,13 @@ def _tuples_to_lists(value: Any) -> Any:
     return value
 
 
+def _in_sample(result: dict[str, Any]) -> str:
+    """How the group rows differ from the overall table when they are not its data."""
+    if result.get("groups_split") == "train" and result["group_kind"] == "client":
+        return ": its TRAINING shard (in-sample, not test data; not comparable with the table above)"
+    return ": training split" if result.get("groups_split") == "train" else ""
+
+
 def console_tables(result: dict[str, Any]) -> list[Any]:
     """Rich tables that fit 80 columns: one row per label and metric, then one row per group."""
     from rich import box
@@ -156,13 +170,15 @@ def console_tables(result: dict[str, Any]) -> list[Any]:
     for label, m in result["overall"].items():
         counts = f"{m['positives']}/{m['negatives']}"
         overall.add_row(label[:18], "AUROC", _num(m["auroc"]), _ci(m["auroc_ci"]) + " DeLong", counts)
-        overall.add_row("", "AP", _num(m["ap"]), _ci(m["ap_ci"]), "")
+        overall.add_row("", f"AP (prev. {m['prevalence']:.3f})", _num(m["ap"]), _ci(m["ap_ci"]), "")
         overall.add_row("", "pAUC30", _num(m["pauc30"]), _ci(m["pauc30_ci"]), "", end_section=True)
+    if result.get("positive_class") and result["positive_class"].get("names"):
+        overall.caption = f"positive class: {', '.join(result['positive_class']['names'])}"
     tables = [overall]
     if result["groups"]:
         multi = len(result["labels"]) > 1
         kind = result["group_kind"]
-        title = f"per {kind}" + (" (on its training shard)" if kind == "client" else "")
+        title = f"per {kind}{_in_sample(result)}"
         per = Table(title=title + (", mean over labels" if multi else ""), box=box.SIMPLE_HEAD)
         for name in (result["group_kind"], "n+/n−", "AUROC", "95% CI", "AP", "pAUC30"):
             per.add_column(name, justify="left" if name in (result["group_kind"], "95% CI") else "right")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ class TrainedModel:
     input_shape: tuple[int, ...]
     label_names: list[str]
     standardize: tuple[np.ndarray, np.ndarray] | None
+    positive: dict[str, Any] | None = None  # summary.json's positive_class: {"ids", "names"}
 
     @property
     def num_labels(self) -> int:
@@ -94,8 +96,9 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     problem = Problem(load_model(folder).to(device), 0.5, num_labels=labels)
     params, buffers = problem.init_model()
     names = _label_names(folder, labels)
+    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
     return TrainedModel(folder, cfg, problem, params, buffers, tuple(blob["input_shape"]), names,
-                        feature_standardization(cfg))  # fmt: skip
+                        feature_standardization(cfg), summary.get("positive_class"))  # fmt: skip
 
 
 def _label_names(folder: Path, labels: int) -> list[str]:

@@ -6,7 +6,7 @@ its distinct seeds with a band of ± one standard deviation; a seed run twice
 counts once, and the legend gives n, the seeds per line. Labels name the
 algorithm and the settings that differ between groups; the title names what
 they share (dataset, imratio, K clients, window I). Lines differ in colour
-and, past ten, in line style; a crowded legend goes outside the axes. Every
+and, past ten, in line style; the legend sits beside the axes (never over a curve), long labels wrapped. Every
 PNG comes with ``curves.csv``, the per-run numbers behind it. Reading runs
 never builds or launches anything.
 """
@@ -204,6 +204,17 @@ def legend_labels(groups: Sequence[Group]) -> list[str]:
     return [f"{g.label} (n={len(g.runs)})" for g in groups]
 
 
+LEGEND_WRAP = 36  # characters per legend line; longer labels (runs with different settings) wrap
+
+
+def _wrapped(ax) -> tuple[list, list[str]]:
+    """The axes' legend handles and their labels wrapped at :data:`LEGEND_WRAP` characters."""
+    import textwrap
+
+    handles, labels = ax.get_legend_handles_labels()
+    return handles, ["\n".join(textwrap.wrap(label, LEGEND_WRAP)) or label for label in labels]
+
+
 def _byte_unit(largest: float) -> tuple[float, str]:
     for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
         if largest >= scale:
@@ -244,7 +255,8 @@ def render_groups(groups: Sequence[Group], metric: str = "test_auroc") -> dict[s
     outside = len(groups) > LEGEND_INSIDE
     images = {}
     for filename, (xkey, xscale, xlabel) in axes.items():
-        fig = Figure(figsize=(10.0 if outside else 7.5, 4.8), layout="constrained")
+        longest = max(min(len(label), LEGEND_WRAP) for label in labels)
+        fig = Figure(figsize=(7.5 + 0.075 * longest, 4.8 if not outside else 5.4), layout="constrained")
         ax = fig.subplots()
         for c, style, label in zip(curves, styles, labels):
             x = c[xkey] / xscale
@@ -261,10 +273,8 @@ def render_groups(groups: Sequence[Group], metric: str = "test_auroc") -> dict[s
         if xkey == "round":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        if outside:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=9)
-        else:
-            ax.legend(loc="best", fontsize=9)
+        # beside the axes, never over a curve; placed by the layout, so never cut at the edge
+        fig.legend(*_wrapped(ax), loc="outside right upper", fontsize=9)
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=120)
         images[filename] = buffer.getvalue()

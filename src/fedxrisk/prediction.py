@@ -40,6 +40,7 @@ class Predictions:
     ids: list[tuple[Any, ...]]
     logits: np.ndarray
     label_names: list[str]
+    positive: str | None = None  # the positive class's name (one-label runs that record it)
 
     @property
     def probabilities(self) -> np.ndarray:
@@ -48,7 +49,7 @@ class Predictions:
     def columns(self, scores: str = "prob") -> list[str]:
         kinds = ("prob", "logit") if scores == "both" else (scores,)
         if self.label_names == ["score"]:
-            return list(kinds)
+            return [f"{k}_{self.positive}" if self.positive else k for k in kinds]
         return [f"{k}_{name}" for k in kinds for name in self.label_names]
 
 
@@ -107,7 +108,7 @@ def predict(
     width = trained.num_labels
     result = Predictions(
         source.id_columns, ids, np.concatenate(logits) if logits else np.zeros((0, width), np.float32),
-        trained.label_names,
+        trained.label_names, _positive_name(trained.positive),
     )  # fmt: skip
     if out is not None:
         write_csv(result, Path(out), scores)
@@ -127,3 +128,9 @@ def write_csv(pred: Predictions, out: Path, scores: str = "prob") -> None:
 
     make_folder(out.parent)
     replace_atomic(out, write)
+
+
+def _positive_name(record: dict[str, Any] | None) -> str | None:
+    """``lesion`` (``a+b`` for several positive classes) from summary.json's positive_class, if named."""
+    names = (record or {}).get("names")
+    return "+".join(names) if names else None

@@ -116,6 +116,9 @@ class Algorithm:
             one class is ordinary (no ``allow_missing_class`` needed).
         monitor: the validation column model selection and early stopping follow by
             default (``val_auroc``; the pAUC and AP objectives their own metric).
+        acts_at_stage_end: ``communicate`` changes the state at a stage's last round
+            (CODA+'s restart): a run extended past its last round then differs from one
+            planned longer (``fedxrisk run --resume RUN --rounds N`` warns).
     """
 
     name: ClassVar[str] = ""
@@ -129,6 +132,7 @@ class Algorithm:
     begin_batch: ClassVar[bool] = False
     needs_both_classes: ClassVar[bool] = True
     monitor: ClassVar[str] = "val_auroc"
+    acts_at_stage_end: ClassVar[bool] = False
 
     problem: Problem
 

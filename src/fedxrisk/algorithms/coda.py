@@ -82,6 +82,7 @@ class CODAPlus(Algorithm):
 
     name = "codaplus"
     communicates = ("w", "a", "b", "alpha")
+    acts_at_stage_end = True  # the stage restart (and CoDA's stage batch, NPA's as well)
     default_lr = (
         3.0  # sigmoid scores make the square loss gradients small (factor p(1 − p)); see docs/benchmarks.md
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,11 +28,17 @@ class BadConfig(click.ClickException):
 
 @contextmanager
 def config_errors() -> Iterator[None]:
+    """A :class:`ConfigError` as one ``Error:`` line, exit 2; under torchrun only rank 0 prints it
+    (every rank meets the same mistake: it was printed once per rank)."""
+    import os
+
     from fedxrisk.outfiles import DISK_ERRORS
 
     try:
         yield
     except ConfigError as e:
+        if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+            sys.exit(2)
         raise BadConfig(str(e)) from None
     except OSError as e:  # a full disk or a refused permission the output layer did not wrap: one line
         if e.errno not in DISK_ERRORS:

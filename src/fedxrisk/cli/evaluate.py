@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
-from fedxrisk.cli.common import BadConfig, config_errors, main
+from fedxrisk.cli.common import BadConfig, config_errors, console, main
 from fedxrisk.cli.progress import rows_progress
 
 
@@ -51,6 +52,8 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
                     result = evaluate(run_dir, progress=bar, **options)
         except DataFileError as e:
             raise BadConfig(str(e)) from None
+    for warning in result["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
     if quiet:
         click.echo(result["files"][0])
         return

@@ -16,12 +16,15 @@ def list_() -> None:
     catalog = load()  # generated from the registries; no torch import
     table = Table(title="algorithms")
     table.add_column("name")
+    table.add_column("default lr", justify="right")
     table.add_column("communicates")
     table.add_column("hyperparameters (defaults)")
     for name, entry in catalog["algorithms"].items():
         hp = ", ".join(f"{k}={v}" for k, v in entry["hyperparameters"].items())
-        table.add_row(name, ", ".join(entry["communicates"]), hp)
+        window = f" (I = {entry['window']})" if entry["window"] else ""
+        table.add_row(name, f"{entry['default_lr']:g}{window}", ", ".join(entry["communicates"]), hp)
     out = Console()
     out.print(table)
+    out.print("default lr: the step size a run uses without --lr / algorithm.lr; I: a fixed window")
     for key in ("datasets", "partitions", "models", "engines"):
         out.print(f"{key + ':':<11} " + ", ".join(catalog[key]))

@@ -36,6 +36,35 @@ def _imratio(text: str | None) -> float | None:
         raise click.BadParameter(f"{text!r} is neither a number nor 'none'", param_hint="--imratio") from None
 
 
+SMALL_MODELS = ("linear", "mlp", "cnn", "cnn28", "cnn1d")  # a second thread costs more CPU than it saves
+
+
+def set_threads(threads: int | None, model: str | None) -> int:
+    """torch's intra-op threads for this run: ``threads`` (0: torch's default), else 1 for the
+    small models unless OMP_NUM_THREADS says otherwise; the count in use is returned."""
+    import os
+
+    import torch
+
+    if threads is None and model in SMALL_MODELS and "OMP_NUM_THREADS" not in os.environ:
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def _model_of(model: str | None, resume: str | None) -> str | None:
+    """The run's model: given, or read from the resumed folder's config.toml (None if unreadable)."""
+    if model is not None or resume is None:
+        return model
+    import tomllib
+
+    try:
+        return tomllib.loads((Path(resume) / "config.toml").read_text())["model"]["model"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return None
+
+
 def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
     """The NaN message, what was kept, and how to continue."""
     kept = f"{e}. History so far is kept in {folder}"
@@ -50,7 +79,7 @@ def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
     "--resume",
     type=click.Path(file_okay=False),
     default=None,
-    help="continue a killed run from its folder (its own config; no other settings)",
+    help="continue a killed run from its folder (its own config); with --rounds N, extend a finished one",
 )
 @click.option("--algorithm", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
@@ -134,6 +163,13 @@ def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
     default=None,
     help="output folder (default runs/<time>-<alg>-<data>)",
 )
+@click.option(
+    "--threads",
+    type=click.IntRange(min=0),
+    default=None,
+    help="torch CPU threads (default: 1 for the small models, as OMP_NUM_THREADS says if set, "
+    "else torch's default; 0: torch's default); docs/performance.md",
+)
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar or summary table")
 def run(
     config_file: str | None,
@@ -142,6 +178,7 @@ def run(
     options: tuple[str, ...],
     out: str | None,
     quiet: bool,
+    threads: int | None,
     **flags: Any,
 ) -> None:
     """Train one federated experiment; write config.toml, history.csv, summary.json.
@@ -150,6 +187,7 @@ def run(
     """
     from fedxrisk.engines import DistributedError, NonFiniteLoss
     from fedxrisk.engines.distributed import launched_rank
+    from fedxrisk.run.callbacks import Announce
     from fedxrisk.run.configfile import config_from_sections
     from fedxrisk.run.folder import default_out_dir
     from fedxrisk.run.recipes import resume_experiment, run_experiment
@@ -158,31 +196,36 @@ def run(
     given = typed_flags(click.get_current_context(), flags)
     with config_errors():
         if resume is not None:
-            extra = [*given, *(["--config"] if config_file else [])]
+            rounds = given.pop("rounds", None)  # --resume RUN --rounds N: extend a finished run
+            extra = [f"--{k.replace('_', '-')}" for k in given] + (["--config"] if config_file else [])
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
             extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:
                 raise ConfigError(
                     f"--resume continues a run with its own config; drop {', '.join(extra)} "
-                    "(it takes only --set algorithm.lr=… / algorithm.lr_decay=…)"
+                    "(it takes only --rounds N to extend a finished run, and --set algorithm.lr=… / "
+                    "algorithm.lr_decay=…)"
                 )
             folder = Path(resume)
-            job = lambda callback: resume_experiment(folder, callback, overrides)
+            job = lambda callback, hooks: resume_experiment(folder, callback, overrides, hooks, rounds)
         else:
             if pretrain_rounds is not None:  # --set pretrain.rounds still wins
                 overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
             cfg = config_from_sections(resolve(config_file, given, options, overrides))
             folder = Path(out) if out else default_out_dir(cfg)
-            job = lambda callback: run_experiment(cfg, folder, callback)
+            job = lambda callback, hooks: run_experiment(cfg, folder, callback, hooks)
         from fedxrisk.data.stream import BadFileError
+
+        set_threads(threads, _model_of(cfg.model if resume is None else None, resume))
 
         secondary = launched_rank() != 0  # under torchrun only rank 0 reports
         try:
             if quiet or secondary:
-                result = job(None)
+                result = job(None, [])
             else:
                 with training_progress() as progress:
-                    result = job(Bar(progress, "training"))
+                    say = lambda line: progress.console.print(escape(line), soft_wrap=True)
+                    result = job(Bar(progress, "training"), [Announce(say)])
         except NonFiniteLoss as e:
             console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
             sys.exit(1)

@@ -22,7 +22,8 @@ def load_digits() -> LabeledData:
 def load_breast_cancer() -> LabeledData:
     """scikit-learn's Wisconsin breast cancer (569 × 30), standardized on the train split.
 
-    Classes: 0 = malignant, 1 = benign (scikit-learn's coding).
+    Classes: 0 = malignant, 1 = benign (scikit-learn's coding); the positive class is
+    malignant (before this was stated, the upper-half default made "benign" positive).
     """
     from sklearn.datasets import load_breast_cancer as sk_bc
 
@@ -31,6 +32,7 @@ def load_breast_cancer() -> LabeledData:
     mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
     data.x_train = ((data.x_train - mean) / std).astype(np.float32)
     data.x_test = ((data.x_test - mean) / std).astype(np.float32)
+    data.label_names, data.default_positive = ("malignant", "benign"), (0,)
     return data
 
 

@@ -129,13 +129,14 @@ def make_federated(
     partition_kind: str = "class",
     imratio: float | None = 0.1,
     seed: int = 0,
-    positive_classes: Sequence[int] | None = None,
+    positive_classes: Sequence[int | str] | None = None,
     dirichlet_alpha: float = 0.5,
     allow_missing_class: bool = False,
     data_dir: str | None = None,
     feature_shift: bool = False,
     one_class_ok: bool = False,
     num_samples: int | None = None,
+    test_imratio: float | None = None,
 ) -> FederatedData:
     """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
 
@@ -143,6 +144,8 @@ def make_federated(
     ``feature_shift`` adds FeDXL's per-client Gaussian feature shift (``data.shift``);
     ``one_class_ok``: see :func:`check_client_classes`.
     ``num_samples`` sizes a generated dataset (mnist1d, synthetic) before its split.
+    ``test_imratio``: thin the test set to this positive ratio too (by a fixed draw, the same
+    for every seed); None keeps the test set's own prevalence.
     """
     if isinstance(dataset, BinaryData):
         data = dataset
@@ -155,21 +158,26 @@ def make_federated(
         raise ValueError(
             f"{data.name} is multi-label: imratio applies to one binary label; set imratio = None (--imratio none)"
         )
+    if data.y_test.dim() == 2 and test_imratio is not None:
+        raise ValueError(f"{data.name} is multi-label: test_imratio applies to one binary label")
     rng = np.random.default_rng([seed, 1])
     kept = make_imbalanced(data.y_train.numpy(), imratio, rng)
+    tested = torch.from_numpy(
+        make_imbalanced(data.y_test.numpy(), test_imratio, np.random.default_rng([0, 3]))
+    )
     data = BinaryData(
         name=data.name,
         x_train=data.x_train[torch.from_numpy(kept)],
         y_train=data.y_train[torch.from_numpy(kept)],
-        x_test=data.x_test,
-        y_test=data.y_test,
+        x_test=data.x_test if test_imratio is None else data.x_test[tested],
+        y_test=data.y_test[tested],
         classes_train=data.classes_train[kept],
         positive_classes=data.positive_classes,
         groups_train={k: v[kept] for k, v in data.groups_train.items()},
         label_names=data.label_names,
         x_val=data.x_val,
         y_val=data.y_val,
-        groups_test=data.groups_test,
+        groups_test={k: v[tested.numpy()] for k, v in data.groups_test.items()},
     )
     shards = partition(
         partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha,

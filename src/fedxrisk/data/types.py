@@ -43,6 +43,7 @@ class LabeledData:
     x_val: np.ndarray | None = None
     y_val: np.ndarray | None = None
     groups_test: dict[str, np.ndarray] = field(default_factory=dict)
+    default_positive: tuple[int, ...] | None = None  # the reader knows the positive class(es)
 
     @property
     def multilabel(self) -> bool:
@@ -119,17 +120,77 @@ def default_positive_classes(num_classes: int) -> tuple[int, ...]:
     return tuple(range(num_classes // 2, num_classes))
 
 
-def binarize(data: LabeledData, positive_classes: Sequence[int] | None = None) -> BinaryData:
-    """Label ``positive_classes`` 1 and every other class 0 (train and test alike).
+def _named(names: Sequence[str]) -> bool:
+    """Class names that are words, not the ids 0, 1, …: the order says nothing about which is positive."""
+    return any(not n.strip().lstrip("-").isdigit() for n in names)
+
+
+def resolve_positive(data: LabeledData, positive_classes: Sequence[int | str] | None) -> tuple[int, ...]:
+    """Class ids of ``positive_classes`` (ids or class names), or the default for ``data``.
+
+    The default is the reader's (``default_positive``), else the upper half of the class ids;
+    a two-class set whose classes are names (folders, a manifest's label values) has no
+    default: which one is positive must be said.
+    """
+    names = list(data.label_names) if len(data.label_names) == data.num_classes else []
+    if not positive_classes:
+        if data.default_positive is not None:
+            return data.default_positive
+        if data.num_classes == 2 and names and _named(names):
+            raise ValueError(
+                f"{data.name}: the classes are {names[0]!r} and {names[1]!r}; say which one is positive, "
+                f"e.g. --set data.positive_classes='[\"{names[1]}\"]'"
+            )
+        return default_positive_classes(data.num_classes)
+    pos = []
+    for c in positive_classes:
+        if isinstance(c, str) and c in names:
+            pos.append(names.index(c))
+        elif isinstance(c, str) and not c.strip().lstrip("-").isdigit():
+            known = ", ".join(map(repr, names)) if names else f"ids 0..{data.num_classes - 1} (no names)"
+            raise ValueError(f"positive class {c!r} is not a class of {data.name} (classes: {known})")
+        else:
+            pos.append(int(c))
+    bad = [c for c in pos if not 0 <= c < data.num_classes]
+    if bad:
+        raise ValueError(f"positive classes {bad} do not exist in {data.name} (0..{data.num_classes - 1})")
+    return tuple(pos)
+
+
+def describe_positive(data: BinaryData) -> str:
+    """One line naming the positive class(es), e.g. ``positive class: lesion (id 0); negative: normal``."""
+    if not data.positive_classes:
+        labels = ", ".join(data.label_names) if data.label_names else f"{data.num_labels} labels"
+        return f"multi-label: each label is positive where it is 1 ({labels})"
+    names = list(data.label_names) if data.label_names else []
+    if len(names) <= max(data.positive_classes, default=0):
+        names = []
+    label = lambda c: f"{names[c]} (id {c})" if names else f"id {c}"
+    pos = ", ".join(label(c) for c in data.positive_classes)
+    neg = [c for c in range(len(names)) if c not in data.positive_classes]
+    rest = f"; negative: {', '.join(names[c] for c in neg)}" if names and len(neg) <= 8 else ""
+    return f"positive class: {pos}{rest}"
+
+
+def positive_record(data: BinaryData) -> dict[str, Any] | None:
+    """The positive class(es) as recorded in summary.json / evaluation.json (None: multi-label)."""
+    if not data.positive_classes:
+        return None
+    names = list(data.label_names) if len(data.label_names) > max(data.positive_classes) else []
+    return {
+        "ids": list(data.positive_classes),
+        "names": [names[c] for c in data.positive_classes] if names else None,
+    }
+
+
+def binarize(data: LabeledData, positive_classes: Sequence[int | str] | None = None) -> BinaryData:
+    """Label ``positive_classes`` (ids or names) 1 and every other class 0 (train and test alike).
 
     Multi-label data is already binary per label and passes through unchanged.
     """
     if data.multilabel:
         return _multilabel_binary(data, positive_classes)
-    pos = tuple(positive_classes) if positive_classes else default_positive_classes(data.num_classes)
-    bad = [c for c in pos if not 0 <= c < data.num_classes]
-    if bad:
-        raise ValueError(f"positive classes {bad} do not exist in {data.name} (0..{data.num_classes - 1})")
+    pos = resolve_positive(data, positive_classes)
     if len(set(pos)) == data.num_classes:
         raise ValueError(f"positive classes {list(pos)} leave no negative class in {data.name}")
 
@@ -165,7 +226,7 @@ def _validation(data: LabeledData, labels: Callable[[np.ndarray], torch.Tensor])
     return out
 
 
-def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int] | None) -> BinaryData:
+def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int | str] | None) -> BinaryData:
     if positive_classes:
         raise ValueError(
             f"{data.name} is multi-label ({data.num_classes} labels, each binary); "

@@ -46,7 +46,7 @@ class FlowerConfig:
     partition: str = "class"
     imratio: float = 0.1  # 0: keep the data's own ratio
     dirichlet_alpha: float = 0.5
-    positive_classes: str = ""  # comma-separated class ids; "": the second half
+    positive_classes: str = ""  # comma-separated class ids or names; "": the dataset's default
     # server side
     test_data: str = ""  # held-out file (npz/csv) or bundled dataset name; "": none
     out_dir: str = "fedxrisk-flower"
@@ -103,14 +103,15 @@ class FlowerConfig:
             self.window_growth,
         )  # fmt: skip
 
-    def positive_class_ids(self) -> list[int] | None:
+    def positive_class_ids(self) -> list[int | str] | None:
+        """Comma-separated class ids or names (``lesion``, ``1``), or None for the dataset's default."""
         text = self.positive_classes.strip()
         if not text:
             return None
-        try:
-            return [int(c) for c in text.split(",")]
-        except ValueError as e:
-            raise ConfigError(f"positive-classes must be comma-separated integers, got {text!r}") from e
+        items = [c.strip() for c in text.split(",")]
+        if not all(items):
+            raise ConfigError(f"positive-classes must be comma-separated class ids or names, got {text!r}")
+        return [int(c) if c.lstrip("-").isdigit() else c for c in items]
 
     def imratio_or_none(self) -> float | None:
         return self.imratio or None

@@ -36,6 +36,7 @@ class LoopState:
     primary: bool = True
     should_stop: bool = False
     global_model: Callable[[], tuple[Tree, Tree]] | None = None  # the current (params, buffers)
+    positive: str = ""  # the positive class(es), one line (data.types.describe_positive)
 
 
 class Callback:
@@ -66,6 +67,17 @@ class Callback:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+class Announce(Callback):
+    """Calls ``say(line)`` once at the start (and on resume): which class is positive."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+
+    def on_start(self, state: LoopState) -> None:
+        if state.primary and state.positive:
+            self.say(state.positive)
 
 
 class Progress(Callback):

@@ -181,6 +181,8 @@ def validate_settings(cfg: Any) -> None:
             raise ConfigError(f"algorithm.{name} must be a finite number, got {value} ({cfg.algorithm})")
     if cfg.seed < 0:
         raise ConfigError(f"seed must be ≥ 0, got {cfg.seed}")
+    if cfg.test_imratio is not None and not 0 < cfg.test_imratio < 1:
+        raise ConfigError(f'data.test_imratio must lie in (0, 1), or be "none", got {cfg.test_imratio}')
     if cfg.positive_classes is not None and len(cfg.positive_classes) == 0:
         raise ConfigError(
             "positive_classes is empty: name at least one class, or leave the key out for the default "

@@ -44,6 +44,7 @@ HISTORY_FIELDS = (
     "bytes_down_per_client", "wall_seconds",
 )  # fmt: skip
 CHECKPOINT = "checkpoint.pt"
+FINAL_STATE = "final_state.pt"  # a finished run's last checkpoint: --resume RUN --rounds N extends it
 CHECKPOINT_FORMAT = 1
 CONFIG = "config.toml"
 HISTORY = "history.csv"
@@ -219,6 +220,11 @@ class RunFolder:
     def drop_checkpoint(self) -> None:
         if self.primary:
             (self.path / CHECKPOINT).unlink(missing_ok=True)
+
+    def save_final_state(self, state: dict[str, Any]) -> None:
+        """The finished run's state, in checkpoint form, kept so the run can be extended."""
+        if self.primary:
+            save_checkpoint(self.path / FINAL_STATE, {"format": CHECKPOINT_FORMAT, **state})
 
     def save_model(
         self,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fedxrisk.algorithms import Algorithm
+from fedxrisk.data.types import describe_positive, positive_record
 from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.engines.validation import federated_validation
 from fedxrisk.metrics import evaluate
@@ -50,6 +51,7 @@ def train(
 
     folder.write_history(history)  # drops rows evaluated after the checkpoint
     state = LoopState(cfg, folder.path, len(sim.plans), sim.round, history, primary, False, sim.global_model)
+    state.positive = describe_positive(setup.data.data)
     for cb in callbacks:
         cb.on_start(state)
 
@@ -87,21 +89,7 @@ def train(
                             best = row
                     evaluated(row)
                 if cfg.checkpoint_every and sim.round % cfg.checkpoint_every == 0 and not sim.done:
-                    simulation = sim.state_dict()  # collective under the distributed engine
-                    kept = {cb.state_key: cb.state_dict() for cb in callbacks if cb.state_dict()}
-                    folder.save_checkpoint(
-                        {
-                            "config": cfg.to_dict(),
-                            "config_sha256": fingerprint(cfg.to_dict()),
-                            "simulation": simulation,
-                            "history": history,
-                            "best": best,
-                            "wall_seconds": elapsed(),
-                            "resumed_at": resumed,
-                            "torch_version": str(torch.__version__),
-                            **({"callbacks": kept} if kept else {}),
-                        }
-                    )
+                    folder.save_checkpoint(_checkpoint(setup, callbacks, history, best, elapsed(), resumed))
                 for cb in callbacks:
                     cb.on_round_end(row if primary else {}, state)
         except NonFiniteLoss as e:
@@ -126,6 +114,8 @@ def train(
     folder.write_summary(summary)
     if failure is not None:
         raise failure
+    if cfg.checkpoint_every and sim.done:  # keep the end state: the run can be extended
+        folder.save_final_state(_checkpoint(setup, callbacks, history, best, elapsed(), resumed))
     folder.drop_checkpoint()
     return RunResult(summary, history, folder.path)
 
@@ -148,6 +138,23 @@ def _selected(cfg, history: list[dict[str, Any]], chosen: BestModel | None) -> d
         "value": row.get(monitor, math.nan),
         **{k: row[k] for k in keys if k in row},
         **({"note": f"no finite {monitor}: the last model"} if fallback else {}),
+    }
+
+
+def _checkpoint(setup: Setup, callbacks, history, best, wall: float, resumed: list[int]) -> dict[str, Any]:
+    """What a resume needs (a collective under the distributed engine: every rank calls it)."""
+    simulation = setup.simulation.state_dict()
+    kept = {cb.state_key: cb.state_dict() for cb in callbacks if cb.state_dict()}
+    return {
+        "config": setup.config.to_dict(),
+        "config_sha256": fingerprint(setup.config.to_dict()),
+        "simulation": simulation,
+        "history": history,
+        "best": best,
+        "wall_seconds": wall,
+        "resumed_at": resumed,
+        "torch_version": str(torch.__version__),
+        **({"callbacks": kept} if kept else {}),
     }
 
 
@@ -201,6 +208,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "final": {k: final.get(k, math.nan) for k in keys}
             | {k: final[k] for k in ("test_auroc_per_label", "test_ap_per_label") if k in final},
             "label_names": list(setup.data.data.label_names) or None,
+            "positive_class": positive_record(setup.data.data),
             "test_oracle": {
                 "note": ORACLE_NOTE,
                 "test_auroc": best["test_auroc"],

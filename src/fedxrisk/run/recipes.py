@@ -93,6 +93,7 @@ def resume_experiment(
     callback: ProgressFn | None = None,
     overrides: Sequence[str] = (),
     callbacks: Sequence[Callback] = (),
+    rounds: int | None = None,
 ) -> RunResult:
     """Continue a killed or failed run from its last checkpoint (or from the start if it had none yet).
 
@@ -103,13 +104,16 @@ def resume_experiment(
     after it; ``wall_seconds`` counts the time of the rounds kept. A run whose
     summary exists but whose ``model.pt`` does not (killed in between) is
     finished the same way. ``overrides`` (``algorithm.lr=…``, ``algorithm.lr_decay=…``)
-    continue a run that failed on a NaN loss with smaller steps.
+    continue a run that failed on a NaN loss with smaller steps. ``rounds``: extend a finished
+    run to that many rounds (:func:`extend_experiment`).
     """
     from fedxrisk.run.configfile import config_from_flat, load_config
 
     out = Path(run_dir)
     if not out.is_dir():
         raise ConfigError(f"{out} is not a run folder")
+    if rounds is not None:
+        return extend_experiment(out, rounds, callback, overrides, callbacks)
     if (out / "summary.json").exists():
         status = json.loads((out / "summary.json").read_text()).get("status")
         if status == "completed" and (out / "model.pt").exists():
@@ -160,6 +164,73 @@ def check_identity(out: Path, ckpt: dict[str, Any], cfg: RunConfig) -> RunConfig
             f"`fedxrisk run --config {out}/config.toml --out NEW_FOLDER`, or restore the original config.toml"
         )
     return cfg
+
+
+def extend_experiment(
+    run_dir: str | Path,
+    rounds: int,
+    callback: ProgressFn | None = None,
+    overrides: Sequence[str] = (),
+    callbacks: Sequence[Callback] = (),
+) -> RunResult:
+    """Train a finished run on to ``rounds`` rounds from the state it ended in (``final_state.pt``).
+
+    The result equals a run planned with ``rounds`` from the start (same machine, engine,
+    seed; tested) when the schedule has one stage and the algorithm does nothing special at
+    a stage's end. Refused with several stages (each stage's length, hence the step-size
+    decay, follows from the total rounds) and for two-stage runs; for algorithms that act at
+    a stage end (the CODA family's restart), the extension continues from the restarted
+    state, so it is a warning, not an equality.
+    """
+    import warnings
+
+    from fedxrisk.algorithms import ALGORITHMS
+    from fedxrisk.run.configfile import config_from_flat
+    from fedxrisk.run.folder import FINAL_STATE
+
+    out = Path(run_dir)
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    if summary.get("status") != "completed" or (out / CHECKPOINT).exists():
+        raise ConfigError(f"{out} has not finished; continue it first with: fedxrisk run --resume {out}")
+    if not (out / FINAL_STATE).exists():
+        raise ConfigError(
+            f"{out} kept no {FINAL_STATE} (runs with checkpoint_every = 0, or finished before runs kept "
+            "their end state): it cannot be extended; start a run with the rounds wanted"
+        )
+    ckpt = load_checkpoint(out / FINAL_STATE)
+    cfg = config_from_flat(ckpt["config"])
+    if rounds <= cfg.rounds:
+        raise ConfigError(f"--rounds {rounds} does not extend {out}: it already ran {cfg.rounds} rounds")
+    if cfg.pretrain is not None:
+        raise ConfigError(f"{out} is a two-stage run; extending it is not supported")
+    if cfg.stages > 1:
+        raise ConfigError(
+            f"{out} ran {cfg.stages} stages over {cfg.rounds} rounds: with {rounds} rounds every stage "
+            "is longer and the step size decays later, so no extension equals it; start a new run"
+        )
+    if overrides:
+        cfg = resume_overrides(cfg, overrides)
+    if ALGORITHMS[cfg.algorithm].acts_at_stage_end:
+        warnings.warn(
+            f"{cfg.algorithm} restarts at a stage's end, which this run reached at round {cfg.rounds}: "
+            f"the extension continues from there and differs from a run planned with {rounds} rounds",
+            stacklevel=2,
+        )
+    cfg = replace_rounds(cfg, rounds)
+    checked = check(cfg)
+    write_config(out, cfg)
+    setup = build(checked)
+    setup.simulation.load_state_dict(ckpt["simulation"])
+    result = train(
+        setup, RunFolder(out, setup.simulation.is_primary), default_callbacks(callback, callbacks), ckpt
+    )
+    return result
+
+
+def replace_rounds(cfg: RunConfig, rounds: int) -> RunConfig:
+    import dataclasses
+
+    return dataclasses.replace(cfg, rounds=rounds)
 
 
 RESUME_KEYS = ("algorithm.lr", "algorithm.lr_decay")

@@ -27,9 +27,10 @@ class RunConfig:
     dataset: str = "digits"
     clients: int = 8
     imratio: float | None = 0.1
+    test_imratio: float | None = None  # None: the test set's own prevalence
     partition: str = "class"
     dirichlet_alpha: float = 0.5
-    positive_classes: list[int] | None = None
+    positive_classes: list[int | str] | None = None  # class ids or names
     model: str = "mlp"
     rounds: int = 100
     local_steps: int | None = None  # None: the algorithm's fixed window, else 8

@@ -30,7 +30,7 @@ from fedxrisk.data.types import TEST_FRACTION, LabeledData
 UNCERTAIN_POLICIES = ("ones", "zeros", "ignore")
 MANIFEST_LAYOUT = (
     "  <data_dir>/manifest.csv with a header: path,<label>[,<label>…][,split][,source][,patient]\n"
-    "  path: image path relative to the CSV's folder; one label column = integer classes,\n"
+    "  path: image path relative to the CSV's folder; one label column = classes (ids or names),\n"
     "  several = multi-label (1 positive, 0 or blank negative, -1 uncertain); split: train|test"
 )
 
@@ -44,8 +44,21 @@ def apply_uncertain(values: np.ndarray, policy: str) -> np.ndarray:
     return out
 
 
-def _parse_label(raw: str, where: str) -> float:
+def _class_names(rows: list[dict[str, str]], column: str, path: Path) -> list[str] | None:
+    """The sorted class names of a single label column holding words (``lesion``, ``normal``), else None."""
+    values = [(r[column] or "").strip() for r in rows]
+    words = [v for v in values if v and not v.lstrip("-").replace(".", "", 1).isdigit()]
+    if not words:
+        return None
+    if "" in values:
+        raise DataFileError(f"{path}: column {column!r} holds class names and blanks; name every row's class")
+    return sorted(set(values))
+
+
+def _parse_label(raw: str, where: str, names: list[str] | None = None) -> float:
     text = raw.strip()
+    if names is not None:
+        return float(names.index(text))
     if text == "":
         return 0.0  # CheXpert: blank = not mentioned = negative
     try:
@@ -109,8 +122,9 @@ def read_manifest_table(
         raise DataFileError(
             f"{path}: label column(s) {missing or 'none'} not in header {header}; expected:\n{MANIFEST_LAYOUT}"
         )
+    names = _class_names(rows, labels[0], path) if len(labels) == 1 else None
     raw = np.array(
-        [[_parse_label(r[c] or "", f"{path} row {i + 2}") for c in labels] for i, r in enumerate(rows)]
+        [[_parse_label(r[c] or "", f"{path} row {i + 2}", names) for c in labels] for i, r in enumerate(rows)]
     )
     policies = uncertain if isinstance(uncertain, Mapping) else {c: uncertain for c in labels}
     y = np.stack([apply_uncertain(raw[:, j], policies.get(c, "ones")) for j, c in enumerate(labels)], axis=1)
@@ -140,9 +154,9 @@ def read_manifest_table(
         target, num_classes = y[:, 0].astype(np.int64), int(y.max()) + 1
         if target.min() < 0:
             raise DataFileError(f"{path}: class labels must be ≥ 0")
-    else:
-        target, num_classes = y.astype(np.float32), len(labels)
-    return ManifestTable(x, target, num_classes, groups, tuple(labels), split)
+        classes = tuple(names) if names else tuple(str(c) for c in range(num_classes))
+        return ManifestTable(x, target, max(num_classes, len(classes)), groups, classes, split)
+    return ManifestTable(x, y.astype(np.float32), len(labels), groups, tuple(labels), split)
 
 
 def read_manifest(

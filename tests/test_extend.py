@@ -1,0 +1,58 @@
+"""``fedxrisk run --resume RUN --rounds N``: a finished run trained on equals a run planned longer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from fedxrisk.cli import main
+from fedxrisk.experiment import ConfigError, RunConfig, resume_experiment, run_experiment
+
+CFG = dict(clients=3, local_steps=2, batch_size=16, eval_every=1, checkpoint_every=2, stages=1,
+           tensorboard=False)  # fmt: skip
+
+
+def _comparable(run) -> dict:
+    rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in run.history]
+    s = run.summary
+    return {"final": s["final"], "best": s["best"], "communication": s["communication"], "rows": rows}
+
+
+@pytest.mark.parametrize("algorithm", ["localsgdam", "fcsg_m"])
+def test_extended_run_equals_the_run_planned_with_all_rounds(tmp_path, algorithm):
+    planned = run_experiment(RunConfig(algorithm=algorithm, rounds=6, **CFG), tmp_path / "planned")
+    run_experiment(RunConfig(algorithm=algorithm, rounds=3, **CFG), tmp_path / "short")
+    extended = resume_experiment(tmp_path / "short", rounds=6)
+    assert _comparable(extended) == _comparable(planned)  # bit for bit, history included
+    assert [r["round"] for r in extended.history] == [1, 2, 3, 4, 5, 6]
+    a, b = (
+        torch.load(p / "model.pt", weights_only=True)["params"]
+        for p in (tmp_path / "planned", tmp_path / "short")
+    )
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "rounds = 6" in (tmp_path / "short" / "config.toml").read_text()
+
+
+def test_extension_refused_where_no_extension_equals_a_planned_run(tmp_path):
+    run_experiment(RunConfig(algorithm="localsgdam", rounds=4, **{**CFG, "stages": 2}), tmp_path / "staged")
+    with pytest.raises(ConfigError, match="ran 2 stages over 4 rounds: with 8 rounds every stage is longer"):
+        resume_experiment(tmp_path / "staged", rounds=8)
+    with pytest.raises(ConfigError, match="--rounds 4 does not extend .*: it already ran 4 rounds"):
+        resume_experiment(tmp_path / "staged", rounds=4)
+    run_experiment(
+        RunConfig(algorithm="localsgdam", rounds=2, **{**CFG, "checkpoint_every": 0}), tmp_path / "nock"
+    )
+    with pytest.raises(ConfigError, match="kept no final_state.pt"):
+        resume_experiment(tmp_path / "nock", rounds=4)
+
+
+def test_stage_end_algorithm_extension_warns_and_cli_extends(tmp_path):
+    run_experiment(RunConfig(algorithm="codasca", rounds=2, **CFG), tmp_path / "coda")
+    with pytest.warns(
+        UserWarning, match="codasca restarts at a stage's end, which this run reached at round 2"
+    ):
+        resume_experiment(tmp_path / "coda", rounds=3)
+    result = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "coda"), "--rounds", "4", "-q"])
+    assert result.exit_code == 0, result.output
+    assert '"rounds": 4' in (tmp_path / "coda" / "summary.json").read_text()
