@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog",
     )),
     ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec")),  # run/__init__ imports nothing
+    ("run.privacy", ("fedxrisk.run.privacy",)),
     ("run.checks", ("fedxrisk.run.checks",)),
     ("run.names", ("fedxrisk.run.names",)),
     ("run.configfile", ("fedxrisk.run.configfile",)),

@@ -160,6 +160,7 @@ class RunFolder:
 
     path: Path
     primary: bool = True
+    fields: tuple[str, ...] = HISTORY_FIELDS  # history.csv's columns (a private run adds "epsilon")
 
     def stage(self, name: str = PRETRAIN_DIR) -> RunFolder:
         """A two-stage run's first stage: a run folder inside this one."""
@@ -176,7 +177,7 @@ class RunFolder:
             return
 
         def write_rows(f) -> None:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")  # per-label lists
+            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")  # per-label lists
             writer.writeheader()
             writer.writerows(rows)
 
@@ -186,7 +187,7 @@ class RunFolder:
     def history_rows(self) -> Iterator[Callable[[Mapping[str, Any]], None]]:
         """Append rows to ``history.csv`` as they come, each flushed to disk."""
         with open(self.path / HISTORY if self.primary else os.devnull, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
 
             def append(row: Mapping[str, Any]) -> None:
                 writer.writerow(row)

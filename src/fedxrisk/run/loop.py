@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +23,7 @@ from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import Callback, LoopState
-from fedxrisk.run.folder import PAUC_KEYS, RunFolder, RunResult, json_safe
+from fedxrisk.run.folder import HISTORY_FIELDS, PAUC_KEYS, RunFolder, RunResult, json_safe
 
 
 def train(
@@ -40,6 +41,10 @@ def train(
     for cb in callbacks:
         if cb.state_key in saved:
             cb.load_state_dict(saved[cb.state_key])
+    if setup.privacy is not None:
+        folder.fields = (*HISTORY_FIELDS, "epsilon")
+        if primary:
+            print(setup.privacy.describe(), file=sys.stderr)
     start = time.perf_counter()
 
     def elapsed() -> float:
@@ -64,6 +69,8 @@ def train(
                 row: dict[str, Any] = {}
                 if primary and (sim.round % cfg.eval_every == 0 or sim.done):
                     row = _evaluate_row(setup, plan, elapsed())
+                    if setup.privacy is not None:
+                        row["epsilon"] = setup.privacy.epsilon(sim.round)
                     append(row)
                     history.append(row)
                     if best is None or _better(row["test_auroc"], best["test_auroc"]):
@@ -168,6 +175,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             },
             "hyperparameters": _hparams(setup.algorithm),
             **({"init": setup.init} if setup.init is not None else {}),
+            **({"privacy": setup.privacy.summary(sim.round)} if setup.privacy is not None else {}),
             "config": cfg.to_dict(),
             "torch_version": torch.__version__,
         }

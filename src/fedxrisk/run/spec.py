@@ -60,6 +60,7 @@ class RunConfig:
     init_from: str | None = None  # start from a run folder's model.pt or a state dict file (run/weights.py)
     reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
     pretrain: dict[str, Any] | None = None  # a first stage's settings (run/recipes.py); None: one stage
+    privacy: dict[str, Any] | None = None  # [privacy]: differential privacy (run/privacy.py); None: off
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
