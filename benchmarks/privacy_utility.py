@@ -67,6 +67,14 @@ def config(study: dict[str, Any], data_root: Path, method: str, lr: float, seed:
     )  # fmt: skip
 
 
+def privacy(clip: float | None, eps: float, n: int, study: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``[privacy]`` table of one cell: client level, σ for ``eps`` at δ = 1/n; ε = ∞: None."""
+    if math.isinf(eps):
+        return None
+    return {"clip": clip, "target_epsilon": eps, "delta": 1.0 / n, "level": "client",
+            "sampling_rate": study["sampling_rate"], "sampling": "poisson"}  # fmt: skip
+
+
 def train_eval(cfg: Any, data: Any) -> float:
     """Test AUROC of ``cfg`` trained on ``data`` (its test set: the real one, or validation)."""
     from fedxrisk.algorithms import ALGORITHMS, Schedule
@@ -93,8 +101,8 @@ def train_eval(cfg: Any, data: Any) -> float:
 
 
 def run_study(name: str, study: dict[str, Any], data_root: Path) -> list[dict[str, Any]]:
-    from fedxrisk.run.build import build_data
     from fedxrisk.data.validation import hold_out
+    from fedxrisk.run.build import build_data
 
     base = config(study, data_root, "localsgdm", 0.1, 0, None)
     full = {seed: build_data(replace(base, seed=seed))[0] for seed in SEEDS}
@@ -105,21 +113,17 @@ def run_study(name: str, study: dict[str, Any], data_root: Path) -> list[dict[st
         for eps in EPSILONS:
             start = time.perf_counter()
 
-            def privacy(clip: float) -> dict[str, Any] | None:
-                if math.isinf(eps):
-                    return None
-                return {"clip": clip, "target_epsilon": eps, "delta": 1.0 / n, "level": "client",
-                        "sampling_rate": study["sampling_rate"], "sampling": "poisson"}  # fmt: skip
-
             lrs = SCGDAM_LRS if method == "localscgdam" else study["lrs"]
             grid = [(lr, c) for lr in lrs for c in ([None] if math.isinf(eps) else CLIPS)]
             scores = {}
             for lr, clip in grid:
-                cfg = config(study, data_root, method, lr, 0, privacy(clip))
+                cfg = config(study, data_root, method, lr, 0, privacy(clip, eps, n, study))
                 scores[(lr, clip)] = train_eval(cfg, validation)
             (lr, clip), val = max(scores.items(), key=lambda kv: -1 if math.isnan(kv[1]) else kv[1])
             tests = [
-                train_eval(config(study, data_root, method, lr, seed, privacy(clip)), full[seed])
+                train_eval(
+                    config(study, data_root, method, lr, seed, privacy(clip, eps, n, study)), full[seed]
+                )
                 for seed in SEEDS
             ]
             row = {
