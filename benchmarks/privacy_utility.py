@@ -166,7 +166,7 @@ def render(results: dict[str, Any]) -> str:
             continue
         delta = rows[0]["delta"]
         head = f"**{name}** (K = {study['clients']}, q = {study['sampling_rate']}, {study['rounds']} rounds, δ = {delta:.2g})"
-        eps_cols = " | ".join(f"ε = {e:g}" for e in EPSILONS)
+        eps_cols = " | ".join("ε = ∞ (no DP)" if math.isinf(e) else f"ε = {e:g}" for e in EPSILONS)
         lines += [head, "", f"| method | {eps_cols} |", "|---|" + "---:|" * len(EPSILONS)]
         for method in study["methods"]:
             cells = []

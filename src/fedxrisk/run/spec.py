@@ -80,6 +80,8 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["local_steps"] = self.resolved_local_steps()
         out["lr"] = self.resolved_lr()
+        if out["privacy"] is None:  # summaries of runs without DP stay as they were
+            del out["privacy"]
         return out
 
 
