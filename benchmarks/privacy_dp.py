@@ -106,10 +106,22 @@ def _mark(reason: str | None) -> str:
     return "✓" if reason is None else "✗ " + reason.replace("|", "/")
 
 
+def _secure_aggregation(reason: str | None) -> str:
+    """SecAgg+ sums vectors: it can hide what a mean-only algorithm sends, never a pool or class sums
+    the server must read per client; it is not wired into the Flower app yet (docs/privacy.md)."""
+    if reason is None or "pool" not in reason:
+        return "✗ not wired yet; applicable: every message is a mean"
+    return "✗ never: the server merges per-sample score pools, which a sum cannot do"
+
+
 def render(results: dict[str, Any]) -> dict[str, str]:
-    support_md = ["| algorithm | client-level DP | instance-level DP-SGD |", "|---|---|---|"]
+    support_md = [
+        "| algorithm | client-level DP | instance-level DP-SGD | secure aggregation (Flower SecAgg+) |",
+        "|---|---|---|---|",
+    ]
     for name, r in results["support"].items():
-        support_md.append(f"| `{name}` | {_mark(r['client'])} | {_mark(r['instance'])} |")
+        secure = _secure_aggregation(r["client"])
+        support_md.append(f"| `{name}` | {_mark(r['client'])} | {_mark(r['instance'])} | {secure} |")
     sigma_md = [f"| plan (δ = {DELTA:g}) | " + " | ".join(f"σ for ε = {t:g}" for t in TARGETS) + " |"]
     sigma_md.append("|---|" + "---:|" * len(TARGETS))
     for row in results["sigma"]:
@@ -131,8 +143,13 @@ def render(results: dict[str, Any]) -> dict[str, str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--render-only", action="store_true", help="rebuild the .md files from the .json")
+    p.add_argument("--support-only", action="store_true", help="recompute the support table only")
     args = p.parse_args()
-    if not args.render_only:
+    if args.support_only:
+        results = json.loads(OUT.read_text())
+        results["support"] = support()
+        OUT.write_text(json.dumps(results, indent=1) + "\n")
+    elif not args.render_only:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         results = {"support": support(), "sigma": sigmas(), "cost": cost()}
         OUT.write_text(json.dumps(results, indent=1) + "\n")

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.outfiles",
     )),
     ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec", "fedxrisk.run.identity")),  # run/__init__ imports nothing
+    ("run.privacy", ("fedxrisk.run.privacy",)),
     ("run.checks", ("fedxrisk.run.checks",)),
     ("run.names", ("fedxrisk.run.names",)),
     ("run.configfile", ("fedxrisk.run.configfile",)),

@@ -177,6 +177,24 @@ class DistCollective:
                 results[i] = m if k == 1 else m.unsqueeze(0).expand(k, *m.shape).clone()
         return _refill(tree, results)  # type: ignore[arg-type]
 
+    def sum_over_ranks(
+        self, sums: dict[str, torch.Tensor], count: int
+    ) -> tuple[dict[str, torch.Tensor], int]:
+        """Client-level DP: this rank's clipped sums (float64) and participant count, summed over
+        ranks in one packed ``all_reduce``; every rank then adds the same seeded noise."""
+        if self._stats is not None:  # the engine's numbers ride along, as in :meth:`mean`
+            stats = self._stats.to(torch.float64)
+        else:
+            stats = torch.zeros(0, dtype=torch.float64)
+        local = [*sums.values(), torch.tensor([float(count)], dtype=torch.float64), stats]
+        local = [t.to(self.group.device, torch.float64) for t in local]
+        buf = _flatten_dense_tensors(local)
+        self.group.all_reduce(buf, "private mean (all_reduce)")
+        out = _unflatten_dense_tensors(buf, local)
+        if self._stats is not None:
+            self.global_stats, self._stats = out[-1].to(self._stats.dtype), None
+        return dict(zip(sums, out[: len(sums)])), int(round(float(out[len(sums)])))
+
     def gather(self, tree: Tree) -> Tree:
         """Every client's leaves on every client: one padded ``all_gather`` of the packed bytes.
 

@@ -32,6 +32,7 @@ from fedxrisk.algorithms.schedule import Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.engines.dist_collective import DistCollective, DistGroup
 from fedxrisk.engines.launch import DEFAULT_TIMEOUT, check_launch, client_layout, launched_rank
+from fedxrisk.engines.privacy import ClientDP
 from fedxrisk.engines.simulation import Simulation
 from fedxrisk.errors import DistributedError
 from fedxrisk.tree import Tree, index, is_finite, leaves, tmap
@@ -65,12 +66,23 @@ class DistributedSimulation(Simulation):
         clients_per_rank: int | str | None = 1,
         timeout: float = DEFAULT_TIMEOUT,
         engine: str | None = None,
+        privacy: ClientDP | None = None,
     ):
         self.group = DistGroup.current(timeout, device)
         self.layout = client_layout(data.num_clients, self.group.world_size, clients_per_rank)
         mine = self.layout[self.group.rank]
         inner = engine or ("loop" if len(mine) == 1 else "vmap")
-        super().__init__(algorithm, data, schedule, batch_size, seed, inner, self.group.device, clients=mine)
+        super().__init__(
+            algorithm,
+            data,
+            schedule,
+            batch_size,
+            seed,
+            inner,
+            self.group.device,
+            clients=mine,
+            privacy=privacy,
+        )
         self.is_primary = self.group.rank == 0
         self._stats: torch.Tensor | None = None
 
@@ -85,15 +97,16 @@ class DistributedSimulation(Simulation):
         _, buffers = self.algorithm.model(self.states)
         return {k: v for k, v in buffers.items() if v.is_floating_point()}
 
-    def _collective(self) -> DistCollective:
+    def _collective(self) -> Any:
         self.group.watchdog.round = self.round
         loss = self.states["loss"].detach().double()
         bad = float(not bool(torch.isfinite(loss).all()) or not is_finite(self.states["w"]))
         parts = [loss.sum().reshape(1), torch.tensor([bad], dtype=torch.float64, device=loss.device)]
         parts += [v.double().sum(0).reshape(-1) for v in self._local_buffers().values()]
-        return DistCollective(self.group, self.layout, self.engine, self.ledger, torch.cat(parts), self.seed)
+        comm = DistCollective(self.group, self.layout, self.engine, self.ledger, torch.cat(parts), self.seed)
+        return comm if self.privacy is None else self.privacy.wrap(comm, self.round, self._participants)
 
-    def _finite(self, comm: DistCollective) -> bool:  # type: ignore[override]
+    def _finite(self, comm: Any) -> bool:  # type: ignore[override]
         self._stats = comm.finish()
         assert self._stats is not None
         return bool(torch.isfinite(self._stats[0])) and float(self._stats[1]) == 0.0
@@ -135,6 +148,7 @@ class DistributedSimulation(Simulation):
             "sampler": _merge_samplers([p["sampler"] for p in parts]),
             "aux_sampler": _merge_samplers([p["aux_sampler"] for p in parts]),
             "ledger": self.ledger.state_dict(),
+            **({"privacy": self.privacy.state_dict()} if self.privacy is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -148,6 +162,8 @@ class DistributedSimulation(Simulation):
         self.sampler.load_state_dict(_slice_sampler(state["sampler"], self.clients))
         self.aux_sampler.load_state_dict(_slice_sampler(state["aux_sampler"], self.clients))
         self.ledger.load_state_dict(state["ledger"])
+        if self.privacy is not None:
+            self.privacy.load_state_dict(state["privacy"])
         self._stats = None
         self._start_stream(begin=False)
 

@@ -15,6 +15,7 @@ from typing import Any
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.data import PARTITIONS
 from fedxrisk.errors import ConfigError
+from fedxrisk.flower.private import check_flower_privacy
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
 from fedxrisk.run.spec import DEFAULT_LOCAL_STEPS
@@ -53,6 +54,13 @@ class FlowerConfig:
     min_nodes: int = 2
     node_wait_timeout: float = 300.0  # seconds to wait for min_nodes SuperNodes
     round_timeout: float = 600.0  # seconds one exchange may take before the run fails
+    # client-level DP, noise added by the server (flower/private.py); privacy-clip = 0: off
+    privacy_clip: float = 0.0
+    privacy_noise_multiplier: float = 0.0
+    privacy_target_epsilon: float = 0.0
+    privacy_delta: float = 0.0  # 0: 1/N, N the sites' training samples
+    privacy_noise_seed: int = -1  # -1: a secret the server draws
+    secure_aggregation: bool = False  # Flower SecAgg+: refused for now (flower/private.py)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> FlowerConfig:
@@ -166,6 +174,7 @@ class FlowerConfig:
                 f'options = {{"positives_per_batch": ...}} below it'
             )
         self.positive_class_ids()
+        check_flower_privacy(self)
         try:
             self.schedule()
         except ValueError as e:

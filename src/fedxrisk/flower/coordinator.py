@@ -34,6 +34,7 @@ import torch
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.private import ServerDP, server_dp
 from fedxrisk.flower.site import BEGIN, site_setup, site_step
 from fedxrisk.flower.sitedata import load_holdout
 from fedxrisk.flower.wire import Packet, clone_packet, flatten, unflatten
@@ -102,6 +103,7 @@ class Coordinator:
         self.history: list[dict[str, Any]] = []
         self.done = -1
         self.model: dict[str, Tree] | None = None
+        self.dp: ServerDP | None = None  # client-level DP: the server clips and adds the noise
 
     # -- the run -------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -158,6 +160,7 @@ class Coordinator:
         except ValueError as e:
             raise FederationError(f"{self.cfg.algorithm}: {e}") from e
         self.holdout = load_holdout(self.cfg.test_data, self.cfg)
+        self.dp = server_dp(self.cfg, self.problem, sites, self.max_samples, self.log)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
             f"{self.pos_ratio:.4f}; {self.cfg.algorithm} for {self.cfg.rounds} rounds"
@@ -217,7 +220,7 @@ class Coordinator:
             return flatten(reduced), kind, call
         self.ledger.record(kind, stacked if isinstance(stacked, dict) else {"": stacked}, len(self.sites))
         if kind == "mean":
-            reduced = tmap(lambda x: x.mean(0), stacked)
+            reduced = tmap(lambda x: x.mean(0), stacked) if self.dp is None else self.dp.mean(stacked, round_)
         elif kind == "gather":  # every site receives all sites' tensors, in client order
             reduced = stacked
         else:
@@ -285,6 +288,7 @@ class Coordinator:
                 "num_clients": len(self.sites),
                 "final": {k: final.get(k, math.nan) for k in keys},
                 "communication": self.ledger.summary(),
+                **({"privacy": self.dp.summary(self.done + 1)} if self.dp is not None else {}),
                 "sites": [
                     {
                         "client": s.client,

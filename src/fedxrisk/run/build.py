@@ -19,6 +19,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.run.checks import CheckedConfig, check
+from fedxrisk.run.privacy import PrivacyPlan, plan_privacy
 from fedxrisk.run.spec import RunConfig
 
 
@@ -33,6 +34,7 @@ class Setup:
     simulation: Simulation
     stream: Any = None  # data.stream.StreamChoice for file datasets: streamed or not, and why
     init: dict[str, Any] | None = None  # where the weights came from (run.weights.load_weights)
+    privacy: PrivacyPlan | None = None  # the DP guarantee ([privacy], run.privacy)
 
 
 def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
@@ -94,16 +96,19 @@ def build(
             cfg.lr_decay,
             cfg.window_growth,
         )
+        algorithm, client_dp, privacy = plan_privacy(cfg, algorithm, data, schedule, batch_size)
         if cfg.engine == "distributed":
             sim: Simulation = DistributedSimulation(
                 algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
-                cfg.clients_per_rank, cfg.dist_timeout,
+                cfg.clients_per_rank, cfg.dist_timeout, privacy=client_dp,
             )  # fmt: skip
         else:
-            sim = Simulation(algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device)
+            sim = Simulation(
+                algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp
+            )
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim, choice, source)
+    return Setup(cfg, data, problem, algorithm, sim, choice, source, privacy)
 
 
 def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:

@@ -25,6 +25,7 @@ from fedxrisk.engines.distributed import check_launch
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import MODELS
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES
+from fedxrisk.run.privacy import check_privacy
 from fedxrisk.run.spec import (
     CENTRALIZED,
     PRETRAIN_ALGORITHM,
@@ -95,6 +96,7 @@ def validate(cfg: RunConfig) -> CheckedConfig | None:
         )
     validate_settings(cfg)
     _validate_batches(cfg)
+    check_privacy(cfg)
     known = ALGORITHMS[cfg.algorithm].hyperparameters()
     unknown = sorted(set(cfg.options) - set(known))
     if unknown:

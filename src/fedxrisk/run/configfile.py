@@ -1,6 +1,6 @@
 """Experiment configs as TOML: sections ↔ :class:`~fedxrisk.run.spec.RunConfig`, validated up front.
 
-A config file has five sections; every key is optional (missing keys keep
+A config file has these sections; every key is optional (missing keys keep
 :class:`RunConfig`'s defaults)::
 
     [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard,
@@ -15,6 +15,7 @@ A config file has five sections; every key is optional (missing keys keep
                   (see ``fedxrisk list``), e.g. eta_g, prox
     [engine]      engine, device
     [pretrain]    optional first stage (fedxrisk.run.recipes): algorithm, rounds, lr, …
+    [privacy]     optional differential privacy (fedxrisk.run.privacy): level, clip, …
 
 TOML has no null: the string ``"none"`` sets a key that accepts None (e.g.
 ``imratio = "none"`` keeps the dataset's own class ratio). ``summary.json``
@@ -41,6 +42,7 @@ from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.checks import check, check_hyperparameters, qualify
 from fedxrisk.run.names import resolve
+from fedxrisk.run.privacy import privacy_from_table
 from fedxrisk.run.spec import (
     PRETRAIN_ALGORITHM,
     STAGE_KEYS,
@@ -77,13 +79,14 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }
 NONE = "none"  # how TOML spells None
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
+PRIVACY, NESTED = "privacy", (PRETRAIN, "privacy")  # sections kept as one dict field of RunConfig
 
 
 def _fields() -> dict[str, Any]:
     """RunConfig field name → type hint (``options`` excluded)."""
     hints = typing.get_type_hints(RunConfig)
     return {
-        f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name not in ("options", PRETRAIN)
+        f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name not in ("options", *NESTED)
     }
 
 
@@ -188,8 +191,8 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
     values: dict[str, Any] = {}
     fields = _fields()
     for section, table in doc.items():
-        if section == PRETRAIN and table is not None:
-            values[PRETRAIN] = pretrain_from_table(table)
+        if section in NESTED and table is not None:
+            values[section] = (pretrain_from_table if section == PRETRAIN else privacy_from_table)(table)
             continue
         if section not in SECTIONS:
             if section in fields:
@@ -255,6 +258,8 @@ def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     doc["algorithm"].update(cfg.options)
     if cfg.pretrain is not None:
         doc[PRETRAIN] = dict(cfg.pretrain)
+    if cfg.privacy is not None:
+        doc[PRIVACY] = dict(cfg.privacy)
     return doc
 
 
@@ -267,9 +272,9 @@ def sections_from_flat(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
                 raise ConfigError(f"config.options must be a table, got {value!r}")
             doc.setdefault("algorithm", {}).update(value)
             continue
-        if key == PRETRAIN:
+        if key in NESTED:
             if value is not None:
-                doc[PRETRAIN] = value
+                doc[key] = value
             continue
         try:
             doc.setdefault(section_of(key), {})[key] = value
@@ -318,7 +323,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             obj = obj["config"]  # a summary.json
         if not isinstance(obj, dict):
             raise ConfigError(f"{path}: expected a JSON object")
-        return obj if set(obj) <= {*SECTIONS, PRETRAIN} else sections_from_flat(obj)
+        return obj if set(obj) <= {*SECTIONS, *NESTED} else sections_from_flat(obj)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -348,8 +353,8 @@ def apply_override(doc: dict[str, Any], assignment: str) -> None:
         raise ConfigError(
             f"--set {name.strip()!r}: name the section, e.g. algorithm.lr=0.05; sections: {', '.join(SECTIONS)}"
         )
-    if section not in SECTIONS and section != PRETRAIN:
-        raise _unknown(section, [*SECTIONS, PRETRAIN], "--set")
+    if section not in SECTIONS and section not in NESTED:
+        raise _unknown(section, [*SECTIONS, *NESTED], "--set")
     table = doc.setdefault(section, {})
     table[key] = parse_value(raw)
 

@@ -172,6 +172,7 @@ class RunFolder:
 
     path: Path
     primary: bool = True
+    fields: tuple[str, ...] = HISTORY_FIELDS  # history.csv's columns (a private run adds "epsilon")
 
     def stage(self, name: str = PRETRAIN_DIR) -> RunFolder:
         """A two-stage run's first stage: a run folder inside this one."""
@@ -188,7 +189,7 @@ class RunFolder:
             return
 
         def write_rows(f) -> None:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")  # per-label lists
+            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")  # per-label lists
             writer.writeheader()
             writer.writerows(rows)
 
@@ -199,7 +200,7 @@ class RunFolder:
         """Append rows to ``history.csv`` as they come, each flushed to disk."""
         path = self.path / HISTORY
         with open_append(path) if self.primary else open(os.devnull, "a") as f:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
 
             def append(row: Mapping[str, Any]) -> None:
                 with disk_errors(path, resume_hint(self.path)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from fedxrisk.engines.validation import federated_validation
 from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
-from fedxrisk.run.folder import LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
+from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
 from fedxrisk.run.identity import fingerprint
 
 
@@ -44,6 +45,10 @@ def train(
     for cb in callbacks:
         if cb.state_key in saved:
             cb.load_state_dict(saved[cb.state_key])
+    if setup.privacy is not None:
+        folder.fields = (*HISTORY_FIELDS, "epsilon")
+        if primary:
+            print(setup.privacy.describe(), file=sys.stderr)
     start = time.perf_counter()
 
     def elapsed() -> float:
@@ -83,6 +88,8 @@ def train(
                         else {"round": sim.round, **val}
                     )
                     if primary:
+                        if setup.privacy is not None:
+                            row["epsilon"] = setup.privacy.epsilon(sim.round)
                         append(row)
                         history.append(row)
                         if best is None or _better(row["test_auroc"], best["test_auroc"]):
@@ -228,6 +235,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             },
             "hyperparameters": _hparams(setup.algorithm),
             **({"init": setup.init} if setup.init is not None else {}),
+            **({"privacy": setup.privacy.summary(sim.round)} if setup.privacy is not None else {}),
             "config": cfg.to_dict(),
             "config_sha256": fingerprint(cfg.to_dict()),
             "torch_version": torch.__version__,

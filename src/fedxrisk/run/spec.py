@@ -65,6 +65,7 @@ class RunConfig:
     init_from: str | None = None  # start from a run folder's model.pt or a state dict file (run/weights.py)
     reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
     pretrain: dict[str, Any] | None = None  # a first stage's settings (run/recipes.py); None: one stage
+    privacy: dict[str, Any] | None = None  # [privacy]: differential privacy (run/privacy.py); None: off
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -92,6 +93,8 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["local_steps"] = self.resolved_local_steps()
         out["lr"] = self.resolved_lr()
+        if out["privacy"] is None:  # summaries of runs without DP stay as they were
+            del out["privacy"]
         return out
 
 

@@ -233,8 +233,12 @@ class PrivateCollective:
         ledger = getattr(self.inner, "ledger", None)
         if ledger is not None:
             ledger.record("mean", tree, participants)
+        sums = self.aggregator.clipped_sum(tree, mask)
+        across = getattr(self.inner, "sum_over_ranks", None)  # the distributed engine's all_reduce
+        if across is not None:
+            sums, participants = across(sums, participants)
         denominator = self.aggregator.config.sampling.denominator(self.aggregator.num_clients, participants)
-        return _unflatten(tree, self.aggregator.aggregate(tree, mask, self.round, denominator), k)
+        return _unflatten(tree, self.aggregator.release(sums, tree, self.round, denominator), k)
 
     def gather(self, tree: Tree) -> Tree:
         raise self._refuse("gather")

@@ -1,0 +1,122 @@
+"""Client-level DP on Flower: the server (coordinator) clips every site's update and adds the noise.
+
+Run-config keys (flat, as Flower wants them): ``privacy-clip`` (C; 0: DP off),
+``privacy-noise-multiplier`` (σ) or ``privacy-target-epsilon`` (ε for the planned rounds),
+``privacy-delta`` (0: 1/N, N the sites' training samples), ``privacy-noise-seed`` (-1: a fresh
+secret drawn by the server; the simulation's equivalent is the run seed). Every site takes part
+in every round (client sampling on Flower is not built: refused). The server is the
+:class:`~fedxrisk.engines.privacy.PrivateAggregator` of the simulation engines, so a Flower run
+with the same noise seed gives the loop engine's numbers.
+
+What it protects: a site's whole contribution, against the other sites and anyone who sees the
+model; not against the server, which sees each site's update (secure aggregation would hide
+them: see :func:`secure_aggregation_refusal`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import types
+from typing import Any
+
+import torch
+
+from fedxrisk.algorithms.base import ClientInfo
+from fedxrisk.engines.privacy import ClientDP, PrivateAggregator, check_client_dp, epsilon, noise_for_epsilon
+from fedxrisk.errors import ConfigError
+from fedxrisk.tree import Tree
+
+
+def secure_aggregation_refusal(algorithm: str) -> str:
+    """Why ``secure-aggregation = true`` is refused (one line)."""
+    return (
+        f"secure-aggregation: Flower's SecAgg+ is not wired into fedxrisk's per-collective protocol yet "
+        f"({algorithm}); the server sees each site's tensors (docs/privacy.md, 'Secure aggregation')"
+    )
+
+
+def check_flower_privacy(cfg: Any) -> None:
+    """One-line :class:`ConfigError` for privacy settings a Flower run cannot honour."""
+    if cfg.secure_aggregation:
+        raise ConfigError(secure_aggregation_refusal(cfg.algorithm))
+    if cfg.privacy_clip == 0:
+        if cfg.privacy_noise_multiplier or cfg.privacy_target_epsilon:
+            raise ConfigError("privacy-noise-multiplier / privacy-target-epsilon need privacy-clip > 0")
+        return
+    if cfg.privacy_clip < 0:
+        raise ConfigError(f"privacy-clip must be > 0 (0: no DP), got {cfg.privacy_clip}")
+    if (cfg.privacy_noise_multiplier > 0) == (cfg.privacy_target_epsilon > 0):
+        raise ConfigError(
+            "privacy: set exactly one of privacy-noise-multiplier and privacy-target-epsilon (> 0)"
+        )
+    if not 0 <= cfg.privacy_delta < 1:
+        raise ConfigError(f"privacy-delta must lie in [0, 1) (0: 1/N), got {cfg.privacy_delta}")
+    cls = cfg.algorithm_class
+    stub = types.SimpleNamespace(
+        name=cfg.algorithm, begin_batch=cls.begin_batch, problem=None,
+        stage_batch_size=cfg.options.get("stage_batch_size", getattr(cls, "stage_batch_size", 0)),
+        round_batch_size=cfg.options.get("round_batch_size", getattr(cls, "round_batch_size", 0)),
+    )  # fmt: skip
+    try:
+        check_client_dp(stub)
+    except ConfigError as e:
+        raise ConfigError(f"privacy-clip: {e}") from None
+
+
+class ServerDP:
+    """The server's private mean for one Flower run (one ``mean`` per round, every site)."""
+
+    def __init__(self, cfg: Any, problem: Any, samples: list[int], positives: list[int], max_samples: int):
+        algorithm = cfg.build_algorithm(problem)
+        check_client_dp(algorithm)
+        self.k, self.rounds = len(samples), cfg.rounds
+        self.delta = cfg.privacy_delta or 1.0 / sum(samples)
+        sigma = cfg.privacy_noise_multiplier or noise_for_epsilon(
+            cfg.privacy_target_epsilon, cfg.rounds, self.delta
+        )
+        seed = cfg.privacy_noise_seed if cfg.privacy_noise_seed >= 0 else secrets.randbits(62)
+        self.config = ClientDP(cfg.privacy_clip, sigma, noise_seed=seed)
+        initial = algorithm.init(ClientInfo(0, samples[0], positives[0] / samples[0], max_samples))
+        self.aggregator = PrivateAggregator(self.config, algorithm, initial, seed, self.k)
+        self.rounds_meaned: set[int] = set()
+
+    def mean(self, stacked: Tree, round_: int) -> Tree:
+        """The noised mean of the sites' stacked contributions (leading axis: sites)."""
+        if round_ in self.rounds_meaned:
+            raise ConfigError(
+                f"client-level DP: {self.aggregator.name} sends a second 'mean' in round {round_ + 1}"
+            )
+        self.rounds_meaned.add(round_)
+        mask = torch.ones(self.k, dtype=torch.bool)
+        flat = self.aggregator.aggregate(stacked, mask, round_, float(self.k))
+        return _rebuild(stacked, flat)
+
+    def epsilon(self, rounds: int) -> float:
+        return epsilon(self.config.noise_multiplier, rounds, self.delta)
+
+    def describe(self) -> str:
+        return (
+            f"differential privacy: ({self.epsilon(self.rounds):.3g}, {self.delta:.3g})-DP per site after "
+            f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}), noise added by the server"
+        )
+
+    def summary(self, rounds: int) -> dict[str, Any]:
+        return {
+            "level": "client", "epsilon": self.epsilon(rounds), "delta": self.delta, "clip": self.config.clip,
+            "noise_multiplier": self.config.noise_multiplier, "sampling_rate": 1.0, "noise_added_by": "server",
+        }  # fmt: skip
+
+
+def _rebuild(tree: Tree, flat: dict[str, torch.Tensor], prefix: str = "") -> Tree:
+    if isinstance(tree, dict):
+        return {k: _rebuild(v, flat, f"{prefix}{k}.") for k, v in tree.items()}
+    return flat[prefix[:-1]]
+
+
+def server_dp(cfg: Any, problem: Any, sites: list[Any], max_samples: int, log: Any) -> ServerDP | None:
+    """The run's :class:`ServerDP` (None without ``privacy-clip``); logs the guarantee."""
+    if not cfg.privacy_clip:
+        return None
+    dp = ServerDP(cfg, problem, [s.samples for s in sites], [s.positives for s in sites], max_samples)
+    log(dp.describe())
+    return dp

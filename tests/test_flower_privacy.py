@@ -1,0 +1,68 @@
+"""Client-level DP on Flower (issue 23): the server clips and adds the noise; with the same noise
+seed a Flower run (the protocol in one process) equals the loop engine with client DP; refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedxrisk.engines import Simulation
+from fedxrisk.engines.privacy import ClientDP, epsilon
+from fedxrisk.errors import ConfigError
+from fedxrisk.flower.config import FlowerConfig
+from helpers import make_sim, max_abs_diff, run_all
+from test_flower_protocol import run_config, run_local, trial_nodes
+
+pytest.importorskip("dp_accounting")
+DP = {"privacy-clip": 0.5, "privacy-noise-multiplier": 0.8, "privacy-noise-seed": 7}
+
+
+@pytest.mark.parametrize("algorithm", ["codasca", "localsgdm", "localscgdam"])
+def test_flower_server_noise_equals_the_loop_engine_with_client_dp(algorithm, tmp_path):
+    rc = run_config(algorithm, tmp_path, lr=0.05, **DP)
+    summary, _ = run_local(rc, trial_nodes())
+    base = make_sim(
+        algorithm, "loop", clients=2, rounds=rc["rounds"], local_steps=rc["local-steps"],
+        batch_size=rc["batch-size"], lr=rc["lr"], stages=rc["stages"], partition="iid", imratio=0.3, seed=0,
+    )  # fmt: skip
+    sim = run_all(
+        Simulation(
+            base.algorithm,
+            base.data,
+            base.schedule,
+            base.batch_size,
+            base.seed,
+            "loop",
+            privacy=ClientDP(0.5, 0.8, noise_seed=7),
+        )  # fmt: skip
+    )
+    params, _ = sim.global_model()
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    n = sum(base.data.shard_sizes)
+    assert summary["privacy"]["epsilon"] == pytest.approx(epsilon(0.8, rc["rounds"], 1.0 / n), rel=1e-12)
+    plain, _ = run_local(run_config(algorithm, tmp_path / "plain", lr=0.05), trial_nodes())
+    assert plain["final"]["test_auroc"] != summary["final"]["test_auroc"]  # the noise is really there
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"algorithm": "fedxl2", **DP}, "score pools"),
+        ({"algorithm": "localsgdm_rl", **DP}, "class sums"),
+        ({"privacy-clip": 1.0}, "exactly one of"),
+        (
+            {"privacy-clip": 1.0, "privacy-noise-multiplier": 1.0, "privacy-target-epsilon": 3.0},
+            "exactly one of",
+        ),
+        ({"privacy-noise-multiplier": 1.0}, "need privacy-clip"),
+        ({"secure-aggregation": True}, "SecAgg+"),
+    ],
+)
+def test_flower_privacy_refusals_are_one_line(extra, words, tmp_path):
+    rc = {**run_config(extra.get("algorithm", "codasca"), tmp_path), **extra}
+    rc["options"] = json.dumps({"positives_per_batch": 4} if rc["algorithm"] == "fedxl2" else {})
+    with pytest.raises(ConfigError) as e:
+        FlowerConfig.from_run_config(rc)
+    assert words in str(e.value) and "\n" not in str(e.value)

@@ -1,0 +1,178 @@
+"""Differential privacy wired through the run ([privacy], issue 23): the config section and its
+one-line refusals, ε per evaluation in history.csv and summary.json, and the distributed engine
+with client-level DP equal to the loop and vmap engines."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedxrisk.engines import Simulation
+from fedxrisk.engines.privacy import ClientDP, ClientSampling, epsilon
+from fedxrisk.errors import ConfigError
+from fedxrisk.run.build import build
+from fedxrisk.run.configfile import config_to_toml, load_config
+from fedxrisk.run.recipes import run_experiment
+from helpers import make_sim, max_abs_diff, run_all
+
+pytest.importorskip("dp_accounting")
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+SMALL = ["experiment.rounds=4", "data.clients=4", "experiment.eval_every=2", "experiment.tensorboard=false"]
+
+
+def cfg_with(*privacy: str, algorithm: str = "codasca", extra: tuple[str, ...] = ()):
+    sets = [*SMALL, f"algorithm.algorithm={algorithm}", *extra, *(f"privacy.{p}" for p in privacy)]
+    return load_config(None, sets)
+
+
+def test_privacy_section_round_trips_through_toml(tmp_path):
+    cfg = cfg_with("clip=0.5", "noise_multiplier=1.2", "sampling_rate=0.5", "sampling='fixed'")
+    assert cfg.privacy["clip"] == 0.5 and cfg.privacy["sampling"] == "fixed"
+    assert cfg.privacy["delta"] is None and cfg.privacy["level"] == "client"
+    path = tmp_path / "c.toml"
+    path.write_text(config_to_toml(cfg))
+    assert load_config(path).privacy == cfg.privacy
+
+
+@pytest.mark.parametrize(
+    "sets, algorithm, words",
+    [
+        (("clip=1", "noise_multiplier=1"), "fedxl2", "fedxl2 sends per-sample score pools"),
+        (("clip=1", "noise_multiplier=1"), "localsgdm_rl", "class sums"),
+        (("clip=1", "noise_multiplier=1", "level='instance'"), "localscgdam", "compositional"),
+        (("clip=1", "noise_multiplier=1", "level='instance'"), "fedxl1", "pairwise loss"),
+        (("clip=1", "noise_multiplier=1", "target_epsilon=3"), "codasca", "exactly one of"),
+        (("clip=1",), "codasca", "exactly one of"),
+        (("noise_multiplier=1",), "codasca", "privacy.clip is missing"),
+        (("clip=0", "noise_multiplier=1"), "codasca", "clip"),
+        (("clip=1", "noise_multiplier=1", "delta=2"), "codasca", "privacy.delta"),
+        (("clip=1", "noise_multiplier=1", "level='server'"), "codasca", "privacy.level"),
+        (("clip=1", "noise_multiplier=1", "sigma=1"), "codasca", "unknown key privacy.sigma"),
+        (("clip=1", "noise_multiplier=1", "sampling_rate=1.5"), "codasca", "rate"),
+        (("clip=1", "target_epsilon=-1"), "codasca", "target_epsilon"),
+        (
+            ("clip=1", "noise_multiplier=1", "level='instance'", "sampling_rate=0.5"),
+            "codasca",
+            "level = 'client' only",
+        ),
+    ],
+)
+def test_privacy_refusals_are_one_line(sets, algorithm, words):
+    with pytest.raises(ConfigError) as e:
+        cfg_with(*sets, algorithm=algorithm)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_refuses_fedxl_with_dp_in_one_line_and_exit_2():
+    cmd = [sys.executable, "-m", "fedxrisk", "run", "--set", "algorithm.algorithm=fedxl2",
+           "--set", "privacy.clip=1", "--set", "privacy.noise_multiplier=1"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "score pools" in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+def test_run_reports_epsilon_per_evaluation_and_in_the_summary(tmp_path, capfd):
+    cfg = cfg_with("clip=0.5", "noise_multiplier=1.5", "sampling_rate=0.5")
+    result = run_experiment(cfg, tmp_path / "run")
+    n = result.summary["data"]["train_samples"]
+    with open(tmp_path / "run" / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["round"]) for r in rows] == [2, 4]
+    for r in rows:
+        expected = epsilon(1.5, int(r["round"]), 1.0 / n, 0.5, "poisson", 4)
+        assert float(r["epsilon"]) == pytest.approx(expected, rel=1e-12)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["privacy"]["epsilon"] == pytest.approx(float(rows[-1]["epsilon"]), rel=1e-12)
+    assert summary["privacy"]["delta"] == 1.0 / n
+    assert "-DP per client" in capfd.readouterr().err
+
+
+def test_target_epsilon_sets_sigma_for_the_planned_rounds():
+    setup = build(cfg_with("clip=1", "target_epsilon=5", "sampling_rate=0.5", "delta=1e-5"))
+    plan = setup.privacy
+    assert plan.noise_multiplier == pytest.approx(
+        __import__("fedxrisk.engines.privacy", fromlist=["x"]).noise_for_epsilon(
+            5.0, 4, 1e-5, 0.5, "poisson", 4
+        )
+    )
+    assert 5.0 - 0.01 <= plan.epsilon(4) <= 5.0
+    assert setup.simulation.privacy.config.noise_multiplier == plan.noise_multiplier
+
+
+def test_configured_run_equals_the_engine_with_client_dp():
+    """The [privacy] wiring builds exactly Simulation(privacy=ClientDP(...)): same numbers."""
+    setup = build(
+        cfg_with("clip=0.3", "noise_multiplier=0.7", "sampling_rate=0.5", extra=("engine.engine=loop",))
+    )
+    run_all(setup.simulation)
+    s = setup.simulation
+    direct = Simulation(
+        s.algorithm, s.data, s.schedule, s.batch_size, s.seed, "loop",
+        privacy=ClientDP(0.3, 0.7, ClientSampling(0.5)),
+    )  # fmt: skip
+    run_all(direct)
+    assert max_abs_diff(direct.states, s.states) == 0.0
+
+
+def test_instance_level_accounts_local_steps_with_batch_sampling_rate():
+    setup = build(cfg_with("clip=1", "noise_multiplier=1.1", "level='instance'", algorithm="localsgdm"))
+    plan, data = setup.privacy, setup.data
+    steps = sum(p.window for p in setup.simulation.plans)
+    q = setup.simulation.batch_size / min(data.shard_sizes)
+    assert plan.epsilon(4) == pytest.approx(epsilon(1.1, steps, 1.0 / len(data.data.y_train), q), rel=1e-12)
+    assert setup.simulation.algorithm.dp_noise_multiplier == 1.1
+
+
+# -- the distributed engine ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dist_results(tmp_path_factory):
+    import os
+    import socket
+
+    out = tmp_path_factory.mktemp("dist_dp")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{TESTS}", OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+        "127.0.0.1", "--master-port", str(port), str(TESTS / "dist_dp_worker.py"), str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out / "dp_results.pt", weights_only=False)
+
+
+def test_loop_vmap_and_distributed_agree_with_client_dp(dist_results):
+    from dist_dp_worker import SCENARIOS, dp
+
+    for spec, got in zip(SCENARIOS, dist_results["runs"], strict=True):
+        alg, clients, _, rate = spec
+        for engine in ("loop", "vmap"):
+            base = make_sim(alg, engine, clients=clients, rounds=4, local_steps=2, lr=0.05)
+            sim = run_all(
+                Simulation(
+                    base.algorithm,
+                    base.data,
+                    base.schedule,
+                    base.batch_size,
+                    base.seed,
+                    engine,
+                    privacy=dp(rate),
+                )
+            )
+            assert max_abs_diff(sim.states, got["state"]["states"]) < 1e-5, (spec, engine)
+            assert got["state"]["privacy"]["last"].keys() == sim.privacy.last.keys()
+            assert abs(sim.train_loss() - got["train_loss"]) < 1e-5, spec
+
+
+def test_distributed_resume_with_client_dp_equals_the_uninterrupted_run(dist_results):
+    assert max_abs_diff(dist_results["resumed"]["states"], dist_results["runs"][0]["state"]["states"]) == 0.0
