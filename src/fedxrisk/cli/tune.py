@@ -51,6 +51,7 @@ from fedxrisk.cli.common import (
 @click.option("--storage", default=None, help="Optuna storage URL (default: TUNE/study.journal)")
 @click.option("--study-name", default=None, help="study name in the storage (default fedxrisk-ALG-DATASET)")
 @click.option("--seed", "search_seed", type=int, default=0, show_default=True, help="seed of the sampler")
+@click.option("--monitor", default=None, help="validation column to maximise (default: the run's monitor)")
 @click.option("--no-prune", is_flag=True, help="run every trial to its end")
 @click.option("--confirm-seeds", default=None, metavar="S,S,…", help="rerun the best config on these seeds")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="tune folder (rerun to resume)")
@@ -67,6 +68,7 @@ def tune(
     storage: str | None,
     study_name: str | None,
     search_seed: int,
+    monitor: str | None,
     no_prune: bool,
     confirm_seeds: str | None,
     out: str,
@@ -97,7 +99,15 @@ def tune(
 
         require_optuna()
         settings = TuneSettings(
-            trials, timeout, sampler, grid_points, search_seed, storage, not no_prune, study_name
+            trials=trials,
+            timeout=timeout,
+            sampler=sampler,
+            grid_points=grid_points,
+            seed=search_seed,
+            storage=storage,
+            prune=not no_prune,
+            study_name=study_name,
+            monitor=monitor,
         )
         root = Path(out)
         report = (lambda s: None) if quiet else (lambda s: console.print(escape(s)))

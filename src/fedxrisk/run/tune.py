@@ -67,6 +67,7 @@ class TuneSettings:
     storage: str | None = None  # None: TUNE/study.journal
     prune: bool = True
     study_name: str | None = None
+    monitor: str | None = None  # None: the run's own monitor (monitor_of)
 
 
 def monitor_of(cfg: RunConfig) -> str:
@@ -204,7 +205,7 @@ def tune(
 
     out = Path(out)
     base = tune_config(cfg)
-    monitor = monitor_of(base)
+    monitor = settings.monitor or monitor_of(base)
     name = settings.study_name or study_name(cfg)
     info = {"algorithm": cfg.algorithm, "study": name, "dataset": cfg.dataset, "monitor": monitor, "trials": settings.trials,
             "sampler": settings.sampler, "seed": settings.seed, "storage": settings.storage,
@@ -265,7 +266,11 @@ def tune(
         return value
 
     deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
-    while sum(_counts(t, optuna) for t in study.get_trials(deepcopy=False)) < settings.trials:
+    def taken() -> int:  # queued trials are run by this loop: they do not end it
+        waiting = optuna.trial.TrialState.WAITING
+        return sum(_counts(t, optuna) and t.state != waiting for t in study.get_trials(deepcopy=False))
+
+    while taken() < settings.trials:
         if deadline is not None and time.monotonic() >= deadline:
             report(f"timeout: {settings.timeout:g} s reached")
             break

@@ -68,9 +68,9 @@ def check_tune_dir(out: Path, settings: dict[str, Any]) -> bool:
 
 def start_tune_dir(out: Path, settings: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "trials").mkdir(exist_ok=True)
-    if not (out / MARKER).exists():
+    if not (out / MARKER).exists():  # first: a second process joining sees a tune folder
         write_json_atomic(out / MARKER, settings)
+    (out / "trials").mkdir(exist_ok=True)
 
 
 def write_trial_json(folder: Path, record: TrialRecord) -> None:
