@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import fedxrisk.engines as engines
-from fedxrisk.run import spec as runconfig
 from fedxrisk.algorithms import ALGORITHMS, coda, coda_baselines, fedxl, localpair, pairwise_base
 from fedxrisk.engines import dist_collective, distributed, launch, simulation
 from fedxrisk.flower import replay, site
+from fedxrisk.run import spec as runconfig
 
 
 def test_the_distributed_engine_re_exports_the_names_its_importers_use():

@@ -42,7 +42,7 @@ from fedxrisk.run.tuneout import (
 from fedxrisk.run.tunespace import Param, apply_params, default_params
 
 HOST = socket.gethostname()
-DEFAULT_VALIDATION = 0.2
+DEFAULT_VALIDATION = "auto"
 
 
 def require_optuna() -> Any:
@@ -67,35 +67,26 @@ class TuneSettings:
     storage: str | None = None  # None: TUNE/study.journal
     prune: bool = True
     study_name: str | None = None
-    monitor: str | None = None  # None: the run's own monitor (monitor_of)
+    monitor: str | None = None  # None: the run's own (RunConfig.resolved_monitor)
 
 
-def monitor_of(cfg: RunConfig) -> str:
-    """The validation column the run selects on (``val_auroc`` unless the config names another)."""
-    monitor = getattr(cfg, "monitor", None) or "auroc"
-    return monitor if monitor.startswith("val_") else f"val_{monitor}"
-
-
-def tune_config(cfg: RunConfig) -> RunConfig:
-    """The base config of every trial: a validation split and best-on-validation selection switched on."""
-    changes: dict[str, Any] = {"tensorboard": False}
-    if hasattr(cfg, "validation") and not cfg.validation:  # type: ignore[attr-defined]
+def tune_config(cfg: RunConfig, monitor: str | None = None) -> RunConfig:
+    """The base config of every trial: validation data (``auto``: the dataset's own split, else 20 %
+    carved per client when the config sets none), the best-on-validation model selected, no TensorBoard."""
+    changes: dict[str, Any] = {"tensorboard": False, "selection": "best"}
+    if not cfg.validation:
         changes["validation"] = DEFAULT_VALIDATION
-    if hasattr(cfg, "selection"):
-        changes["selection"] = "best"
+    if monitor is not None:
+        changes["monitor"] = monitor
     return dataclasses.replace(cfg, **changes)
 
 
 def validation_value(summary: dict[str, Any], history: list[dict[str, Any]], monitor: str) -> float:
-    """The monitor's value of the selected model (``summary['selected']``), else its best over the history."""
+    """The monitor's validation value of the selected model (``summary['selected']``)."""
     selected = summary.get("selected") or {}
-    if isinstance(selected.get(monitor), (int, float)):
-        return float(selected[monitor])
-    values = [r[monitor] for r in history if monitor in r and r.get("round", 1) > 0]
-    if not values:
-        raise ConfigError(
-            f"the runs log no {monitor!r} column: tune needs a validation split (data.validation)"
-        )
+    if selected.get("monitor") == monitor and isinstance(selected.get("value"), (int, float)):
+        return float(selected["value"])
+    values = [r[monitor] for r in history if isinstance(r.get(monitor), float) and r.get("round", 1) > 0]
     finite = [v for v in values if not math.isnan(v)]
     return max(finite) if finite else math.nan
 
@@ -204,8 +195,11 @@ def tune(
     from fedxrisk.run.recipes import run_experiment
 
     out = Path(out)
-    base = tune_config(cfg)
-    monitor = settings.monitor or monitor_of(base)
+    base = tune_config(cfg, settings.monitor)
+    from fedxrisk.run.checks import check
+
+    check(base)  # a bad base config (or monitor) fails here, not in every trial
+    monitor = base.resolved_monitor()
     name = settings.study_name or study_name(cfg)
     info = {"algorithm": cfg.algorithm, "study": name, "dataset": cfg.dataset, "monitor": monitor, "trials": settings.trials,
             "sampler": settings.sampler, "seed": settings.seed, "storage": settings.storage,
@@ -254,6 +248,10 @@ def tune(
             report(f"trial {trial.number}: non-finite loss ({params})")
             return math.nan  # Optuna records a failed trial
         value = validation_value(result.summary, result.history, monitor)
+        if math.isnan(value):
+            trial.set_user_attr("outcome", "nonfinite")
+            write_trial_json(folder, dataclasses.replace(record, state="failed", note=f"no finite {monitor}"))
+            return math.nan
         if prune.pruned_at is not None:
             trial.set_user_attr("pruned_at", prune.pruned_at)
             write_trial_json(
@@ -266,6 +264,7 @@ def tune(
         return value
 
     deadline = None if settings.timeout is None else time.monotonic() + settings.timeout
+
     def taken() -> int:  # queued trials are run by this loop: they do not end it
         waiting = optuna.trial.TrialState.WAITING
         return sum(_counts(t, optuna) and t.state != waiting for t in study.get_trials(deepcopy=False))
