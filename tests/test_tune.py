@@ -190,3 +190,30 @@ def test_missing_optuna_is_one_line(monkeypatch, tmp_path):
     result = CliRunner().invoke(main, ["tune", *TINY, "--out", str(tmp_path / "t")])
     assert result.exit_code == 2 and "pip install 'fedxrisk[tune]'" in result.output
     assert not (tmp_path / "t").exists()
+
+
+# ---- defaults that do not blow up -------------------------------------------------------------------
+
+
+def test_coda_default_lr_keeps_lr_times_p_one_minus_p():
+    from fedxrisk.algorithms import ALGORITHMS
+
+    coda = ALGORITHMS["codasca"]
+    assert coda.default_lr_for(0.10000000149011612) == 3.0  # the float32 ratio of the default run: unchanged
+    assert coda.default_lr_for(0.02) == 3.0  # never raised
+    assert coda.default_lr_for(0.55) == pytest.approx(0.27 / (0.55 * 0.45))
+    assert ALGORITHMS["localsgdm"].default_lr_for(0.55) == ALGORITHMS["localsgdm"].default_lr
+
+
+def test_a_balanced_run_writes_the_lowered_default_into_its_config(tmp_path):
+    from fedxrisk.run.configfile import load_config
+    from fedxrisk.run.recipes import run_experiment
+    from fedxrisk.run.spec import RunConfig
+
+    cfg = RunConfig(imratio=None, rounds=3, eval_every=3, clients=4, tensorboard=False)
+    with pytest.warns(UserWarning, match="lr not set: codasca's default 3 lowered to"):
+        result = run_experiment(cfg, tmp_path / "r")
+    p = result.summary["data"]["train_pos_ratio"]
+    assert 0.3 < p < 0.7
+    assert result.summary["config"]["lr"] == pytest.approx(0.27 / (p * (1 - p)))
+    assert load_config(tmp_path / "r" / "config.toml").lr == result.summary["config"]["lr"]
