@@ -59,7 +59,6 @@ def _run_numbers(folder: Path) -> dict:
     s = json.loads((folder / "summary.json").read_text())
     return {
         "final": {k: s["final"][k] for k in METRICS},
-        "best": {"test_auroc": s["best"]["test_auroc"], "round": s["best"]["round"]},
         "bytes_up_per_client": s["communication"]["bytes_up_per_client"],
         "bytes_down_per_client": s["communication"]["bytes_down_per_client"],
         "train_seconds": s["wall_seconds"],
@@ -128,7 +127,6 @@ def render(raw: dict) -> None:
     d, c, cpus = raw["default"], raw["compare"], raw["machine"]["cpus"]
     lines = ["| metric | value |", "|---|---:|"]
     lines += [f"| final {k} | {v:.4f} |" for k, v in d["final"].items()]
-    lines.append(f"| best test_auroc | {d['best']['test_auroc']:.4f} (round {d['best']['round']}) |")
     lines.append(f"| bytes up / client | {d['bytes_up_per_client']:,} |")
     lines.append(f"| bytes down / client | {d['bytes_down_per_client']:,} |")
     timing = (

@@ -15,7 +15,7 @@ SMALL = ["--rounds", "6", "--eval-every", "2", "--clients", "4", "-q"]
 REQUIRED = [
     "algorithm", "dataset", "engine", "num_clients", "rounds", "local_steps", "seed",
     "final.test_auroc", "final.test_ap", "final.client_auroc_mean", "final.client_auroc_std",
-    "best.test_auroc", "best.round", "communication.rounds", "communication.bytes_up_per_client",
+    "selected.test_auroc", "selected.round", "test_oracle.test_auroc", "test_oracle.round", "communication.rounds", "communication.bytes_up_per_client",
     "communication.bytes_down_per_client", "wall_seconds",
 ]  # fmt: skip
 
@@ -43,7 +43,8 @@ def test_run_writes_summary_and_history(tmp_path):
     assert list(rows[0]) == list(HISTORY_FIELDS)
     assert float(rows[-1]["test_auroc"]) == pytest.approx(summary["final"]["test_auroc"])
     best = max(float(r["test_auroc"]) for r in rows)
-    assert summary["best"]["test_auroc"] == pytest.approx(best)
+    assert summary["test_oracle"]["test_auroc"] == pytest.approx(best)
+    assert summary["selected"]["test_auroc"] == summary["final"]["test_auroc"]  # selection = "last"
     up = [int(r["bytes_up_per_client"]) for r in rows]
     assert up == sorted(up) and up[-1] == summary["communication"]["bytes_up_per_client"]
     assert summary["communication"]["rounds"] == 6

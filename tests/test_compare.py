@@ -49,8 +49,8 @@ def test_compare_writes_table_with_one_row_per_algorithm(compared):
         assert (row["seeds"], row["completed"], row["rounds"]) == ("2", "2", "2")
         assert float(row["final_test_auroc_mean"]) == pytest.approx(statistics.mean(finals), abs=1e-12)
         assert float(row["final_test_auroc_std"]) == pytest.approx(statistics.stdev(finals), abs=1e-12)
-        best = max(r["best"]["test_auroc"] for r in runs)
-        assert float(row["best_test_auroc_mean"]) <= best
+        chosen = [r["selected"]["test_auroc"] for r in runs]
+        assert float(row["selected_test_auroc_mean"]) == pytest.approx(statistics.mean(chosen), abs=1e-12)
         assert int(row["bytes_up_per_client"]) == runs[0]["communication"]["bytes_up_per_client"]
     md = (out / "comparison.md").read_text().splitlines()
     assert md[0].startswith("| variant | final test AUROC |")

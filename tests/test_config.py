@@ -72,7 +72,7 @@ def test_run_from_summary_json_reproduces_the_metrics(tmp_path):
     assert result.exit_code == 0, result.output
     a, b = (json.loads((d / "summary.json").read_text()) for d in (first, second))
     assert a["config"] == b["config"] and a["config"]["options"] == {"eta_g": 1.1}
-    for key in ("final", "best", "communication", "hyperparameters"):
+    for key in ("final", "selected", "test_oracle", "communication", "hyperparameters"):
         assert a[key] == b[key]
     assert (first / "config.toml").read_text() == (second / "config.toml").read_text()
     assert load_config(first / "config.toml").to_dict() == a["config"]

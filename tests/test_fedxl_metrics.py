@@ -64,7 +64,7 @@ def test_run_outputs_name_both_paucs(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "run" / "history.csv")))
     for key in ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish"):
         assert 0.0 <= summary["final"][key] <= 1.0
-        assert summary["best"][key] == max(float(r[key]) for r in rows)
+        assert summary["test_oracle"][key] == max(float(r[key]) for r in rows)
     by = summary["communication"]["by_variable"]
     assert {"w", "pos_pool", "neg_pool"} == set(by)
 

@@ -44,7 +44,13 @@ run_experiment(RunConfig(**{cfg}), sys.argv[1], stop)
 def _comparable(run) -> dict:
     s = run.summary
     rows = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in run.history]
-    return {"final": s["final"], "best": s["best"], "communication": s["communication"], "rows": rows}
+    return {
+        "final": s["final"],
+        "best": s["test_oracle"],
+        "selected": s["selected"],
+        "communication": s["communication"],
+        "rows": rows,
+    }
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from fedxrisk.tables import fit_table
 
 def _rows(labels):
     return [
-        dict(variant=v, final_test_auroc_mean=0.96321, final_test_auroc_std=0.00404, best_test_auroc_mean=0.97,
-             best_test_auroc_std=0.0031, final_test_ap_mean=0.95, final_test_ap_std=0.0123, rounds=100,
+        dict(variant=v, final_test_auroc_mean=0.96321, final_test_auroc_std=0.00404, selected_test_auroc_mean=0.97,
+             selected_test_auroc_std=0.0031, final_test_ap_mean=0.95, final_test_ap_std=0.0123, rounds=100,
              bytes_up_per_client=3456000, bytes_down_per_client=3456000, completed=3, seeds=3)
         for v in labels
     ]  # fmt: skip
@@ -44,7 +44,8 @@ def test_the_run_summary_fits_80_columns(monkeypatch, capsys):
     final["test_auroc_per_label"] = [0.912345, 0.823456, 0.734567, 0.645678, 0.556789]
     summary = {
         "algorithm": "localsgdm_rl", "dataset": "chestxray_ih", "num_clients": 16, "local_steps": 32,
-        "rounds": 1000, "final": final, "best": {"test_auroc": 0.96, "round": 995},
+        "rounds": 1000, "final": final, "selected": {"selection": "best", "monitor": "val_auroc", "value": 0.96, "round": 995,
+                                                     "test_auroc": 0.9432},
         "communication": {"bytes_up_per_client": 123456789012, "bytes_down_per_client": 123456789012},
         "wall_seconds": 12345.678,
     }  # fmt: skip
@@ -55,6 +56,7 @@ def test_the_run_summary_fits_80_columns(monkeypatch, capsys):
         "0.9512",
         "0.9123, 0.8235, 0.7346, 0.6457, 0.5568",
         "0.9600 (round 995)",
+        "0.9432",
         "123,456,789,012",
     ):
         assert value in text, value

@@ -5,7 +5,8 @@ I) runs once per seed into ``OUT/<variant>/seed<s>/``. A seed fixes the data
 partition, the model initialisation and the sampling streams, so all variants
 see the same clients and start from the same model. The table
 (``comparison.csv``, ``comparison.md``) gives per variant the mean ± sample
-standard deviation over seeds of the final and best test AUROC and the final
+standard deviation over seeds of the final test AUROC, the test AUROC of the selected
+model (``summary.json`` ``selected``: the final one unless ``selection = "best"``) and the final
 AP, the rounds and the bytes each client sent and received; the plots are
 drawn by :mod:`fedxrisk.plots`.
 
@@ -45,7 +46,7 @@ from fedxrisk.run.spec import RunConfig
 
 TABLE_FIELDS = (
     "variant", "algorithm", "seeds", "completed", "rounds", "local_steps",
-    "final_test_auroc_mean", "final_test_auroc_std", "best_test_auroc_mean", "best_test_auroc_std",
+    "final_test_auroc_mean", "final_test_auroc_std", "selected_test_auroc_mean", "selected_test_auroc_std",
     "final_test_ap_mean", "final_test_ap_std", "bytes_up_per_client", "bytes_down_per_client",
     "wall_seconds_mean",
 )  # fmt: skip
@@ -214,7 +215,7 @@ def summarize(group: Group) -> dict[str, Any]:
     }
     for name, pick in (
         ("final_test_auroc", lambda s: s["final"]["test_auroc"]),
-        ("best_test_auroc", lambda s: s["best"]["test_auroc"] if s["best"] else None),
+        ("selected_test_auroc", lambda s: (s.get("selected") or s["final"])["test_auroc"]),
         ("final_test_ap", lambda s: s["final"]["test_ap"]),
     ):
         row[f"{name}_mean"], row[f"{name}_std"] = _mean_std([pick(s) for s in done])
@@ -253,7 +254,7 @@ def megabytes(row: dict[str, Any]) -> str:
 DISPLAY = (
     ("variant", lambda r: r["variant"]),
     ("final test AUROC", lambda r: pm(r["final_test_auroc_mean"], r["final_test_auroc_std"])),
-    ("best test AUROC", lambda r: pm(r["best_test_auroc_mean"], r["best_test_auroc_std"])),
+    ("selected test AUROC", lambda r: pm(r["selected_test_auroc_mean"], r["selected_test_auroc_std"])),
     ("final test AP", lambda r: pm(r["final_test_ap_mean"], r["final_test_ap_std"])),
     ("rounds", lambda r: str(r["rounds"])),
     ("MB per client (up+down)", megabytes),

@@ -216,7 +216,10 @@ def _print_summary(s: dict[str, Any], out: Any) -> None:
 
     title = f"{s['algorithm']} on {s['dataset']}: K={s['num_clients']}, I={s['local_steps']}, {s['rounds']} rounds"
     rows = [(f"final {k}", _fmt(v)) for k, v in s["final"].items()]
-    rows.append(("best test_auroc", f"{_fmt(s['best']['test_auroc'])} (round {s['best']['round']})"))
+    sel = s.get("selected")
+    if sel and sel["selection"] == "best":  # the model in model.pt, chosen on validation
+        rows.append((f"selected on {sel['monitor']}", f"{_fmt(sel['value'])} (round {sel['round']})"))
+        rows.append(("selected test_auroc", _fmt(sel["test_auroc"])))
     comm = s["communication"]
     rows.append(("bytes up / client", f"{comm['bytes_up_per_client']:,}"))
     rows.append(("bytes down / client", f"{comm['bytes_down_per_client']:,}"))

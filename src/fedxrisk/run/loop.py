@@ -128,6 +128,9 @@ def train(
     return RunResult(summary, history, folder.path)
 
 
+ORACLE_NOTE = "chosen on the test set: an optimistic bound for comparison, not a result; see 'selected'"
+
+
 def _selected(cfg, history: list[dict[str, Any]], chosen: BestModel | None) -> dict[str, Any] | None:
     """summary.json ``selected``: the model in ``model.pt``, its round, monitor value and test metrics."""
     monitor = cfg.resolved_monitor()
@@ -196,9 +199,14 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "final": {k: final.get(k, math.nan) for k in keys}
             | {k: final[k] for k in ("test_auroc_per_label", "test_ap_per_label") if k in final},
             "label_names": list(setup.data.data.label_names) or None,
-            "best": {"test_auroc": best["test_auroc"], "round": best["round"], **_best_of(history, PAUC_KEYS)}
+            "test_oracle": {
+                "note": ORACLE_NOTE,
+                "test_auroc": best["test_auroc"],
+                "round": best["round"],
+                **_best_of(history, PAUC_KEYS),
+            }
             if best
-            else None,
+            else None,  # fmt: skip
             "communication": sim.ledger.summary(),
             "wall_seconds": round(wall, 3),
             "data": {

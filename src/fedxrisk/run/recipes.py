@@ -57,7 +57,7 @@ from fedxrisk.run.folder import (
 from fedxrisk.run.loop import train
 from fedxrisk.run.spec import CENTRALIZED, RunConfig
 
-SUMMARY_KEYS = ("status", "algorithm", "rounds", "final", "best", "wall_seconds", "communication")
+SUMMARY_KEYS = ("status", "algorithm", "rounds", "final", "selected", "wall_seconds", "communication")
 
 
 def run_experiment(
