@@ -217,3 +217,13 @@ def test_a_balanced_run_writes_the_lowered_default_into_its_config(tmp_path):
     assert 0.3 < p < 0.7
     assert result.summary["config"]["lr"] == pytest.approx(0.27 / (p * (1 - p)))
     assert load_config(tmp_path / "r" / "config.toml").lr == result.summary["config"]["lr"]
+
+
+def test_several_algorithms_get_the_same_number_of_trials(tmp_path):
+    out = tmp_path / "t"
+    args = ["tune", "-a", "codasca,LocalSGDM", *TINY, "--trials", "1", "-q", "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    for name in ("codasca", "localsgdm"):  # the paper spelling resolves to the registry key
+        assert [r.state for r in _records(out / name)] == ["complete"]
+        assert (out / name / "best_config.toml").exists()
