@@ -201,6 +201,7 @@ def test_coda_default_lr_keeps_lr_times_p_one_minus_p():
     coda = ALGORITHMS["codasca"]
     assert coda.default_lr_for(0.10000000149011612) == 3.0  # the float32 ratio of the default run: unchanged
     assert coda.default_lr_for(0.02) == 3.0  # never raised
+    assert coda.default_lr_for(0.101) == 3.0  # within 5 %: kept (a validation split moves p a little)
     assert coda.default_lr_for(0.55) == pytest.approx(0.27 / (0.55 * 0.45))
     assert ALGORITHMS["localsgdm"].default_lr_for(0.55) == ALGORITHMS["localsgdm"].default_lr
 
