@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("run.callbacks", ("fedxrisk.run.callbacks",)),
     ("run.loop", ("fedxrisk.run.loop",)),
     ("run.recipes", ("fedxrisk.run.recipes",)),
+    ("run.tune", ("fedxrisk.run.tunespace", "fedxrisk.run.tuneout", "fedxrisk.run.tune")),  # only run.tune imports optuna
     ("api", (
         "fedxrisk.experiment", "fedxrisk.inference", "fedxrisk.inputs", "fedxrisk.prediction",
         "fedxrisk.evaluation", "fedxrisk.evaluation_report", "fedxrisk.plots", "fedxrisk.compare",

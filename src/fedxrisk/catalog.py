@@ -21,6 +21,29 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str, type(None), list, dict)) else repr(value)
 
 
+# Key knobs a tune searches besides the step size, when an algorithm has them with a number as default:
+# name -> (low, high, log). The step size is searched log-uniformly over default/10 .. default*10.
+KNOBS: dict[str, tuple[float, float, bool]] = {
+    "margin": (0.5, 1.5, False),  # AUC square/hinge margin
+    "momentum": (0.5, 0.95, False),  # local momentum
+    "mu": (1e-3, 1.0, True),  # FedProx proximal weight
+    "eta_g": (0.5, 1.5, False),  # server step (SCAFFOLD, CODASCA)
+}
+LR_SPAN = 10.0
+
+
+def search_space(default_lr: float, hyperparameters: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The default ``fedxrisk tune`` space: ``lr`` around its default, then the knobs the algorithm has."""
+    space = {
+        "lr": {"low": default_lr / LR_SPAN, "high": default_lr * LR_SPAN, "log": True, "default": default_lr}
+    }
+    for name, (low, high, log) in KNOBS.items():
+        value = hyperparameters.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            space[name] = {"low": low, "high": high, "log": log, "default": value}
+    return space
+
+
 def build() -> dict[str, Any]:
     """The catalogue from the registries themselves (imports torch)."""
     from fedxrisk.algorithms import ALGORITHMS
@@ -34,6 +57,8 @@ def build() -> dict[str, Any]:
             "default_lr": cls.default_lr,
             "window": cls.fixed_window,
             "hyperparameters": {k: _jsonable(v) for k, v in cls.hyperparameters().items()},
+            "default_lr": cls.default_lr,
+            "search_space": search_space(cls.default_lr, cls.hyperparameters()),
         }
         for name, cls in ALGORITHMS.items()
     }

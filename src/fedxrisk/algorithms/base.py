@@ -157,6 +157,11 @@ class Algorithm:
         return state["w"], state["buffers"]
 
     @classmethod
+    def default_lr_for(cls, pos_ratio: float) -> float:
+        """The step size a run without ``lr`` uses on data with this positive ratio (default: ``default_lr``)."""
+        return cls.default_lr
+
+    @classmethod
     def hyperparameters(cls) -> dict[str, Any]:
         """Field name → default, for ``fedxrisk list`` and config validation."""
         return {f.name: f.default for f in fields(cls) if f.name != "problem"}  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ output exists.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,7 @@ def build(
             data, choice = build_data(cfg)
             attach_stream(data, choice, cfg.device)
         batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
+        cfg = with_data_lr(cfg, data.data.pos_ratio)
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
         source = None
@@ -109,6 +111,23 @@ def build(
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
     return Setup(cfg, data, problem, algorithm, sim, choice, source, privacy)
+
+
+def with_data_lr(cfg: RunConfig, pos_ratio: Any) -> RunConfig:
+    """``cfg`` with the step size fixed: an algorithm whose default depends on the data's positive ratio
+    (CODA family, ``default_lr_for``) gets it written into the config, with a warning that it is untuned."""
+    if cfg.lr is not None or not isinstance(pos_ratio, float):
+        return cfg
+    cls = ALGORITHMS[cfg.algorithm]
+    lr = cls.default_lr_for(pos_ratio)
+    if lr == cls.default_lr:
+        return cfg
+    warnings.warn(
+        f"lr not set: {cfg.algorithm}'s default {cls.default_lr:g} lowered to {lr:.3g} for the positive "
+        f"ratio {pos_ratio:.3f} (lr·p(1 − p) kept at its p = 0.1 value); untuned, see `fedxrisk tune`",
+        stacklevel=2,
+    )
+    return dataclasses.replace(cfg, lr=lr)
 
 
 def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:

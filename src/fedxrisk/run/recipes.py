@@ -84,7 +84,7 @@ def run_experiment(
         return run_two_stage(checked, out, callback, callbacks)
     setup = build(checked)
     folder = RunFolder(out, setup.simulation.is_primary)  # distributed: only rank 0 writes
-    folder.start(cfg)
+    folder.start(setup.config)  # the step size as built (a data-dependent default filled in)
     return train(setup, folder, default_callbacks(callback, callbacks), None)
 
 
