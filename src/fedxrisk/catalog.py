@@ -57,7 +57,6 @@ def build() -> dict[str, Any]:
             "default_lr": cls.default_lr,
             "window": cls.fixed_window,
             "hyperparameters": {k: _jsonable(v) for k, v in cls.hyperparameters().items()},
-            "default_lr": cls.default_lr,
             "search_space": search_space(cls.default_lr, cls.hyperparameters()),
         }
         for name, cls in ALGORITHMS.items()
