@@ -225,7 +225,8 @@ def test_bad_input_exact_messages_exit_2_nothing_written(runs, tmp_path):
              "(a manifest with a 'path' column, or numeric features), or an .npz", out)  # fmt: skip
     (tmp_path / "narrow.csv").write_text("f0,f1,label\n1,2,0\n")
     _refused(_cli(["predict", runs / "tab", tmp_path / "narrow.csv", "--out", out]),
-             f"{tmp_path / 'narrow.csv'}: 2 feature column(s) ['f0', 'f1']; the model expects 4", out)  # fmt: skip
+             f"{tmp_path / 'narrow.csv'}: missing feature column(s) ['f2', 'f3']; the model takes the columns "
+             "['f0', 'f1', 'f2', 'f3'] (by name, any order; id, label and source are allowed)", out)  # fmt: skip
     if not torch.cuda.is_available():
         _refused(_cli(["evaluate", runs / "ml", "--device", "cuda", "--out", tmp_path / "ev"]),
                  "device 'cuda' requested but CUDA is not available", tmp_path / "ev")  # fmt: skip

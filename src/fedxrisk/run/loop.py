@@ -96,7 +96,10 @@ def train(
     summary["resumed_at_rounds"] = resumed
     if failure is None:  # the model before the summary: the summary commits the run
         params, buffers = sim.global_model() if primary else ({}, {})
-        folder.save_model(cfg.model, setup.data.data.input_shape, setup.problem.num_labels, params, buffers)
+        data = setup.data.data
+        folder.save_model(
+            cfg.model, data.input_shape, setup.problem.num_labels, params, buffers, data.preprocessing
+        )
     folder.write_summary(summary)
     if failure is not None:
         raise failure

@@ -152,6 +152,13 @@ def load_weights(
         raise ConfigError(
             f"model.init_from: {path!r} does not fit model {model_name!r}{saved}: " + "; ".join(parts)
         )
+    bad = [k for k in own if k in state and not in_head(k) and state[k].is_floating_point()]
+    bad = [k for k in bad if not torch.isfinite(state[k]).all()]
+    if bad:
+        raise ConfigError(
+            f"model.init_from: {path!r} holds non-finite weights (NaN/inf) in {_listing(bad)}; "
+            "start from a model saved before it diverged"
+        )
     loaded = {k: state[k].to(own[k].dtype) if k in state else own[k] for k in own if not in_head(k)}
     with torch.no_grad():
         model.load_state_dict({**own, **loaded}, strict=True)
