@@ -232,7 +232,7 @@ def test_bad_input_exact_messages_exit_2_nothing_written(runs, tmp_path):
                  "device 'cuda' requested but CUDA is not available", tmp_path / "ev")  # fmt: skip
     np.savez(tmp_path / "wide.npz", x=np.zeros((3, 7), np.float32))
     _refused(_cli(["predict", runs / "ml", tmp_path / "wide.npz", "--out", out]),
-             f"{tmp_path / 'wide.npz'}: array 'x' holds samples of shape [7]; the model expects [6]", out)  # fmt: skip
+             f"{tmp_path / 'wide.npz'}: array 'x' holds samples of shape [7] (array [3, 7]); the model expects [6]", out)  # fmt: skip
 
 
 def test_existing_output_refused_unless_overwrite(runs, tmp_path):

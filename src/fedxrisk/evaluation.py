@@ -210,8 +210,8 @@ def _manifest_labels(path: Path, rows: Sequence[dict[str, str]], trained: Traine
                 raise InputError(f"{path} row {i + 2}: label {c}={text!r} is not a number") from None
             if not math.isfinite(y[i, j]):
                 raise InputError(
-                    f"{path} row {i + 2}: label {c}={text!r} is not a finite number; give 1, 0, "
-                    "blank or -1 (uncertain)"
+                    f"{path} row {i + 2}: label column {c!r} holds {text!r}, not a finite number; "
+                    "give 1, 0, blank or -1 (uncertain)"
                 )
     y[y == -1] = np.nan  # uncertain: left out of that label
     if trained.num_labels == 1:

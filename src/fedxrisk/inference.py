@@ -115,11 +115,12 @@ def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[s
     """
     from fedxrisk.data.preprocessing import from_stored
     from fedxrisk.models import build_model
+    from fedxrisk.run.weights import load_reason
 
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # random bytes, a pickle payload, a truncated zip alike
-        raise InputError(f"{path}: not a fedxrisk model file ({_reason(e)})") from None
+        raise InputError(f"{path}: not a fedxrisk model file ({load_reason(e)})") from None
     if not isinstance(blob, dict) or not all(k in blob for k in ("model", "input_shape", "params")):
         what = (
             type(blob).__name__

@@ -87,7 +87,7 @@ def open_input(
     if suffix == ".npz":
         return _npz(p, input_shape, preprocessing)
     if suffix == ".csv":
-        header = next(csv.reader(_text_lines(p)), [])
+        header = next(_csv_rows(p), [])
         if any(c in header for c in PATH_COLUMNS):
             return _manifest(p, input_shape, workers)
         return _tabular(p, header, input_shape, preprocessing)
@@ -143,7 +143,7 @@ def _text_lines(path: Path) -> list[str]:
     from fedxrisk.data.checks import read_text
 
     try:
-        return read_text(path).splitlines(keepends=True)
+        return read_text(path).removeprefix("\ufeff").splitlines(keepends=True)  # a BOM is not a column
     except DataFileError as e:
         raise InputError(str(e)) from None
 
@@ -182,7 +182,8 @@ def _npz(path: Path, input_shape: tuple[int, ...], prep: dict) -> Input:
         raise InputError(f"{path}: not a readable .npz archive ({e})") from e
     if tuple(shape[1:]) != tuple(input_shape):
         raise InputError(
-            f"{path}: array {key!r} holds samples of shape {list(shape[1:])}; the model expects {list(input_shape)}"
+            f"{path}: array {key!r} holds samples of shape {list(shape[1:])} (array {list(shape)}); "
+            f"the model expects {list(input_shape)}"
         )
     if dtype.hasobject:
         raise InputError(f"{path}: array {key!r} holds Python objects, not numbers")
@@ -228,15 +229,23 @@ def _npy_rows(path: Path, key: str, shape, dtype, row_bytes: int, batch_size: in
 
 def _csv_rows(path: Path) -> Iterator[list[str]]:
     """The rows of a UTF-8 CSV file, streamed; one line naming the line of a byte that is not UTF-8."""
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         try:
             yield from reader
-        except UnicodeDecodeError as e:
-            raise InputError(
-                f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} near line {reader.line_num + 1}); "
-                "save it as UTF-8"
-            ) from None
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not UTF-8 text ({_first_bad_byte(path)}); save it as UTF-8") from None
+
+
+def _first_bad_byte(path: Path) -> str:
+    """``byte 0xe9 on line 3`` for the first byte of ``path`` that is not UTF-8."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"byte {line[e.start]:#04x} on line {number}"
+    return "an invalid byte"
 
 
 def _feature_columns(path: Path, header: list[str], input_shape: tuple[int, ...], prep: dict) -> list[int]:
@@ -272,8 +281,11 @@ def _feature_columns(path: Path, header: list[str], input_shape: tuple[int, ...]
 
 
 def _tabular(path: Path, header: list[str], input_shape: tuple[int, ...], prep: dict) -> Input:
+    if not header:
+        raise InputError(f"{path}: empty file (no header row)")
     features = _feature_columns(path, header, input_shape, prep)
-    id_names = [c for c in (*prep.get("id_columns", []), "id") if c in header]
+    id_names = [c for c in prep.get("id_columns", []) if c in header]
+    id_names += [c for i, c in enumerate(header) if prep_record.is_id_column(c) and i not in features]
     id_col = header.index(id_names[0]) if id_names else None
     count = sum(1 for _ in _csv_rows(path)) - 1
 

@@ -50,12 +50,19 @@ def features(
     }
 
 
+RANGE_ROWS = 10_000  # rows read for the range of a large (memory-mapped) array, evenly spaced
+
+
 def value_range(x: np.ndarray) -> dict[str, Any]:
-    """The record of arrays taken as they are: the range of the training inputs."""
-    x = np.asarray(x)
-    if x.size == 0 or not np.issubdtype(x.dtype, np.number):
+    """The record of arrays taken as they are: the range of the (finite) training inputs, from at
+    most :data:`RANGE_ROWS` evenly spaced rows, so a memory-mapped array is not read whole."""
+    if len(x) == 0 or not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
         return {"kind": "arrays"}
-    return {"kind": "arrays", "range": [float(x.min()), float(x.max())]}
+    rows = np.asarray(x if len(x) <= RANGE_ROWS else x[np.linspace(0, len(x) - 1, RANGE_ROWS).astype(int)])
+    finite = rows[np.isfinite(rows)]
+    if finite.size == 0:
+        return {"kind": "arrays"}
+    return {"kind": "arrays", "range": [float(finite.min()), float(finite.max())]}
 
 
 def _numbers(value: Any, key: str, width: int | None = None) -> list[float]:

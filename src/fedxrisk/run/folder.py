@@ -307,9 +307,8 @@ def _read_history(path: Path) -> list[dict[str, Any]]:
     history = []
     for line, row in enumerate(rows, start=2):
         if None in row or None in row.values():
-            raise ConfigError(
-                f"{path} line {line}: {len(row) - (None in row)} field(s), the header has {len(header)}"
-            )
+            count = len(header) + len(row.get(None) or []) - sum(v is None for v in row.values())
+            raise ConfigError(f"{path} line {line}: {count} field(s), the header has {len(header)}")
         parsed = {k: _parse_cell(v) for k, v in row.items()}
         bad = [c for c in HISTORY_NUMBERS if not isinstance(parsed[c], (int, float))]
         if bad:

@@ -90,7 +90,7 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
         LazySamples(ArraySource(arrays[k], f"{path.name}:{k}")) if lazy else arrays[k].astype(np.float32)
         for k in ("x_train", "x_test")
     )
-    prep = preprocessing.value_range(arrays["x_train"]) if not lazy else {"kind": "arrays"}
+    prep = preprocessing.value_range(arrays["x_train"])
     return LabeledData(
         path.stem, x_train, y_train, x_test, y_test, num_classes, groups_train=groups, preprocessing=prep
     )
