@@ -323,8 +323,8 @@ def cells_escaped(tmp: Path) -> bool:
 def id_not_a_feature(tmp: Path) -> bool:
     import torch
 
-    prep = torch.load(tmp / "new" / "model.pt", weights_only=True)["preprocessing"]
-    return prep["features"] == ["a", "b"] and prep["id_columns"] == ["PatientID"]
+    prep = torch.load(tmp / "new" / "model.pt", weights_only=True).get("preprocessing", {})
+    return prep.get("features") == ["a", "b"] and prep.get("id_columns") == ["PatientID"]
 
 
 def formula_rows() -> str:
