@@ -22,9 +22,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.errors", "fedxrisk.tree", "fedxrisk.problem", "fedxrisk.objectives", "fedxrisk.models",
         "fedxrisk.algorithms", "fedxrisk.classaware", "fedxrisk.data", "fedxrisk.engines", "fedxrisk.metrics",
         "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog",
-        "fedxrisk.outfiles",
+        "fedxrisk.outfiles", "fedxrisk.textsafe",
     )),
-    ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec", "fedxrisk.run.identity")),  # run/__init__ imports nothing
+    ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec", "fedxrisk.run.identity", "fedxrisk.run.readback")),  # run/__init__ imports nothing
     ("run.privacy", ("fedxrisk.run.privacy",)),
     ("run.checks", ("fedxrisk.run.checks",)),
     ("run.names", ("fedxrisk.run.names",)),
@@ -48,7 +48,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # Inside data/, bottom first (the whole package sits in "core" above); a reader may import
 # another reader. "fedxrisk.data" itself (its __init__) and the old path datasets.py re-export only.
 DATA_LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("types and decoders", ("fedxrisk.data.types", "fedxrisk.data.stream_choice", "fedxrisk.data.decode")),
+    ("types and decoders", (
+        "fedxrisk.data.types", "fedxrisk.data.stream_choice", "fedxrisk.data.decode", "fedxrisk.data.preprocessing",
+    )),
     ("checks", ("fedxrisk.data.checks",)),
     ("lazy samples", ("fedxrisk.data.lazy",)),
     ("registry", ("fedxrisk.data.registry",)),

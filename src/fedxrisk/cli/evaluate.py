@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from fedxrisk.cli.common import BadConfig, config_errors, console, main
 from fedxrisk.cli.progress import rows_progress
+from fedxrisk.textsafe import printable
 
 
 @main.command(name="evaluate")
@@ -55,9 +56,9 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     for warning in result["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
     if quiet:
-        click.echo(result["files"][0])
+        click.echo(printable(result["files"][0]))
         return
     out = Console()
     for table in console_tables(result):
         out.print(table)
-    out.print(f"written: {', '.join(result['files'])}")
+    out.print(printable(f"written: {', '.join(result['files'])}"), markup=False)

@@ -178,6 +178,7 @@ def make_federated(
         x_val=data.x_val,
         y_val=data.y_val,
         groups_test={k: v[tested.numpy()] for k, v in data.groups_test.items()},
+        preprocessing=data.preprocessing,
     )
     shards = partition(
         partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha,

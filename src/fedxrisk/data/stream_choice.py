@@ -17,6 +17,9 @@ MAX_NAMED = 20  # bad files named in the summary
 UNITS = {"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1.0}
 
 
+MAX_WORKERS = 64  # decoding processes: beyond this they only compete for cores and memory
+
+
 def default_workers() -> int:
     """Half the cores this process may use (at least 1): the other half trains."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

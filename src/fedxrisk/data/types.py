@@ -44,6 +44,7 @@ class LabeledData:
     y_val: np.ndarray | None = None
     groups_test: dict[str, np.ndarray] = field(default_factory=dict)
     default_positive: tuple[int, ...] | None = None  # the reader knows the positive class(es)
+    preprocessing: dict[str, Any] = field(default_factory=dict)  # data/preprocessing.py, kept with the model
 
     @property
     def multilabel(self) -> bool:
@@ -71,6 +72,7 @@ class BinaryData:
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
     groups_test: dict[str, np.ndarray] = field(default_factory=dict)
+    preprocessing: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for split in ("train", "test", "val"):
@@ -207,6 +209,7 @@ def binarize(data: LabeledData, positive_classes: Sequence[int | str] | None = N
         positive_classes=pos,
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
+        preprocessing=dict(data.preprocessing),
         **_validation(data, to01),
     )
 
@@ -246,5 +249,6 @@ def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int | str] 
         positive_classes=(),
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
+        preprocessing=dict(data.preprocessing),
         **_validation(data, tensor),
     )

@@ -139,8 +139,12 @@ def _check_stream_settings(cfg: RunConfig) -> None:
 
     if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
         raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
-    if cfg.workers is not None and cfg.workers < 0:
-        raise ConfigError(f"data.workers must be ≥ 0 (0: decode in the training process), got {cfg.workers}")
+    from fedxrisk.data.stream_choice import MAX_WORKERS
+
+    if cfg.workers is not None and not 0 <= cfg.workers <= MAX_WORKERS:
+        raise ConfigError(
+            f"data.workers must be between 0 (decode in the training process) and {MAX_WORKERS}, got {cfg.workers}"
+        )
     _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
     try:
         parse_bytes(cfg.memory_budget)

@@ -35,6 +35,8 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.outfiles import disk_errors, open_append, replace_atomic
 from fedxrisk.run.identity import check_model_identity, fingerprint  # noqa: F401  (re-exported)
+from fedxrisk.run.readback import parse_cell as _parse_cell  # noqa: F401  (re-exported)
+from fedxrisk.run.readback import read_history, read_summary
 from fedxrisk.run.spec import RunConfig
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
@@ -142,15 +144,24 @@ def write_config(out: Path, cfg: RunConfig) -> None:
 
 
 def model_bytes(
-    model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+    model: str,
+    input_shape: Sequence[int],
+    num_labels: int,
+    params: Tensors,
+    buffers: Tensors,
+    preprocessing: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """The bytes of ``model.pt``: the network's name, input shape, labels and its weights on the CPU."""
+    """The bytes of ``model.pt``: the network's name, input shape, labels, its weights on the CPU and
+    the preprocessing its inputs went through (:mod:`fedxrisk.data.preprocessing`)."""
+    from fedxrisk.data.preprocessing import to_stored
+
     blob = {
         "model": model,
         "input_shape": list(input_shape),
         "num_labels": num_labels,
         "params": {k: v.detach().cpu() for k, v in params.items()},
         "buffers": {k: v.detach().cpu() for k, v in buffers.items()},
+        "preprocessing": to_stored(preprocessing),
     }
     buffer = io.BytesIO()
     torch.save(blob, buffer)
@@ -158,10 +169,16 @@ def model_bytes(
 
 
 def save_model(
-    path: Path, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+    path: Path,
+    model: str,
+    input_shape: Sequence[int],
+    num_labels: int,
+    params: Tensors,
+    buffers: Tensors,
+    preprocessing: Mapping[str, Any] | None = None,
 ) -> str:
     """Write ``model.pt``; returns its sha256 (recorded in summary.json)."""
-    data = model_bytes(model, input_shape, num_labels, params, buffers)
+    data = model_bytes(model, input_shape, num_labels, params, buffers, preprocessing)
     replace_atomic(path, lambda f: f.write(data), "wb", intact=resume_hint(path.parent))
     return hashlib.sha256(data).hexdigest()
 
@@ -235,10 +252,13 @@ class RunFolder:
         params: Tensors,
         buffers: Tensors,
         name: str = MODEL,
+        preprocessing: Mapping[str, Any] | None = None,
     ) -> str | None:
         """Write ``name`` (``model.pt`` by default); its sha256 (None on a rank that does not write)."""
         if self.primary:
-            return save_model(self.path / name, model, input_shape, num_labels, params, buffers)
+            return save_model(
+                self.path / name, model, input_shape, num_labels, params, buffers, preprocessing
+            )
         return None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
@@ -259,70 +279,19 @@ def load_model(run_dir: str | Path) -> torch.nn.Module:
     return model.eval()
 
 
-def _parse_cell(text: str) -> Any:
-    """A history cell: int, float or text; empty and "nan" cells are ``math.nan`` itself (one object,
-    so rows with NaN metrics, e.g. ``val_*`` without validation data, compare equal)."""
-    if text in ("", "nan"):
-        return math.nan
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def load_run(run_dir: str | Path) -> RunResult:
     """A saved run: ``summary.json`` (or, for an unfinished run, ``config.toml``) and ``history.csv``."""
     out = Path(run_dir)
     if (out / "summary.json").exists():
-        summary = _read_json(out / "summary.json")
-        if not isinstance(summary.get("config"), dict):
-            raise ConfigError(f"{out / 'summary.json'}: no config in it; the run folder is damaged")
+        summary = read_summary(out / "summary.json")
     elif (out / "config.toml").exists():
         from fedxrisk.run.configfile import flat_unchecked, read_config_file
 
         summary = {"status": "unfinished", "config": flat_unchecked(read_config_file(out / "config.toml"))}
     else:
         raise ConfigError(f"{out} is not a run folder (no summary.json or config.toml)")
-    history = []
-    if (out / "history.csv").exists():
-        history = _read_history(out / "history.csv")
+    history = read_history(out / "history.csv") if (out / "history.csv").exists() else []
     return RunResult(summary, history, out)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object, or one line naming the damaged file."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
-        ) from None
-    except ValueError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e}); the run folder is damaged") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path}: not a JSON object; the run folder is damaged")
-    return value
-
-
-def _read_history(path: Path) -> list[dict[str, Any]]:
-    """history.csv rows with numbers parsed, or one line naming what is missing or unreadable."""
-    needed = ("round", "test_auroc", "test_ap", "bytes_up_per_client", "bytes_down_per_client")
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            missing = [k for k in needed if k not in (reader.fieldnames or [])]
-            if missing:
-                raise ConfigError(f"{path}: no column {', '.join(missing)}; the run folder is damaged")
-            rows = [{k: _parse_cell(v or "") for k, v in row.items() if k is not None} for row in reader]
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise ConfigError(f"{path}: unreadable ({e}); the run folder is damaged") from None
-    for i, row in enumerate(rows, start=2):
-        bad = [k for k in needed if not isinstance(row.get(k), (int, float))]
-        if bad:
-            raise ConfigError(f"{path} line {i}: {bad[0]} is not a number; the run folder is damaged")
-    return rows
 
 
 def check_out_dir(out: Path) -> None:
