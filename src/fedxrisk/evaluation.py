@@ -230,12 +230,25 @@ def _manifest_labels(path: Path, rows: Sequence[dict[str, str]], trained: Traine
     return y
 
 
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _class_labels(path: Path, texts: list[str], column: str, trained: TrainedModel) -> np.ndarray:
     """``[N, 1]`` 0/1 labels of one class column: class names or ids of the run's data, mapped
     through the run's positive class(es); without a record of them, the values must be 0/1."""
     rec = trained.positive or {}
     names, ids = rec.get("names") or [], rec.get("ids") or _int_ids(trained.config.positive_classes)
-    if any(t and not t.lstrip("-").replace(".", "", 1).isdigit() for t in texts):
+    for i, t in enumerate(texts):
+        if t and _number(t) is not None and not math.isfinite(_number(t)):
+            raise InputError(
+                f"{path} row {i + 2}: label column {column!r} holds {t!r}, not a finite number; "
+                "give 1, 0, blank or -1 (uncertain)"
+            )
+    if any(t and _number(t) is None for t in texts):
         if not names:
             raise InputError(
                 f"{path}: {column!r} holds class names, but the run records none; use 0/1 labels"
@@ -243,7 +256,14 @@ def _class_labels(path: Path, texts: list[str], column: str, trained: TrainedMod
         return np.isin(texts, names).astype(np.float64)[:, None]
     y = np.array([float(t) if t else 0.0 for t in texts])
     y[y == -1] = np.nan  # uncertain: left out
-    if ids:
+    if ids:  # class ids of the run's data; the run records its positive ids, not how many classes there were
+        top = max(1, *ids)
+        known = y[~np.isnan(y)]
+        if not (np.isin(known, np.arange(top + 1))).all():
+            raise InputError(
+                f"{path}: labels in {column!r} must be class ids 0..{top} of the run's data (positive: "
+                f"{', '.join(map(str, ids))}), or 0/1"
+            )
         return np.where(np.isnan(y), np.nan, np.isin(y, ids))[:, None].astype(np.float64)
     if not np.isin(y[~np.isnan(y)], (0, 1)).all():
         raise InputError(

@@ -44,10 +44,18 @@ def apply_uncertain(values: np.ndarray, policy: str) -> np.ndarray:
     return out
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _class_names(rows: list[dict[str, str]], column: str, path: Path) -> list[str] | None:
     """The sorted class names of a single label column holding words (``lesion``, ``normal``), else None."""
     values = [(r[column] or "").strip() for r in rows]
-    words = [v for v in values if v and not v.lstrip("-").replace(".", "", 1).isdigit()]
+    words = [v for v in values if v and not _is_number(v)]  # "nan", "inf", "1e3" are numbers: checked as such
     if not words:
         return None
     if "" in values:
