@@ -41,8 +41,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURES = ROOT / "docs" / "figures"
-CACHE = ROOT / "runs" / "evidence_cache"  # pretrained CE models for two-stage runs (not committed)
-OUT = RESULTS / "evidence.json"  # merged from the parts evidence.<part>.json that workers write
+CACHE = ROOT / "runs" / "evidence_v2_cache"  # pretrained CE models for two-stage runs (not committed)
+STEM = "evidence_v2"  # v1 (evidence.json) ran older code and had no CE → CE control; never mixed in
+OUT = RESULTS / f"{STEM}.json"  # merged from the parts evidence_v2.<part>.json that workers write
+SOURCES = RESULTS / f"{STEM}_sources.json"  # source fingerprint → {file: sha256} of the cells' code
 PART = {"name": "main"}
 
 CLIENTS, BATCH, LOCAL_STEPS, STAGES, LR_DECAY = 16, 32, 8, 3, 3.0
@@ -50,10 +52,13 @@ POSITIVES = 8  # class-aware batches: r = 8/32 = 0.25 (LibAUC's DualSampler defa
 VAL_FRACTION = 0.2
 EVAL_EVERY = 10  # rounds between validation evaluations (the curves)
 SEEDS = (0, 1, 2)
+EXTRA_SEEDS = (3, 4)  # CE, CE → CE, CE long and CE → CODASCA (code): the paired tests need them
+ALL_SEEDS = SEEDS + EXTRA_SEEDS
 # three learning rates a factor 3 apart per method (the same budget for all), placed around
 # each algorithm's default_lr; LocalSCGDAM's top is 0.1 because Alg. 1 needs α·η < 1 (α = 9)
 LR_GRIDS: dict[str, tuple[float, ...]] = {
     "ce": (0.1, 0.3, 1.0),
+    "ce_long": (0.1, 0.3, 1.0),
     "ce_ca": (0.1, 0.3, 1.0),
     "codasca_paper": (1.0, 3.0, 10.0),
     "codasca_code": (1.0, 3.0, 10.0),
@@ -66,6 +71,7 @@ LR_GRIDS: dict[str, tuple[float, ...]] = {
 # name → (algorithm, options, positives per batch, target metric)
 METHODS: dict[str, tuple[str, dict[str, Any], int, str]] = {
     "ce": ("localsgdm", {}, 0, "auroc"),
+    "ce_long": ("localsgdm", {}, 0, "auroc"),  # CE for HORIZON × the steps: the extra-steps control
     "ce_ca": ("localsgdm", {}, POSITIVES, "auroc"),
     "codasca_paper": ("codasca", {"form": "paper"}, POSITIVES, "auroc"),
     "codasca_code": ("codasca", {"form": "code"}, POSITIVES, "auroc"),
@@ -74,9 +80,11 @@ METHODS: dict[str, tuple[str, dict[str, Any], int, str]] = {
     "fcsg_m": ("fcsg_m", {}, POSITIVES, "ap"),
     "codasca_plain": ("codasca", {"form": "paper"}, 0, "auroc"),  # the default run's batches
 }
+HORIZON = {"ce_long": 1.5}  # = CE's steps + a two-stage second stage (half of CE's)
 SANITY_ONLY = ("codasca_plain",)  # `fedxrisk run`'s default pipeline: plain batches, data's p
 LABELS = {
     "ce": "CE FedAvg",
+    "ce_long": "CE FedAvg, 1.5× steps",
     "ce_ca": "CE FedAvg, class-aware",
     "codasca_paper": "CODASCA (paper)",
     "codasca_code": "CODASCA (code)",
@@ -85,7 +93,8 @@ LABELS = {
     "fcsg_m": "FCSG-M (AP)",
     "codasca_plain": "CODASCA (paper), plain batches",
 }
-TWO_STAGE = [m for m in METHODS if m not in ("ce", *SANITY_ONLY)]  # CE continued from CE is CE
+# CE continued from CE (CE → CE) is the control every two-stage row is compared with
+TWO_STAGE = [m for m in METHODS if m not in ("ce_long", *SANITY_ONLY)]
 
 
 def mnist1d(imratio: float, partition: str) -> dict[str, Any]:
@@ -145,7 +154,8 @@ def regime_data(regime: str, seed: int):
             allow_missing_class=True, num_samples=r.get("num_samples"),
         )  # fmt: skip
         shards, val = split_validation(fed, seed)
-        _DATA.clear()  # one regime at a time keeps memory small
+        if len(_DATA) >= 10:  # a few MB each; generating mnist1d takes ~45 s, so keep several
+            _DATA.pop(next(iter(_DATA)))
         _DATA[key] = (FederatedData(fed.data, shards), val)
     return _DATA[key]
 
@@ -200,7 +210,7 @@ def run_cell(
 
     from fedxrisk.engines import NonFiniteLoss
 
-    rounds = REGIMES[regime]["rounds"] * stretch // (2 if two_stage else 1)
+    rounds = round(REGIMES[regime]["rounds"] * HORIZON.get(method, 1.0)) * stretch // (2 if two_stage else 1)
     init = pretrained_path(regime, seed) if two_stage else None
     if init is not None and not init.exists():
         raise RuntimeError(f"two-stage {regime} seed {seed}: the CE model {init} is missing")
@@ -210,7 +220,8 @@ def run_cell(
     except ValueError as e:  # e.g. LocalSCGDAM's αη < 1 refuses this lr
         nan = {"auroc": math.nan, "ap": math.nan, "pauc": math.nan}
         return {"regime": regime, "method": method, "two_stage": two_stage, "lr": lr, "seed": seed,
-                "status": f"refused: {e}", "steps": 0, "val": nan, "test": nan, "curve": [], "seconds": 0.0}  # fmt: skip
+                "status": f"refused: {e}", "steps": 0, "val": nan, "test": nan, "curve": [], "seconds": 0.0,
+                "source": source_fingerprint()}  # fmt: skip
     data = fed.data
     x_val, y_val = data.x_train[torch.from_numpy(val)], data.y_train[torch.from_numpy(val)]
     curve, status = [], "ok"
@@ -232,6 +243,7 @@ def run_cell(
         "test": metrics_of(problem, params, buffers, data.x_test, data.y_test) if ok else nan,
         "curve": curve, "seconds": round(time.perf_counter() - start, 1),
         "samples": len(data.y_train) + len(data.y_test),  # train (after imbalance) + test
+        "source": source_fingerprint(),
     }  # fmt: skip
     if method == "ce" and not two_stage and ok and stretch == 1:
         CACHE.mkdir(parents=True, exist_ok=True)
@@ -239,6 +251,33 @@ def run_cell(
                 "buffers": {k: v.detach().cpu() for k, v in buffers.items()}}  # fmt: skip
         torch.save(blob, model_path(regime, seed, lr))
     return out
+
+
+def source_fingerprint() -> dict[str, Any]:
+    """The commit and a digest of every fedxrisk source file this process has imported (the
+    per-file sha256 go to SOURCES under that digest), so a cell can be traced to its code."""
+    import hashlib
+    import subprocess
+
+    files = {}
+    for name, mod in sorted(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if name.split(".")[0] != "fedxrisk" or not path:
+            continue
+        p = Path(path).resolve()
+        rel = p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else p.as_posix()
+        files[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
+    if digest not in known:
+        known[digest] = files
+        SOURCES.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = bool(git("status", "--porcelain", "--", "src"))
+    return {"commit": git("rev-parse", "HEAD"), "src_dirty": dirty, "files": digest}
 
 
 def model_path(regime: str, seed: int, lr: float) -> Path:
@@ -251,13 +290,13 @@ def key(regime: str, method: str, two_stage: bool, lr: float, seed: int) -> str:
 
 
 def part_path(name: str) -> Path:
-    return RESULTS / f"evidence.{name}.json"
+    return RESULTS / f"{STEM}.{name}.json"
 
 
 def load_results() -> dict[str, Any]:
     """Every stored cell: the merged file and all worker parts."""
     results: dict[str, Any] = {}
-    for path in [OUT, *sorted(RESULTS.glob("evidence.*.json"))]:
+    for path in [OUT, *sorted(RESULTS.glob(f"{STEM}.*.json"))]:
         if path.exists():
             results.update(json.loads(path.read_text()))
     return results
@@ -278,7 +317,7 @@ def merge_parts() -> None:
     """Fold the worker parts into evidence.json (the committed raw results)."""
     results = load_results()
     OUT.write_text(json.dumps(dict(sorted(results.items())), indent=1, allow_nan=True) + "\n")
-    for path in RESULTS.glob("evidence.*.json"):
+    for path in RESULTS.glob(f"{STEM}.*.json"):
         path.unlink()
 
 
@@ -355,43 +394,67 @@ def ensure(results, regime, method, two_stage, lr, seed) -> None:
 
 
 def variants(regime: str) -> list[tuple[str, bool]]:
-    scratch = [(m, False) for m in METHODS if m not in SANITY_ONLY or regime in SANITY]
-    return scratch if regime in SANITY else scratch + [(m, True) for m in TWO_STAGE]
+    scratch = [(m, False) for m in METHODS if (m not in SANITY_ONLY or regime in SANITY)]
+    if regime in SANITY:
+        return [(m, t) for m, t in scratch if m != "ce_long"]
+    return scratch + [(m, True) for m in TWO_STAGE]
 
 
-# (two-stage?, methods, select on seed 0?, run every seed?) in priority order, so a study cut short
-# keeps the most informative cells: all from-scratch selections, CE on every seed (the paired
-# baseline and the two-stage start), LibAUC's practice CE → AUCM (CODASCA code form), FeDXL2,
-# CE → class-aware CE, the other from-scratch finals, then LocalSCGDAM (3× a CE step: exact
-# Hessian-vector products) and the other two-stage variants
+# The study in priority order, so one cut short keeps the most informative cells (CPU time is
+# the bottleneck): per step (regimes, two-stage?, methods, select on seed 0?, final seeds).
+# First the two class-heterogeneous mnist1d regimes: every from-scratch selection, CE, the
+# controls CE → CE and CE long, CE → CODASCA (code) (LibAUC's practice), the other two-stage
+# rows, extra seeds for the paired tests, the other from-scratch finals; then the sanity
+# datasets, then LocalSCGDAM (3× a CE step), CODASCA (paper) two-stage, iid and imratio 0.005.
+MAIN = ("mnist1d 0.1 class", "mnist1d 0.02 class")
 SCRATCH = ("ce", "ce_ca", "codasca_paper", "codasca_code", "fedxl2", "fcsg_m", "codasca_plain")
-PRIORITY: list[tuple[bool, tuple[str, ...], bool, bool]] = [
-    (False, SCRATCH, True, False),
-    (False, ("ce",), False, True),
-    (True, ("codasca_code",), True, True),
-    (False, ("fedxl2",), False, True),
-    (True, ("ce_ca",), True, True),
-    (False, SCRATCH, False, True),
-    (False, ("localscgdam",), True, True),
-    (True, ("codasca_paper", "fedxl2", "fcsg_m", "localscgdam"), True, True),
+TWO_MAIN = ("ce_ca", "fedxl2", "fcsg_m")
+CONTROLS = ("ce", "ce_long")
+
+
+def _main_steps(regime: str) -> list[tuple[tuple[str, ...], bool, tuple[str, ...], bool, tuple[int, ...]]]:
+    r = (regime,)
+    return [
+        (r, False, SCRATCH, True, ()),
+        (r, False, ("ce",), False, SEEDS),
+        (r, True, ("ce",), True, SEEDS),
+        (r, False, ("ce_long",), True, SEEDS),
+        (r, True, ("codasca_code",), True, SEEDS),
+        (r, True, TWO_MAIN, True, SEEDS),
+        (r, False, CONTROLS, False, EXTRA_SEEDS),
+        (r, True, ("ce", "codasca_code"), False, EXTRA_SEEDS),
+        (r, False, SCRATCH, False, SEEDS),
+    ]
+
+
+REST = ("mnist1d 0.1 iid", "mnist1d 0.02 iid", "mnist1d 0.005 class")
+PLAN = [
+    *_main_steps(MAIN[0]),
+    *_main_steps(MAIN[1]),
+    (SANITY, False, SCRATCH + ("localscgdam",), True, SEEDS),
+    (MAIN, False, ("localscgdam",), True, SEEDS),
+    (MAIN, True, ("codasca_paper", "localscgdam"), True, SEEDS),
+    *[step for regime in REST for step in _main_steps(regime)],
+    (REST, False, ("localscgdam",), True, SEEDS),
+    (REST, True, ("codasca_paper", "localscgdam"), True, SEEDS),
 ]
 
 
 def run_study(regimes: list[str], seeds: tuple[int, ...], methods: tuple[str, ...] = tuple(METHODS)) -> None:
-    """Per regime, the PRIORITY steps: selection on seed 0, then the selected lr on every seed
-    (``methods``: only these, e.g. to finish a subset first)."""
+    """The PLAN's steps for the requested regimes: selection on seed 0, then the selected lr on
+    the step's seeds that are in ``seeds`` (``methods``: only these, e.g. to finish a subset)."""
     results = load_results()
-    for regime in regimes:
-        source = REGIMES[regime].get("select_on", regime)
-        for two, group, select, final in PRIORITY:
-            todo = [(m, t) for m, t in variants(regime) if t == two and m in group and m in methods]
+    for group, two, names, select, final in PLAN:
+        for regime in (g for g in group if g in regimes):
+            source = REGIMES[regime].get("select_on", regime)
+            todo = [(m, t) for m, t in variants(regime) if t == two and m in names and m in methods]
             for method, t in todo if select else ():
                 for lr in lr_grid(method):
                     ensure(results, source, method, t, lr, 0)
                 extra = extra_lr(results, source, method, t)
                 if extra is not None:
                     ensure(results, source, method, t, extra, 0)
-            for seed in seeds if final else ():
+            for seed in (s for s in final if s in seeds):
                 for method, t in todo:
                     ensure(results, regime, method, t, selected_lr(results, regime, method, t), seed)
 
@@ -401,7 +464,7 @@ def final_runs(results, regime, method, two_stage) -> list[dict[str, Any]]:
     lr = selected_lr(results, regime, method, two_stage)
     if lr is None:
         return []
-    runs = [results.get(key(regime, method, two_stage, lr, s)) for s in SEEDS]
+    runs = [results.get(key(regime, method, two_stage, lr, s)) for s in ALL_SEEDS]
     return [r for r in runs if r is not None]
 
 
@@ -635,7 +698,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--render-only", action="store_true", help="tables and figures from evidence.json")
     parser.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regime names")
-    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    parser.add_argument("--seeds", default=",".join(map(str, ALL_SEEDS)))
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated method names")
     parser.add_argument("--part", default="main", help="this worker's results file evidence.<part>.json")
     parser.add_argument("--merge", action="store_true", help="fold the worker parts into evidence.json")
