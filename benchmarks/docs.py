@@ -40,8 +40,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import provenance  # noqa: E402  (benchmarks/provenance.py)
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # benchmarks/provenance.py, without leaving benchmarks/ on the path
+    sys.path.insert(0, _HERE)
+    import provenance  # noqa: E402
+
+    sys.path.remove(_HERE)
+else:
+    import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REGION = re.compile(r"(<!-- BEGIN GENERATED (\S+) -->\n)(.*?)(<!-- END GENERATED -->)", re.S)

@@ -201,13 +201,18 @@ def load_pretrained(model, path: Path) -> None:
     load_weights(model, "pretrained CE model", path)
 
 
+def rounds_of(regime: str, method: str, two_stage: bool) -> int:
+    """A cell's rounds: the regime's; 1.5× for CE long; half for a second stage (CE → CE too)."""
+    return round(REGIMES[regime]["rounds"] * HORIZON.get(method, 1.0)) // (2 if two_stage else 1)
+
+
 def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) -> dict[str, Any]:
     """Train one cell; validation curve every EVAL_EVERY rounds, final val and test metrics."""
     import torch
 
     from fedxrisk.engines import NonFiniteLoss
 
-    rounds = round(REGIMES[regime]["rounds"] * HORIZON.get(method, 1.0)) // (2 if two_stage else 1)
+    rounds = rounds_of(regime, method, two_stage)
     init = pretrained_path(regime, seed) if two_stage else None
     if init is not None and not init.exists():
         raise RuntimeError(f"two-stage {regime} seed {seed}: the CE model {init} is missing")
