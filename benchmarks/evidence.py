@@ -52,7 +52,7 @@ POSITIVES = 8  # class-aware batches: r = 8/32 = 0.25 (LibAUC's DualSampler defa
 VAL_FRACTION = 0.2
 EVAL_EVERY = 10  # rounds between validation evaluations (the curves)
 SEEDS = (0, 1, 2)
-EXTRA_SEEDS = (3, 4)  # CE, CE → CE, CE long and CE → CODASCA (code): the paired tests need them
+EXTRA_SEEDS = (3, 4)  # the controls and the two-stage rows (not LocalSCGDAM's): the paired tests need them
 ALL_SEEDS = SEEDS + EXTRA_SEEDS
 # three learning rates a factor 3 apart per method (the same budget for all), placed around
 # each algorithm's default_lr; LocalSCGDAM's top is 0.1 because Alg. 1 needs α·η < 1 (α = 9)
@@ -424,6 +424,7 @@ def _main_steps(regime: str) -> list[tuple[tuple[str, ...], bool, tuple[str, ...
         (r, False, ("ce_long",), True, SEEDS),
         (r, False, CONTROLS, False, EXTRA_SEEDS),
         (r, True, ("ce", "codasca_code"), False, EXTRA_SEEDS),
+        (r, True, TWO_MAIN, False, EXTRA_SEEDS),
         *[(r, False, (m,), True, ()) for m in SCRATCH],
         (r, False, SCRATCH, False, SEEDS),
     ]
