@@ -505,7 +505,8 @@ def record_provenance(results, note: str = "") -> None:
     """benchmarks/results/provenance.json's "evidence" entry: the union of the cells' sources."""
     import provenance
 
-    commits = sorted({r["source"]["commit"] for r in results.values()})
+    commits = sorted({r["source"]["commit"] for r in results.values()},
+                     key=lambda c: provenance.git("log", "-1", "--format=%ct", c))  # oldest first  # fmt: skip
     if any(r["source"]["src_dirty"] for r in results.values()):
         raise SystemExit("evidence: some cells ran with uncommitted changes in src/; rerun them")
     entry = provenance.record("evidence", cell_sources(results), commit=commits[-1],
