@@ -50,7 +50,11 @@ else:
     import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-REGION = re.compile(r"(<!-- BEGIN GENERATED (\S+) -->\n)(.*?)(<!-- END GENERATED -->)", re.S)
+# a region, then (for a kept result) the kept note on its own paragraph right after it
+REGION = re.compile(
+    r"(<!-- BEGIN GENERATED (\S+) -->\n)(.*?)(<!-- END GENERATED -->)(\n\n\*Kept without a rerun: [^\n]*\*)?",
+    re.S,
+)
 
 
 @dataclass
@@ -59,10 +63,11 @@ class Region:
     line: int
     source: str  # path of the results file, relative to the repository root
     body: str
+    note: str = ""  # the kept note after the region, if any
 
     def expected(self, root: Path) -> str | None:
         path = root / self.source
-        return path.read_text() + provenance.kept_note(self.source, root) if path.is_file() else None
+        return path.read_text() if path.is_file() else None
 
     def where(self, root: Path) -> str:
         return f"{self.doc.relative_to(root)}:{self.line}"
@@ -78,7 +83,7 @@ def regions(root: Path = ROOT) -> list[Region]:
         text = doc.read_text()
         for m in REGION.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
-            found.append(Region(doc, line, m.group(2), m.group(3)))
+            found.append(Region(doc, line, m.group(2), m.group(3), m.group(5) or ""))
     return found
 
 
@@ -91,6 +96,8 @@ def stale(root: Path = ROOT) -> list[str]:
             problems.append(f"{r.where(root)}: {r.source} does not exist")
         elif want != r.body:
             problems.append(f"{r.where(root)}: differs from {r.source}")
+        elif r.note != provenance.kept_note(r.source, root):
+            problems.append(f"{r.where(root)}: the kept note under it differs from REBUILD.toml's `kept`")
     return problems
 
 
@@ -110,7 +117,13 @@ def render(root: Path = ROOT) -> list[Path]:
     for doc in docs(root):
         text = doc.read_text()
         new = REGION.sub(
-            lambda m: m.group(1) + Region(Path(), 0, m.group(2), "").expected(root) + m.group(4), text
+            lambda m: (
+                m.group(1)
+                + (root / m.group(2)).read_text()
+                + m.group(4)
+                + provenance.kept_note(m.group(2), root)
+            ),
+            text,
         )
         if new != text:
             doc.write_text(new)

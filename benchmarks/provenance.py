@@ -144,11 +144,11 @@ def problems(results: list[str], root: Path = ROOT) -> list[str]:
 
 
 def kept_note(result: str, root: Path = ROOT) -> str:
-    """The line a doc shows under a kept result (empty for a result that is not kept)."""
+    """The paragraph a doc shows right after a kept result's region (empty when not kept)."""
     bench = bench_of(result, root)
     if bench is None or not bench.get("kept"):
         return ""
-    return f"\n*Kept without a rerun: {bench['kept']}*\n"
+    return f"\n\n*Kept without a rerun: {bench['kept']}*"
 
 
 def run(name: str, command: list[str], root: Path = ROOT) -> None:

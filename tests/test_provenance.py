@@ -86,10 +86,18 @@ def test_a_kept_result_passes_and_the_doc_shows_why(tmp_path):
     root = _tree(tmp_path, extra='kept = "checked by hand after the move"\n')
     (root / "src" / "fedxrisk" / "algorithms" / "fedxl.py").write_text("STEP = 2\n")
     assert docs.outdated(root) == []
-    assert docs.stale(root) == ["README.md:2: differs from benchmarks/results/study.md"]
+    assert docs.stale(root) == ["README.md:2: the kept note under it differs from REBUILD.toml's `kept`"]
     docs.render(root)
-    assert "*Kept without a rerun: checked by hand after the move*" in (root / "README.md").read_text()
+    text = (root / "README.md").read_text()  # the region keeps the file's exact text; the note follows it
+    assert (
+        "| 0.97 |\n<!-- END GENERATED -->\n\n*Kept without a rerun: checked by hand after the move*\n" in text
+    )
     assert docs.stale(root) == []
+    (root / "benchmarks" / "REBUILD.toml").write_text(  # no longer kept: the note goes again
+        '[[bench]]\nname = "study"\ncommand = "x"\nresults = ["benchmarks/results/study*.md"]\n'
+    )
+    docs.render(root)
+    assert "Kept" not in (root / "README.md").read_text() and docs.stale(root) == []
 
 
 def test_a_result_without_a_record_or_a_bench_fails(tmp_path):
