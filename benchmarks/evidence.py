@@ -41,8 +41,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURES = ROOT / "docs" / "figures"
-CACHE = ROOT / "runs" / "evidence_cache"  # pretrained CE models for two-stage runs (not committed)
-OUT = RESULTS / "evidence.json"  # merged from the parts evidence.<part>.json that workers write
+CACHE = ROOT / "runs" / "evidence_v2_cache"  # pretrained CE models for two-stage runs (not committed)
+STEM = "evidence_v2"  # v1 (evidence.json) ran older code and had no CE → CE control; never mixed in
+OUT = RESULTS / f"{STEM}.json"  # merged from the parts evidence_v2.<part>.json that workers write
+SOURCES = RESULTS / f"{STEM}_sources.json"  # source fingerprint → {file: sha256} of the cells' code
 PART = {"name": "main"}
 
 CLIENTS, BATCH, LOCAL_STEPS, STAGES, LR_DECAY = 16, 32, 8, 3, 3.0
@@ -50,10 +52,13 @@ POSITIVES = 8  # class-aware batches: r = 8/32 = 0.25 (LibAUC's DualSampler defa
 VAL_FRACTION = 0.2
 EVAL_EVERY = 10  # rounds between validation evaluations (the curves)
 SEEDS = (0, 1, 2)
+EXTRA_SEEDS = (3, 4)  # the controls and the two-stage rows (not LocalSCGDAM's): the paired tests need them
+ALL_SEEDS = SEEDS + EXTRA_SEEDS
 # three learning rates a factor 3 apart per method (the same budget for all), placed around
 # each algorithm's default_lr; LocalSCGDAM's top is 0.1 because Alg. 1 needs α·η < 1 (α = 9)
 LR_GRIDS: dict[str, tuple[float, ...]] = {
     "ce": (0.1, 0.3, 1.0),
+    "ce_long": (0.1, 0.3, 1.0),
     "ce_ca": (0.1, 0.3, 1.0),
     "codasca_paper": (1.0, 3.0, 10.0),
     "codasca_code": (1.0, 3.0, 10.0),
@@ -66,6 +71,7 @@ LR_GRIDS: dict[str, tuple[float, ...]] = {
 # name → (algorithm, options, positives per batch, target metric)
 METHODS: dict[str, tuple[str, dict[str, Any], int, str]] = {
     "ce": ("localsgdm", {}, 0, "auroc"),
+    "ce_long": ("localsgdm", {}, 0, "auroc"),  # CE for HORIZON × the steps: the extra-steps control
     "ce_ca": ("localsgdm", {}, POSITIVES, "auroc"),
     "codasca_paper": ("codasca", {"form": "paper"}, POSITIVES, "auroc"),
     "codasca_code": ("codasca", {"form": "code"}, POSITIVES, "auroc"),
@@ -74,9 +80,11 @@ METHODS: dict[str, tuple[str, dict[str, Any], int, str]] = {
     "fcsg_m": ("fcsg_m", {}, POSITIVES, "ap"),
     "codasca_plain": ("codasca", {"form": "paper"}, 0, "auroc"),  # the default run's batches
 }
+HORIZON = {"ce_long": 1.5}  # = CE's steps + a two-stage second stage (half of CE's)
 SANITY_ONLY = ("codasca_plain",)  # `fedxrisk run`'s default pipeline: plain batches, data's p
 LABELS = {
     "ce": "CE FedAvg",
+    "ce_long": "CE FedAvg, 1.5× steps",
     "ce_ca": "CE FedAvg, class-aware",
     "codasca_paper": "CODASCA (paper)",
     "codasca_code": "CODASCA (code)",
@@ -85,7 +93,8 @@ LABELS = {
     "fcsg_m": "FCSG-M (AP)",
     "codasca_plain": "CODASCA (paper), plain batches",
 }
-TWO_STAGE = [m for m in METHODS if m not in ("ce", *SANITY_ONLY)]  # CE continued from CE is CE
+# CE continued from CE (CE → CE) is the control every two-stage row is compared with
+TWO_STAGE = [m for m in METHODS if m not in ("ce_long", *SANITY_ONLY)]
 
 
 def mnist1d(imratio: float, partition: str) -> dict[str, Any]:
@@ -145,7 +154,8 @@ def regime_data(regime: str, seed: int):
             allow_missing_class=True, num_samples=r.get("num_samples"),
         )  # fmt: skip
         shards, val = split_validation(fed, seed)
-        _DATA.clear()  # one regime at a time keeps memory small
+        if len(_DATA) >= 10:  # a few MB each; generating mnist1d takes ~45 s, so keep several
+            _DATA.pop(next(iter(_DATA)))
         _DATA[key] = (FederatedData(fed.data, shards), val)
     return _DATA[key]
 
@@ -191,16 +201,18 @@ def load_pretrained(model, path: Path) -> None:
     load_weights(model, "pretrained CE model", path)
 
 
-def run_cell(
-    regime: str, method: str, lr: float, seed: int, two_stage: bool, stretch: int = 1
-) -> dict[str, Any]:
-    """Train one cell; validation curve every EVAL_EVERY rounds, final val and test metrics.
-    ``stretch``: train that many times longer (CE's horizon check, not part of any table)."""
+def rounds_of(regime: str, method: str, two_stage: bool) -> int:
+    """A cell's rounds: the regime's; 1.5× for CE long; half for a second stage (CE → CE too)."""
+    return round(REGIMES[regime]["rounds"] * HORIZON.get(method, 1.0)) // (2 if two_stage else 1)
+
+
+def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) -> dict[str, Any]:
+    """Train one cell; validation curve every EVAL_EVERY rounds, final val and test metrics."""
     import torch
 
     from fedxrisk.engines import NonFiniteLoss
 
-    rounds = REGIMES[regime]["rounds"] * stretch // (2 if two_stage else 1)
+    rounds = rounds_of(regime, method, two_stage)
     init = pretrained_path(regime, seed) if two_stage else None
     if init is not None and not init.exists():
         raise RuntimeError(f"two-stage {regime} seed {seed}: the CE model {init} is missing")
@@ -210,7 +222,8 @@ def run_cell(
     except ValueError as e:  # e.g. LocalSCGDAM's αη < 1 refuses this lr
         nan = {"auroc": math.nan, "ap": math.nan, "pauc": math.nan}
         return {"regime": regime, "method": method, "two_stage": two_stage, "lr": lr, "seed": seed,
-                "status": f"refused: {e}", "steps": 0, "val": nan, "test": nan, "curve": [], "seconds": 0.0}  # fmt: skip
+                "status": f"refused: {e}", "steps": 0, "val": nan, "test": nan, "curve": [], "seconds": 0.0,
+                "source": source_fingerprint()}  # fmt: skip
     data = fed.data
     x_val, y_val = data.x_train[torch.from_numpy(val)], data.y_train[torch.from_numpy(val)]
     curve, status = [], "ok"
@@ -232,13 +245,41 @@ def run_cell(
         "test": metrics_of(problem, params, buffers, data.x_test, data.y_test) if ok else nan,
         "curve": curve, "seconds": round(time.perf_counter() - start, 1),
         "samples": len(data.y_train) + len(data.y_test),  # train (after imbalance) + test
+        "source": source_fingerprint(),
     }  # fmt: skip
-    if method == "ce" and not two_stage and ok and stretch == 1:
+    if method == "ce" and not two_stage and ok:
         CACHE.mkdir(parents=True, exist_ok=True)
         blob = {"params": {k: v.detach().cpu() for k, v in params.items()},
                 "buffers": {k: v.detach().cpu() for k, v in buffers.items()}}  # fmt: skip
         torch.save(blob, model_path(regime, seed, lr))
     return out
+
+
+def source_fingerprint() -> dict[str, Any]:
+    """The commit and a digest of every fedxrisk source file this process has imported (the
+    per-file sha256 go to SOURCES under that digest), so a cell can be traced to its code."""
+    import hashlib
+    import subprocess
+
+    files = {}
+    for name, mod in sorted(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if name.split(".")[0] != "fedxrisk" or not path:
+            continue
+        p = Path(path).resolve()
+        rel = p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else p.as_posix()
+        files[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
+    if digest not in known:
+        known[digest] = files
+        SOURCES.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = bool(git("status", "--porcelain", "--", "src"))
+    return {"commit": git("rev-parse", "HEAD"), "src_dirty": dirty, "files": digest}
 
 
 def model_path(regime: str, seed: int, lr: float) -> Path:
@@ -251,13 +292,13 @@ def key(regime: str, method: str, two_stage: bool, lr: float, seed: int) -> str:
 
 
 def part_path(name: str) -> Path:
-    return RESULTS / f"evidence.{name}.json"
+    return RESULTS / f"{STEM}.{name}.json"
 
 
 def load_results() -> dict[str, Any]:
     """Every stored cell: the merged file and all worker parts."""
     results: dict[str, Any] = {}
-    for path in [OUT, *sorted(RESULTS.glob("evidence.*.json"))]:
+    for path in [OUT, *sorted(RESULTS.glob(f"{STEM}.*.json"))]:
         if path.exists():
             results.update(json.loads(path.read_text()))
     return results
@@ -278,7 +319,7 @@ def merge_parts() -> None:
     """Fold the worker parts into evidence.json (the committed raw results)."""
     results = load_results()
     OUT.write_text(json.dumps(dict(sorted(results.items())), indent=1, allow_nan=True) + "\n")
-    for path in RESULTS.glob("evidence.*.json"):
+    for path in RESULTS.glob(f"{STEM}.*.json"):
         path.unlink()
 
 
@@ -355,296 +396,173 @@ def ensure(results, regime, method, two_stage, lr, seed) -> None:
 
 
 def variants(regime: str) -> list[tuple[str, bool]]:
-    scratch = [(m, False) for m in METHODS if m not in SANITY_ONLY or regime in SANITY]
-    return scratch if regime in SANITY else scratch + [(m, True) for m in TWO_STAGE]
+    scratch = [(m, False) for m in METHODS if (m not in SANITY_ONLY or regime in SANITY)]
+    if regime in SANITY:
+        return [(m, t) for m, t in scratch if m != "ce_long"]
+    return scratch + [(m, True) for m in TWO_STAGE]
 
 
-# (two-stage?, methods, select on seed 0?, run every seed?) in priority order, so a study cut short
-# keeps the most informative cells: all from-scratch selections, CE on every seed (the paired
-# baseline and the two-stage start), LibAUC's practice CE → AUCM (CODASCA code form), FeDXL2,
-# CE → class-aware CE, the other from-scratch finals, then LocalSCGDAM (3× a CE step: exact
-# Hessian-vector products) and the other two-stage variants
-SCRATCH = ("ce", "ce_ca", "codasca_paper", "codasca_code", "fedxl2", "fcsg_m", "codasca_plain")
-PRIORITY: list[tuple[bool, tuple[str, ...], bool, bool]] = [
-    (False, SCRATCH, True, False),
-    (False, ("ce",), False, True),
-    (True, ("codasca_code",), True, True),
-    (False, ("fedxl2",), False, True),
-    (True, ("ce_ca",), True, True),
-    (False, SCRATCH, False, True),
-    (False, ("localscgdam",), True, True),
-    (True, ("codasca_paper", "fedxl2", "fcsg_m", "localscgdam"), True, True),
+# The study in priority order, so one cut short keeps the most informative cells (CPU time is
+# the bottleneck): per step (regimes, two-stage?, methods, select on seed 0?, final seeds).
+# First the two class-heterogeneous mnist1d regimes: CE, the control CE → CE, CE → CODASCA
+# (code) (LibAUC's practice), the other two-stage rows, the control CE long, extra seeds for the
+# paired tests, then every from-scratch selection (FCSG-M's, the slowest, last) and its finals;
+# then the sanity datasets, LocalSCGDAM (3× a CE step), CODASCA (paper) two-stage, iid, 0.005.
+MAIN = ("mnist1d 0.1 class", "mnist1d 0.02 class")
+SCRATCH = ("ce", "ce_ca", "codasca_code", "codasca_paper", "fedxl2", "fcsg_m", "codasca_plain")
+TWO_MAIN = ("ce_ca", "fedxl2", "fcsg_m")
+CONTROLS = ("ce", "ce_long")
+
+
+def _main_steps(regime: str) -> list[tuple[tuple[str, ...], bool, tuple[str, ...], bool, tuple[int, ...]]]:
+    r = (regime,)
+    return [
+        (r, False, ("ce",), True, SEEDS),
+        (r, True, ("ce",), True, SEEDS),
+        (r, True, ("codasca_code",), True, SEEDS),
+        (r, True, TWO_MAIN, True, SEEDS),
+        (r, False, ("ce_long",), True, SEEDS),
+        (r, False, CONTROLS, False, EXTRA_SEEDS),
+        (r, True, ("ce", "codasca_code"), False, EXTRA_SEEDS),
+        (r, True, TWO_MAIN, False, EXTRA_SEEDS),
+        *[(r, False, (m,), True, ()) for m in SCRATCH],
+        (r, False, SCRATCH, False, SEEDS),
+    ]
+
+
+REST = ("mnist1d 0.1 iid", "mnist1d 0.02 iid", "mnist1d 0.005 class")
+PLAN = [
+    *_main_steps(MAIN[0]),
+    *_main_steps(MAIN[1]),
+    (SANITY, False, SCRATCH + ("localscgdam",), True, SEEDS),
+    (MAIN, False, ("localscgdam",), True, SEEDS),
+    (MAIN, True, ("codasca_paper", "localscgdam"), True, SEEDS),
+    *[step for regime in REST for step in _main_steps(regime)],
+    (REST, False, ("localscgdam",), True, SEEDS),
+    (REST, True, ("codasca_paper", "localscgdam"), True, SEEDS),
 ]
 
 
 def run_study(regimes: list[str], seeds: tuple[int, ...], methods: tuple[str, ...] = tuple(METHODS)) -> None:
-    """Per regime, the PRIORITY steps: selection on seed 0, then the selected lr on every seed
-    (``methods``: only these, e.g. to finish a subset first)."""
+    """The PLAN's steps for the requested regimes: selection on seed 0, then the selected lr on
+    the step's seeds that are in ``seeds`` (``methods``: only these, e.g. to finish a subset)."""
     results = load_results()
-    for regime in regimes:
-        source = REGIMES[regime].get("select_on", regime)
-        for two, group, select, final in PRIORITY:
-            todo = [(m, t) for m, t in variants(regime) if t == two and m in group and m in methods]
+    for group, two, names, select, final in PLAN:
+        for regime in (g for g in group if g in regimes):
+            source = REGIMES[regime].get("select_on", regime)
+            todo = [(m, t) for m, t in variants(regime) if t == two and m in names and m in methods]
             for method, t in todo if select else ():
                 for lr in lr_grid(method):
                     ensure(results, source, method, t, lr, 0)
                 extra = extra_lr(results, source, method, t)
                 if extra is not None:
                     ensure(results, source, method, t, extra, 0)
-            for seed in seeds if final else ():
+            for seed in (s for s in final if s in seeds):
                 for method, t in todo:
                     ensure(results, regime, method, t, selected_lr(results, regime, method, t), seed)
 
 
-# -- rendering -------------------------------------------------------------------------------
+# -- rendering, provenance, verification ------------------------------------------------------
 def final_runs(results, regime, method, two_stage) -> list[dict[str, Any]]:
     lr = selected_lr(results, regime, method, two_stage)
     if lr is None:
         return []
-    runs = [results.get(key(regime, method, two_stage, lr, s)) for s in SEEDS]
+    runs = [results.get(key(regime, method, two_stage, lr, s)) for s in ALL_SEEDS]
     return [r for r in runs if r is not None]
 
 
-def _ms(values: list[float]) -> str:
-    v = [x for x in values if x is not None and not math.isnan(x)]
-    if not v:
-        return "–"
-    return f"{np.mean(v):.3f} ± {np.std(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
-
-
-def _paired(runs, ce_runs, metric: str) -> str:
-    """mean ± std of per-seed differences against CE FedAvg, and wins/seeds."""
-    ce = {r["seed"]: r["test"][metric] for r in ce_runs}
-    d = [r["test"][metric] - ce[r["seed"]] for r in runs if r["seed"] in ce]
-    d = [x for x in d if not math.isnan(x)]
-    if not d:
-        return "–"
-    wins = sum(x > 0 for x in d)
-    return f"{np.mean(d):+.3f} ± {np.std(d):.3f} ({wins}/{len(d)})"
-
-
 def render(results) -> None:
-    (RESULTS / "evidence.md").write_text(results_table(results))
-    short = RESULTS / "evidence_800steps.json"
-    if short.exists():  # the first pass at half the mnist1d horizon (CE had not plateaued)
-        head = ("MNIST-1D at 800 local steps (half the final horizon), same protocol, from scratch only "
-                "(its two-stage cells were lost to a missing CE model file). ")  # fmt: skip
-        table = results_table(json.loads(short.read_text()), two_stage=False)
-        (RESULTS / "evidence_800steps.md").write_text(head + table)
-    render_summary(results)
-    render_selection(results)
-    plot(results)
-    for doc in (ROOT / "docs" / "evidence.md", ROOT / "README.md"):
-        fill_regions(doc)
+    """Tables (benchmarks/results/evidence*.md), figures, then every doc region (docs.py)."""
+    import docs
+    import evidence_report
+
+    for name in evidence_report.render(results):
+        print(f"wrote benchmarks/results/{name}")
+    for doc in docs.render():
+        print(f"updated {doc.relative_to(ROOT)}")
 
 
-def results_table(results, two_stage: bool = True) -> str:
-    """Markdown: per regime and method, test metrics over seeds and paired differences vs CE."""
-    lines = [
-        "| regime | method | start | lr | test AUROC | Δ vs CE | test AP | Δ vs CE | test pAUC₀.₃ | Δ vs CE | seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
-    for regime in REGIMES:
-        ce_runs = final_runs(results, regime, "ce", False)
-        for method, two in variants(regime):
-            runs = final_runs(results, regime, method, two)
-            if not runs or (two and not two_stage):
-                continue
-            lr = runs[0]["lr"]
-            cols = []
-            for metric in ("auroc", "ap", "pauc"):
-                cols.append(_ms([r["test"][metric] for r in runs]))
-                cols.append("" if method == "ce" and not two else _paired(runs, ce_runs, metric))
-            start = "CE model" if two else "scratch"
-            lines.append(
-                f"| {regime} | {LABELS[method]} | {start} | {lr:g} | "
-                + " | ".join(cols)
-                + f" | {len(runs)} |"
+def cell_sources(results) -> dict[str, str]:
+    """{file: sha256} over every cell's recorded source; refuses cells that ran different code."""
+    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
+    files: dict[str, str] = {}
+    clash: set[str] = set()
+    for rec in results.values():
+        digest = rec.get("source", {}).get("files")
+        if digest not in known:
+            raise SystemExit(
+                f"evidence: cell {rec['regime']}|{rec['method']} has no recorded source {digest}"
             )
-    header = (
-        "Test metrics at the learning rate selected on validation (seed 0), mean ± std over seeds; "
-        "Δ = per-seed paired difference against CE FedAvg (mean ± std, wins/seeds). "
-        "pAUC₀.₃ = normalized partial AUROC at FPR ≤ 0.3.\n\n"
-    )
-    return header + "\n".join(lines) + "\n"
+        for path, sha in known[digest].items():
+            if files.setdefault(path, sha) != sha:
+                clash.add(path)
+    if clash:
+        raise SystemExit("evidence: the cells ran different versions of " + ", ".join(sorted(clash)))
+    return files
 
 
-def fill_regions(doc: Path) -> None:
-    """Replace each ``<!-- BEGIN GENERATED benchmarks/results/evidence*.md -->`` region of ``doc``
-    with that file's current content (the COMMON.md convention)."""
-    import re
+def record_provenance(results, note: str = "") -> None:
+    """benchmarks/results/provenance.json's "evidence" entry: the union of the cells' sources."""
+    import provenance
 
-    if not doc.exists():
-        return
-    pattern = re.compile(
-        r"(<!-- BEGIN GENERATED (benchmarks/results/evidence[\w.-]*\.md) -->\n).*?(<!-- END GENERATED -->)",
-        re.S,
-    )
-    text = pattern.sub(lambda m: m.group(1) + (ROOT / m.group(2)).read_text() + m.group(3), doc.read_text())
-    doc.write_text(text)
+    commits = sorted({r["source"]["commit"] for r in results.values()},
+                     key=lambda c: provenance.git("log", "-1", "--format=%ct", c))  # oldest first  # fmt: skip
+    if any(r["source"]["src_dirty"] for r in results.values()):
+        raise SystemExit("evidence: some cells ran with uncommitted changes in src/; rerun them")
+    entry = provenance.record("evidence", cell_sources(results), commit=commits[-1],
+                              note=note or f"{len(results)} cells; commits {', '.join(c[:10] for c in commits)}")  # fmt: skip
+    print(f"recorded the source of {len(results)} cells ({len(entry['files'])} files) in {provenance.RECORD}")
 
 
-SUMMARY = [  # (column, method, two-stage, metric): each AUC method on its own target metric
-    ("CE AUROC", "ce", False, "auroc"),
-    ("CE class-aware AUROC", "ce_ca", False, "auroc"),
-    ("CODASCA (code) AUROC", "codasca_code", False, "auroc"),
-    ("CODASCA (code) two-stage AUROC", "codasca_code", True, "auroc"),
-    ("LocalSCGDAM AUROC", "localscgdam", False, "auroc"),
-    ("CE pAUC₀.₃", "ce", False, "pauc"),
-    ("FeDXL2 pAUC₀.₃", "fedxl2", False, "pauc"),
-    ("CE AP", "ce", False, "ap"),
-    ("FCSG-M AP", "fcsg_m", False, "ap"),
-]
+def verify(results, regime: str) -> None:
+    """Rerun seed 0 of every row of ``regime`` that has it (CE first: the two-stage start) and
+    require bit-for-bit equal validation and test metrics and curves; only then record the
+    current source as the study's (after a refactor that should not change behaviour)."""
+    import provenance
 
-
-def render_summary(results) -> None:
-    """The README's short table: test means over seeds; the full table is evidence.md."""
-    lines = ["| regime | " + " | ".join(c for c, *_ in SUMMARY) + " |", "|---|" + "---|" * len(SUMMARY)]
-    for regime in REGIMES:
-        cells = []
-        for _, method, two, metric in SUMMARY:
-            runs = final_runs(results, regime, method, two) if (two is False or regime not in SANITY) else []
-            vals = [r["test"][metric] for r in runs if not math.isnan(r["test"][metric])]
-            cells.append(f"{np.mean(vals):.3f}" if vals else "–")
-        if any(c != "–" for c in cells):
-            lines.append(f"| {regime} | " + " | ".join(cells) + " |")
-    head = "Test means over the seeds run (see docs/evidence.md for ± std, seeds and paired differences).\n\n"
-    (RESULTS / "evidence_summary.md").write_text(head + "\n".join(lines) + "\n")
-
-
-def render_selection(results) -> None:
-    """Every selection run's validation target, so the choice can be checked."""
-    lines = ["| regime | method | start | lr 1 | lr 2 | lr 3 | edge extension | selected lr |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for regime in REGIMES:
-        if "select_on" in REGIMES[regime]:
-            continue
-        for method, two in variants(regime):
-            cells = []
-            extra = extra_lr(results, regime, method, two)
-            for lr in [*lr_grid(method), extra]:
-                if lr is None:
-                    cells.append("")
-                    continue
-                r = results.get(key(regime, method, two, lr, 0))
-                cells.append(
-                    "–"
-                    if r is None
-                    else f"{lr:g}: {target(r):.3f}"
-                    if target(r) > -math.inf
-                    else f"{lr:g}: NaN"
-                )
-            sel = selected_lr(results, regime, method, two)
-            start = "CE model" if two else "scratch"
-            metric = METHODS[method][3]
-            lines.append(
-                f"| {regime} | {LABELS[method]} ({metric}) | {start} | "
-                + " | ".join(cells)
-                + f" | {sel if sel is not None else '–'} |"
-            )
-    head = "Validation target (seed 0) for each learning rate of the grid (lr: value); the test set is not read.\n\n"
-    (RESULTS / "evidence_selection.md").write_text(head + "\n".join(lines) + "\n")
-
-
-def plot(results) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    regimes = [r for r in REGIMES if final_runs(results, r, "ce", False)]
-    if not regimes:
-        return
-    fig, axes = plt.subplots(1, 3, figsize=(15, 0.5 + 0.45 * len(regimes) * 2.2), sharey=True)
-    offsets = {}
-    variants_all = [(m, False) for m in METHODS] + [(m, True) for m in TWO_STAGE]
-    for i, v in enumerate(variants_all):
-        offsets[v] = (i - len(variants_all) / 2) * 0.06
-    colors = plt.get_cmap("tab10")
-    for ax, metric, title in zip(
-        axes, ("auroc", "ap", "pauc"), ("test AUROC", "test AP", "test pAUC (FPR ≤ 0.3)")
-    ):
-        for j, regime in enumerate(regimes):
-            for (method, two), off in offsets.items():
-                runs = final_runs(results, regime, method, two)
-                vals = [r["test"][metric] for r in runs if not math.isnan(r["test"][metric])]
-                if not vals:
-                    continue
-                c = colors(list(METHODS).index(method))
-                ax.errorbar(np.mean(vals), j + off, xerr=np.std(vals), fmt="s" if two else "o", color=c,
-                            mfc="none" if two else c, ms=5,
-                            label=f"{LABELS[method]}{' (two-stage)' if two else ''}" if j == 0 else None)  # fmt: skip
-        ax.set_yticks(range(len(regimes)), regimes)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[0].invert_yaxis()
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(FIGURES / "evidence_metrics.png", dpi=110)
-    plt.close(fig)
-    # CE's validation curves (selection runs, seed 0, every lr): does CE plateau?
-    sel = [r for r in REGIMES if "select_on" not in REGIMES[r]]
-    fig, axes = plt.subplots(1, len(sel), figsize=(3.2 * len(sel), 3), sharey=False)
-    for ax, regime in zip(np.atleast_1d(axes), sel):
-        for lr in lr_grid("ce"):
-            r = results.get(key(regime, "ce", False, lr, 0))
-            if r and r["curve"]:
-                c = np.array(r["curve"])
-                ax.plot(c[:, 0], c[:, 1], label=f"lr {lr:g}")
-        for lr, style in zip(lr_grid("ce"), ("k:", "k--", "k-.")):
-            long = results.get(long_key(regime, lr))
-            if long and long["curve"]:
-                c = np.array(long["curve"])
-                ax.plot(c[:, 0], c[:, 1], style, lw=1, label=f"lr {lr:g}, {LONG_STRETCH}× steps")
-        ax.set_title(regime, fontsize=9)
-        ax.set_xlabel("local step")
-        ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[0].set_ylabel("CE FedAvg validation AUROC")
-    np.atleast_1d(axes)[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(FIGURES / "evidence_ce_curve.png", dpi=110)
-    plt.close(fig)
-
-
-def long_key(regime: str, lr: float) -> str:
-    return f"{regime}|ce|long{LONG_STRETCH}|{lr:.6g}|0"
-
-
-LONG_STRETCH = 2
-
-
-def run_long(regime: str) -> None:
-    """CE FedAvg at its selected lr and the grid's next lower one for LONG_STRETCH× the steps
-    (seed 0, validation curve only): how far the study's horizon is from CE's plateau."""
-    results = load_results()
-    best = selected_lr(results, regime, "ce", False)
-    grid = lr_grid("ce")
-    for lr in [best] + grid[max(0, grid.index(best) - 1) : grid.index(best)]:
-        if long_key(regime, lr) in results:
-            continue
-        rec = run_cell(regime, "ce", lr, 0, False, LONG_STRETCH)
-        rec["part"] = PART["name"]
-        results[long_key(regime, lr)] = rec
-        save_results(results)
-        print(f"{regime} CE lr {lr:g} ×{LONG_STRETCH} steps: val {rec['val']['auroc']:.4f}", flush=True)
+    cells = [(m, t, selected_lr(results, regime, m, t)) for m, t in variants(regime)]
+    cells = [(m, t, lr) for m, t, lr in cells if lr is not None and key(regime, m, t, lr, 0) in results]
+    if not cells:
+        raise SystemExit(f"evidence --verify: no finished seed-0 cell of {regime!r}")
+    differ = []
+    for method, two, lr in cells:
+        old, new = results[key(regime, method, two, lr, 0)], run_cell(regime, method, lr, 0, two)
+        same = all(json.dumps(old[f]) == json.dumps(new[f]) for f in ("val", "test", "curve", "status"))
+        print(f"{key(regime, method, two, lr, 0)}: {'bit-for-bit equal' if same else 'DIFFERS'}", flush=True)
+        if not same:
+            differ.append(key(regime, method, two, lr, 0))
+    if differ:
+        raise SystemExit(f"evidence --verify: {len(differ)} cells differ; rerun the study: {differ}")
+    provenance.record("evidence", provenance.fingerprint(), note=f"verified: {len(cells)} seed-0 cells of "
+                      f"{regime} reran bit for bit at {provenance.git('rev-parse', 'HEAD')[:10]}")  # fmt: skip
+    print(f"recorded the current source for evidence ({len(cells)} cells equal)")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--render-only", action="store_true", help="tables and figures from evidence.json")
+    parser.add_argument("--render-only", action="store_true", help=f"tables and figures from {OUT.name}")
     parser.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regime names")
-    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    parser.add_argument("--seeds", default=",".join(map(str, ALL_SEEDS)))
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated method names")
-    parser.add_argument("--part", default="main", help="this worker's results file evidence.<part>.json")
-    parser.add_argument("--merge", action="store_true", help="fold the worker parts into evidence.json")
-    parser.add_argument("--long", action="store_true", help=f"CE at {LONG_STRETCH}× the steps (the regimes')")
+    parser.add_argument("--part", default="main", help=f"this worker's results file {STEM}.<part>.json")
+    parser.add_argument("--merge", action="store_true", help=f"fold the worker parts into {OUT.name}")
+    parser.add_argument("--record-provenance", action="store_true",
+                        help="record the cells' source in benchmarks/results/provenance.json")  # fmt: skip
+    parser.add_argument(
+        "--verify", metavar="REGIME", help="rerun seed 0 of every row, require equality, record"
+    )
     args = parser.parse_args(argv)
     PART["name"] = args.part
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     if args.merge:
         merge_parts()
-    if not args.render_only and not args.merge:
+    if args.verify:
+        import torch
+
+        torch.set_num_threads(1)
+        verify(load_results(), args.verify)
+        return
+    if not args.render_only and not args.merge and not args.record_provenance:
         import torch
 
         torch.set_num_threads(1)
@@ -652,12 +570,10 @@ def main(argv: list[str] | None = None) -> None:
         unknown = [r for r in regimes if r not in REGIMES]
         if unknown:
             sys.exit(f"unknown regime(s) {unknown}; choose from {list(REGIMES)}")
-        if args.long:
-            for regime in regimes:
-                run_long(regime)
-        else:
-            methods = tuple(m.strip() for m in args.methods.split(","))
-            run_study(regimes, tuple(int(s) for s in args.seeds.split(",")), methods)
+        methods = tuple(m.strip() for m in args.methods.split(","))
+        run_study(regimes, tuple(int(s) for s in args.seeds.split(",")), methods)
+    if args.record_provenance:
+        record_provenance(load_results())
     render(load_results())
 
 
