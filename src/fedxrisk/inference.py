@@ -89,7 +89,10 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     cfg = load_config(folder / "config.toml")
     blob = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
     labels = int(blob.get("num_labels", 1))
-    problem = Problem(load_model(folder).to(device), 0.5, num_labels=labels)
+    from fedxrisk.data.stream_choice import eval_batch_size, parse_bytes
+
+    chunk = eval_batch_size(tuple(blob["input_shape"]), parse_bytes(cfg.memory_budget), cfg.eval_batch_size)
+    problem = Problem(load_model(folder).to(device), 0.5, num_labels=labels, eval_batch_size=chunk)
     params, buffers = problem.init_model()
     names = _label_names(folder, labels)
     return TrainedModel(folder, cfg, problem, params, buffers, tuple(blob["input_shape"]), names,

@@ -63,7 +63,7 @@ def build(
     ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
     """
     cfg = check(cfg).config
-    from fedxrisk.data.stream import attach_stream
+    from fedxrisk.data.stream import attach_stream, eval_batch_size, parse_bytes
 
     if init is None and cfg.pretrain is None:
         init = cfg.init_from
@@ -72,7 +72,7 @@ def build(
             data, choice = data_from.data, data_from.stream
         else:
             data, choice = build_data(cfg)
-            attach_stream(data, choice, cfg.device)
+            attach_stream(data, choice, cfg.device, cfg.batch_size)
         batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
         labels = data.data.num_labels
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
@@ -82,7 +82,14 @@ def build(
 
             source = load_weights(model, cfg.model, init, cfg.reset_head)
         problem = Problem(
-            model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
+            model.to(cfg.device),
+            data.data.pos_ratio,
+            cfg.buffer_policy,
+            cfg.pos_ratio_mode,
+            labels,
+            eval_batch_size=eval_batch_size(
+                data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size
+            ),
         )
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
         use_class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)

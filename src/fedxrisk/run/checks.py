@@ -133,7 +133,7 @@ def _check_selection(cfg: RunConfig) -> None:
 
 
 def _check_stream_settings(cfg: RunConfig) -> None:
-    from fedxrisk.data.stream import ON_BAD_FILE, STREAM_CHOICES, parse_bytes
+    from fedxrisk.data.stream_choice import ON_BAD_FILE, STREAM_CHOICES, eval_batch_size, parse_bytes
 
     if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
         raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
@@ -142,6 +142,7 @@ def _check_stream_settings(cfg: RunConfig) -> None:
     _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
     try:
         parse_bytes(cfg.memory_budget)
+        eval_batch_size((1,), 1, cfg.eval_batch_size)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -57,7 +57,7 @@ else:  # pragma: no cover - Python 3.10
 # Keys named here that RunConfig lacks (fields other work may add) are simply skipped.
 _EXPERIMENT = ("seed", "rounds", "eval_every", "checkpoint_every", "tensorboard", "selection", "monitor")
 _DATA = ("dataset", "data_dir", "imratio", "partition", "clients", "dirichlet_alpha", "positive_classes")
-_READING = ("stream", "workers", "memory_budget", "on_bad_file", "validation")
+_READING = ("stream", "workers", "memory_budget", "eval_batch_size", "on_bad_file", "validation")
 SECTIONS: dict[str, tuple[str, ...]] = {
     "experiment": (*_EXPERIMENT, "early_stopping"),
     "data": (

@@ -52,6 +52,7 @@ class RunConfig:
     stream: bool | str = "auto"  # file datasets: decode from disk while training (data/stream.py)
     workers: int | None = None  # decoding worker processes when streaming; None: half the cores
     memory_budget: int | str | None = None  # "auto" streams above it, e.g. "4GB"; None: ¼ of RAM
+    eval_batch_size: int | None = None  # samples per evaluation forward pass; None: from memory_budget
     on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
