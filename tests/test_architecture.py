@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", (
         "fedxrisk.errors", "fedxrisk.tree", "fedxrisk.problem", "fedxrisk.objectives", "fedxrisk.models",
         "fedxrisk.algorithms", "fedxrisk.classaware", "fedxrisk.data", "fedxrisk.engines", "fedxrisk.metrics",
-        "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog",
+        "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog", "fedxrisk.textsafe",
     )),
     ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec")),  # run/__init__ imports nothing
     ("run.checks", ("fedxrisk.run.checks",)),
@@ -45,7 +45,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # Inside data/, bottom first (the whole package sits in "core" above); a reader may import
 # another reader. "fedxrisk.data" itself (its __init__) and the old path datasets.py re-export only.
 DATA_LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("types and decoders", ("fedxrisk.data.types", "fedxrisk.data.stream_choice", "fedxrisk.data.decode")),
+    ("types and decoders", (
+        "fedxrisk.data.types", "fedxrisk.data.stream_choice", "fedxrisk.data.decode", "fedxrisk.data.preprocessing",
+    )),
     ("checks", ("fedxrisk.data.checks",)),
     ("lazy samples", ("fedxrisk.data.lazy",)),
     ("registry", ("fedxrisk.data.registry",)),

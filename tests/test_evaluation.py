@@ -225,13 +225,14 @@ def test_bad_input_exact_messages_exit_2_nothing_written(runs, tmp_path):
              "(a manifest with a 'path' column, or numeric features), or an .npz", out)  # fmt: skip
     (tmp_path / "narrow.csv").write_text("f0,f1,label\n1,2,0\n")
     _refused(_cli(["predict", runs / "tab", tmp_path / "narrow.csv", "--out", out]),
-             f"{tmp_path / 'narrow.csv'}: 2 feature column(s) ['f0', 'f1']; the model expects 4", out)  # fmt: skip
+             f"{tmp_path / 'narrow.csv'}: missing feature column(s) ['f2', 'f3']; the model takes the columns "
+             "['f0', 'f1', 'f2', 'f3'] (by name, any order; id, label and source are allowed)", out)  # fmt: skip
     if not torch.cuda.is_available():
         _refused(_cli(["evaluate", runs / "ml", "--device", "cuda", "--out", tmp_path / "ev"]),
                  "device 'cuda' requested but CUDA is not available", tmp_path / "ev")  # fmt: skip
     np.savez(tmp_path / "wide.npz", x=np.zeros((3, 7), np.float32))
     _refused(_cli(["predict", runs / "ml", tmp_path / "wide.npz", "--out", out]),
-             f"{tmp_path / 'wide.npz'}: array 'x' holds samples of shape [7]; the model expects [6]", out)  # fmt: skip
+             f"{tmp_path / 'wide.npz'}: array 'x' holds samples of shape [7] (array [3, 7]); the model expects [6]", out)  # fmt: skip
 
 
 def test_existing_output_refused_unless_overwrite(runs, tmp_path):

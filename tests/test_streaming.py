@@ -181,7 +181,7 @@ def test_skip_replaces_a_corrupt_image_reproducibly_and_counts_it(tmp_path):
     "setting, message",
     [
         ({"stream": "maybe"}, "data.stream must be true, false or \"auto\", got 'maybe'"),
-        ({"workers": -1}, "data.workers must be ≥ 0 (0: decode in the training process), got -1"),
+        ({"workers": -1}, "data.workers must be between 0 (decode in the training process) and 64, got -1"),
         ({"on_bad_file": "ignore"}, "unknown data.on_bad_file 'ignore'; choose one of ['error', 'skip']"),
         (
             {"memory_budget": "lots"},

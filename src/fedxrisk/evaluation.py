@@ -35,6 +35,7 @@ from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_w
 __all__ = ["FILES", "PAUC_FPR", "console_tables", "evaluate", "label_metrics", "markdown", "run_summary"]
 LEVEL = 0.95
 SPLITS = ("test", "train")
+MAX_BOOTSTRAP = 100_000  # resamples: a 95% percentile interval is stable long before this
 Progress = Callable[[int, int], None]
 
 
@@ -78,8 +79,14 @@ def evaluate(
         raise InputError("--data-dir needs --dataset (the reader that reads it)")
     if split not in SPLITS:
         raise InputError(f"split must be one of {SPLITS}, got {split!r}")
-    if bootstrap < 0:
-        raise InputError(f"bootstrap must be ≥ 0 (0: no bootstrap intervals), got {bootstrap}")
+    if not 0 <= bootstrap <= MAX_BOOTSTRAP:
+        raise InputError(
+            f"--bootstrap must be between 0 (no bootstrap intervals) and {MAX_BOOTSTRAP}, got {bootstrap}"
+        )
+    if seed < 0:
+        raise InputError(f"--seed must be ≥ 0, got {seed}")
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be ≥ 1, got {batch_size}")
     folder = Path(out) if out is not None else Path(run_dir)
     taken = [name for name in FILES if (folder / name).exists()]
     if taken and not overwrite:
@@ -155,7 +162,7 @@ def _manifest_data(
 ) -> Scored:
     from fedxrisk.inputs import open_input
 
-    source = open_input(manifest, trained.input_shape, workers)
+    source = open_input(manifest, trained.input_shape, workers, trained.preprocessing)
     if source.kind != "manifest":
         raise InputError(
             f"{manifest}: --manifest expects a CSV (or a folder with manifest.csv) with a 'path' column"
@@ -201,6 +208,11 @@ def _manifest_labels(path: Path, rows: Sequence[dict[str, str]], trained: Traine
                 y[i, j] = float(text) if text else 0.0
             except ValueError:
                 raise InputError(f"{path} row {i + 2}: label {c}={text!r} is not a number") from None
+            if not math.isfinite(y[i, j]):
+                raise InputError(
+                    f"{path} row {i + 2}: label column {c!r} holds {text!r}, not a finite number; "
+                    "give 1, 0, blank or -1 (uncertain)"
+                )
     y[y == -1] = np.nan  # uncertain: left out of that label
     if trained.num_labels == 1:
         pos = trained.config.positive_classes

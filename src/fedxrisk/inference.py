@@ -6,21 +6,24 @@ in batches without decoding them all first (:mod:`fedxrisk.inputs`).
 
 Preprocessing matches the readers used in training: images are decoded with
 Pillow, converted to the model's channel count (L or RGB), resized bilinearly
-to its input size and scaled to [0, 1]; feature vectors of a run trained on
-``tabular`` or ``breast_cancer`` data are standardized with that run's training
-mean and standard deviation (recomputed from the run's data, as the readers
-do); every other input is taken as the model's input as is.
+to its input size and scaled to [0, 1]; feature vectors are standardized with
+the training mean and standard deviation stored in ``model.pt`` (its
+``preprocessing`` entry, :mod:`fedxrisk.data.preprocessing`; a ``model.pt``
+written before it existed falls back to re-reading the run's data); every other
+input is taken as the model's input as is.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from fedxrisk.data.preprocessing import standardization
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.spec import RunConfig
 
@@ -41,6 +44,7 @@ class TrainedModel:
     input_shape: tuple[int, ...]
     label_names: list[str]
     standardize: tuple[np.ndarray, np.ndarray] | None
+    preprocessing: dict[str, Any] = field(default_factory=dict)  # data/preprocessing.py
 
     @property
     def num_labels(self) -> int:
@@ -64,9 +68,10 @@ class TrainedModel:
 def resolve_workers(workers: int | None) -> int:
     """Decoding processes: ``workers``, or by default half the cores (``data.stream.default_workers``)."""
     from fedxrisk.data.stream import default_workers
+    from fedxrisk.data.stream_choice import MAX_WORKERS
 
-    if workers is not None and workers < 0:
-        raise InputError(f"workers must be ≥ 0, got {workers}")
+    if workers is not None and not 0 <= workers <= MAX_WORKERS:
+        raise InputError(f"--workers must be between 0 and {MAX_WORKERS}, got {workers}")
     return default_workers() if workers is None else workers
 
 
@@ -74,7 +79,6 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     """The model of a finished run folder, on ``device``; :class:`InputError` when it is not one."""
     from fedxrisk.problem import Problem
     from fedxrisk.run.configfile import load_config
-    from fedxrisk.run.folder import load_model
 
     folder = Path(run_dir)
     if not folder.is_dir():
@@ -87,16 +91,85 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"device {device!r} requested but CUDA is not available")
     cfg = load_config(folder / "config.toml")
-    blob = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
-    labels = int(blob.get("num_labels", 1))
+    model, blob, prep = read_model_file(folder / "model.pt")
+    labels = int(blob["num_labels"])
     from fedxrisk.data.stream_choice import eval_batch_size, parse_bytes
 
     chunk = eval_batch_size(tuple(blob["input_shape"]), parse_bytes(cfg.memory_budget), cfg.eval_batch_size)
-    problem = Problem(load_model(folder).to(device), 0.5, num_labels=labels, eval_batch_size=chunk)
+    problem = Problem(model.to(device), 0.5, num_labels=labels, eval_batch_size=chunk)
     params, buffers = problem.init_model()
     names = _label_names(folder, labels)
+    standardize = standardization(prep) if prep else feature_standardization(cfg)  # older model.pt
     return TrainedModel(folder, cfg, problem, params, buffers, tuple(blob["input_shape"]), names,
-                        feature_standardization(cfg))  # fmt: skip
+                        standardize, prep)  # fmt: skip
+
+
+def _reason(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
+    """(model in eval mode, the file's dict, its preprocessing) of a ``model.pt``, checked entry by entry.
+
+    Read with ``weights_only=True`` (a pickled payload is refused, never run); a file
+    that is not a fedxrisk model, whose weights do not fit its network, or that holds
+    NaN/inf weights raises :class:`InputError` naming the file and the problem.
+    """
+    from fedxrisk.data.preprocessing import from_stored
+    from fedxrisk.models import build_model
+    from fedxrisk.run.weights import load_reason
+
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # random bytes, a pickle payload, a truncated zip alike
+        raise InputError(f"{path}: not a fedxrisk model file ({load_reason(e)})") from None
+    if not isinstance(blob, dict) or not all(k in blob for k in ("model", "input_shape", "params")):
+        what = (
+            type(blob).__name__
+            if not isinstance(blob, dict)
+            else f"a dict with keys {sorted(map(str, blob))[:6]}"
+        )
+        raise InputError(
+            f"{path}: not a fedxrisk model file (holds {what}; expected model, input_shape, params)"
+        )
+    shape, labels = blob["input_shape"], blob.get("num_labels", 1)
+    tensors = {**(blob.get("params") or {}), **(blob.get("buffers") or {})}
+    if (
+        not isinstance(blob["model"], str)
+        or not isinstance(shape, (list, tuple))
+        or not all(isinstance(d, int) and d > 0 for d in shape)
+        or not isinstance(labels, int)
+        or labels < 1
+        or not all(isinstance(v, torch.Tensor) for v in tensors.values())
+    ):
+        raise InputError(
+            f"{path}: not a fedxrisk model file (model, input_shape, num_labels or weights malformed)"
+        )
+    try:
+        prep = from_stored(blob.get("preprocessing"))
+    except ValueError as e:
+        raise InputError(f"{path}: {e}") from None
+    try:
+        model = build_model(blob["model"], tuple(shape), 0, labels, prep.get("normalize"))
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise InputError(f"{path}: cannot build its network {blob['model']!r} ({_reason(e)})") from None
+    own = model.state_dict()
+    wrong = [k for k in own if k not in tensors and not k.endswith("num_batches_tracked")]
+    wrong += [k for k, v in tensors.items() if k not in own or v.shape != own[k].shape]
+    if wrong:
+        raise InputError(
+            f"{path}: its weights do not fit its network {blob['model']!r} (missing, extra or "
+            f"wrongly shaped: {', '.join(wrong[:4])}{' …' if len(wrong) > 4 else ''})"
+        )
+    bad = [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise InputError(
+            f"{path}: non-finite weights (NaN/inf) in {', '.join(bad[:4])}{' …' if len(bad) > 4 else ''}; "
+            "the model cannot score anything (retrain, or use a checkpoint taken before it diverged)"
+        )
+    model.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in tensors.items()}})
+    return model.eval(), blob, prep
 
 
 def _label_names(folder: Path, labels: int) -> list[str]:

@@ -8,10 +8,18 @@
 | a folder of images (recursively, sorted) | ``path`` (relative to the folder) | one per image |
 | a folder holding ``manifest.csv``, or a ``.csv`` with a ``path`` (or ``Path``) column | ``row``, ``path`` (+ ``id`` if present) | one per CSV row |
 | an ``.npz`` (array ``x``, else ``x_test``, else its only array) | ``index`` | one per sample |
-| another ``.csv``: numeric feature columns (``label``, ``source`` ignored, as in training) | ``id`` if present, else ``row`` | one per CSV row |
+| another ``.csv``: numeric feature columns (``label``, ``source`` ignored, as in training) | the id column if present, else ``row`` | one per CSV row |
 
 ``row`` counts data rows from 0. Each batch holds raw inputs: images decoded as
 in training (model's channels and size, [0, 1]); features as written.
+
+A model that stored its feature names (``model.pt``'s ``preprocessing``) takes CSV
+columns **by name**, in any order: a missing feature column or an extra column
+(neither a feature, ``label``, ``source`` nor an identifier by
+:func:`fedxrisk.data.preprocessing.is_id_column`) is refused. Rows with NaN/inf
+features, and ``.npz`` arrays with NaN/inf values or values far outside the range
+the model was trained on, are refused with one line naming the rows (nothing is
+written): a score of NaN would be a silent wrong answer.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from fedxrisk.data import preprocessing as prep_record
 from fedxrisk.data.lazy import npy_header
 from fedxrisk.data.readers.base import DataFileError
 from fedxrisk.data.readers.images import IMAGE_SUFFIXES
@@ -57,10 +66,14 @@ class Input:
         return self._reader(batch_size)
 
 
-def open_input(path: str | Path, input_shape: tuple[int, ...], workers: int = 0) -> Input:
+def open_input(
+    path: str | Path, input_shape: tuple[int, ...], workers: int = 0, preprocessing: dict | None = None
+) -> Input:
     """Recognise and check ``path`` for a model taking ``[*input_shape]`` inputs (see the module table).
 
-    ``workers``: processes decoding images ahead (0: in this process)."""
+    ``workers``: processes decoding images ahead (0: in this process); ``preprocessing``: the
+    model's stored record (feature names, training range)."""
+    preprocessing = preprocessing or {}
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: input not found")
@@ -72,13 +85,12 @@ def open_input(path: str | Path, input_shape: tuple[int, ...], workers: int = 0)
         )
     suffix = p.suffix.lower()
     if suffix == ".npz":
-        return _npz(p, input_shape)
+        return _npz(p, input_shape, preprocessing)
     if suffix == ".csv":
-        with open(p, newline="") as f:
-            header = next(csv.reader(f), [])
+        header = next(_csv_rows(p), [])
         if any(c in header for c in PATH_COLUMNS):
             return _manifest(p, input_shape, workers)
-        return _tabular(p, header, input_shape)
+        return _tabular(p, header, input_shape, preprocessing)
     if suffix in IMAGE_SUFFIXES:
         return _images(p.parent, [p], input_shape, "images", workers)
     raise InputError(f"{p}: unknown input format {suffix or p.name!r}; expected {FORMATS}")
@@ -126,9 +138,18 @@ def _folder(root: Path, input_shape: tuple[int, ...], workers: int) -> Input:
     return _images(root, files, input_shape, "images", workers)
 
 
+def _text_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file; one line naming the first bad byte otherwise."""
+    from fedxrisk.data.checks import read_text
+
+    try:
+        return read_text(path).removeprefix("\ufeff").splitlines(keepends=True)  # a BOM is not a column
+    except DataFileError as e:
+        raise InputError(str(e)) from None
+
+
 def _manifest(path: Path, input_shape: tuple[int, ...], workers: int) -> Input:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = list(csv.DictReader(_text_lines(path)))
     column = next((c for c in PATH_COLUMNS if rows and c in rows[0]), None)
     if column is None:
         raise InputError(f"{path}: no 'path' column or no rows")
@@ -145,7 +166,7 @@ def _manifest(path: Path, input_shape: tuple[int, ...], workers: int) -> Input:
     return source
 
 
-def _npz(path: Path, input_shape: tuple[int, ...]) -> Input:
+def _npz(path: Path, input_shape: tuple[int, ...], prep: dict) -> Input:
     """An array of an .npz read member-wise: rows are read from the (decompressing) stream batch by batch."""
     try:
         with zipfile.ZipFile(path) as zf:
@@ -161,10 +182,13 @@ def _npz(path: Path, input_shape: tuple[int, ...]) -> Input:
         raise InputError(f"{path}: not a readable .npz archive ({e})") from e
     if tuple(shape[1:]) != tuple(input_shape):
         raise InputError(
-            f"{path}: array {key!r} holds samples of shape {list(shape[1:])}; the model expects {list(input_shape)}"
+            f"{path}: array {key!r} holds samples of shape {list(shape[1:])} (array {list(shape)}); "
+            f"the model expects {list(input_shape)}"
         )
     if dtype.hasobject:
         raise InputError(f"{path}: array {key!r} holds Python objects, not numbers")
+    if dtype.kind not in "biuf":
+        raise InputError(f"{path}: array {key!r} holds {dtype} values, not numbers")
 
     def read(batch_size: int) -> Iterator[Batch]:
         row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
@@ -174,10 +198,20 @@ def _npz(path: Path, input_shape: tuple[int, ...]) -> Input:
             chunks = (whole[i : i + batch_size] for i in range(0, len(whole), batch_size))
         else:
             chunks = _npy_rows(path, key, shape, dtype, row_bytes, batch_size)
-        start = 0
+        start, bad, lo, hi = 0, [], np.inf, -np.inf
         for x in chunks:
-            yield Batch([(start + j,) for j in range(len(x))], np.array(x, dtype=np.float32))
+            x = np.array(x, dtype=np.float32)
+            finite = np.isfinite(x.reshape(len(x), -1)).all(1)
+            bad += [start + j for j in np.flatnonzero(~finite)]
+            if finite.any():
+                lo, hi = min(lo, float(x[finite].min())), max(hi, float(x[finite].max()))
+            yield Batch([(start + j,) for j in range(len(x))], x)
             start += len(x)
+        if bad:
+            raise InputError(_non_finite(path, "index", bad))
+        why = prep_record.out_of_range(prep, lo, hi) if start else None
+        if why:
+            raise InputError(f"{path}: array {key!r}: {why}; nothing was scored")
 
     return Input(path, "npz", int(shape[0]), ("index",), [], read)
 
@@ -193,38 +227,99 @@ def _npy_rows(path: Path, key: str, shape, dtype, row_bytes: int, batch_size: in
             yield np.frombuffer(buf, dtype=dtype).reshape(n, *shape[1:])
 
 
-def _tabular(path: Path, header: list[str], input_shape: tuple[int, ...]) -> Input:
-    features = [i for i, c in enumerate(header) if c not in NON_FEATURES]
+def _csv_rows(path: Path) -> Iterator[list[str]]:
+    """The rows of a UTF-8 CSV file, streamed; one line naming the line of a byte that is not UTF-8."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        try:
+            yield from reader
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not UTF-8 text ({_first_bad_byte(path)}); save it as UTF-8") from None
+
+
+def _first_bad_byte(path: Path) -> str:
+    """``byte 0xe9 on line 3`` for the first byte of ``path`` that is not UTF-8."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"byte {line[e.start]:#04x} on line {number}"
+    return "an invalid byte"
+
+
+def _feature_columns(path: Path, header: list[str], input_shape: tuple[int, ...], prep: dict) -> list[int]:
+    """Header positions of the model's features, in the model's order (by name when it stored them)."""
     if len(input_shape) != 1:
         raise InputError(f"{path}: the model takes inputs of shape {list(input_shape)}, not rows of features")
+    names = prep.get("features")
+    if names is None:  # a model.pt from before feature names were stored: by position
+        features = [i for i, c in enumerate(header) if c not in NON_FEATURES]
+    else:
+        skip = {*NON_FEATURES, *prep.get("id_columns", [])}
+        missing = [n for n in names if n not in header]
+        extra = [c for c in header if c not in names and c not in skip and not prep_record.is_id_column(c)]
+        if missing or extra:
+            parts = ([f"missing feature column(s) {missing[:8]}"] if missing else []) + (
+                [f"unknown column(s) {extra[:8]}"] if extra else []
+            )
+            raise InputError(
+                f"{path}: {'; '.join(parts)}; the model takes the columns {names[:12]}"
+                f"{'…' if len(names) > 12 else ''} (by name, any order; id, label and source are allowed)"
+            )
+        doubled = sorted({c for c in header if header.count(c) > 1 and c in names})
+        if doubled:
+            raise InputError(f"{path}: column(s) {doubled} appear more than once")
+        features = [header.index(n) for n in names]
     if len(features) != input_shape[0]:
-        names = [header[i] for i in features]
+        shown = [header[i] for i in features]
         raise InputError(
-            f"{path}: {len(features)} feature column(s) {names[:8]}{'…' if len(names) > 8 else ''}; "
+            f"{path}: {len(features)} feature column(s) {shown[:8]}{'…' if len(shown) > 8 else ''}; "
             f"the model expects {input_shape[0]}"
         )
-    id_col = header.index("id") if "id" in header else None
-    with open(path, newline="") as f:
-        count = sum(1 for _ in csv.reader(f)) - 1
+    return features
+
+
+def _tabular(path: Path, header: list[str], input_shape: tuple[int, ...], prep: dict) -> Input:
+    if not header:
+        raise InputError(f"{path}: empty file (no header row)")
+    features = _feature_columns(path, header, input_shape, prep)
+    id_names = [c for c in prep.get("id_columns", []) if c in header]
+    id_names += [c for i, c in enumerate(header) if prep_record.is_id_column(c) and i not in features]
+    id_col = header.index(id_names[0]) if id_names else None
+    count = sum(1 for _ in _csv_rows(path)) - 1
 
     def read(batch_size: int) -> Iterator[Batch]:
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            next(reader)
-            ids: list[tuple[Any, ...]] = []
-            values: list[list[float]] = []
-            for r, row in enumerate(reader):
-                if len(row) != len(header):
-                    raise DataFileError(f"{path} row {r + 2}: {len(row)} fields, header has {len(header)}")
-                try:
-                    values.append([float(row[i]) for i in features])
-                except ValueError as e:
-                    raise DataFileError(f"{path} row {r + 2}: {e}") from None
-                ids.append((row[id_col] if id_col is not None else r,))
-                if len(values) == batch_size:
-                    yield Batch(ids, np.array(values, dtype=np.float32))
-                    ids, values = [], []
-            if values:
+        rows = _csv_rows(path)
+        next(rows)
+        ids: list[tuple[Any, ...]] = []
+        values: list[list[float]] = []
+        bad: list[int] = []
+        for r, row in enumerate(rows):
+            if len(row) != len(header):
+                raise DataFileError(f"{path} row {r + 2}: {len(row)} fields, header has {len(header)}")
+            try:
+                values.append([float(row[i]) for i in features])
+            except ValueError as e:
+                raise DataFileError(f"{path} row {r + 2}: {e}") from None
+            if not np.isfinite(values[-1]).all():
+                bad.append(r + 2)
+            ids.append((row[id_col] if id_col is not None else r,))
+            if len(values) == batch_size:
                 yield Batch(ids, np.array(values, dtype=np.float32))
+                ids, values = [], []
+        if values:
+            yield Batch(ids, np.array(values, dtype=np.float32))
+        if bad:
+            raise InputError(_non_finite(path, "line", bad))
 
-    return Input(path, "tabular", count, ("id",) if id_col is not None else ("row",), [], read)
+    columns = (header[id_col],) if id_col is not None else ("row",)
+    return Input(path, "tabular", count, columns, [], read)
+
+
+def _non_finite(path: Path, unit: str, where: list[int]) -> str:
+    shown = ", ".join(map(str, where[:5])) + (f" (+{len(where) - 5} more)" if len(where) > 5 else "")
+    return (
+        f"{path}: {len(where)} row(s) with NaN/inf values, at {unit}(s) {shown}; "
+        "nothing was scored: fix or drop those rows"
+    )

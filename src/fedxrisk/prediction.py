@@ -9,6 +9,9 @@ digits, so a logit reads back as exactly the float32 the model returned.
 Models trained with AUC losses rank well but are not calibrated: a probability
 here orders inputs, it is not a risk estimate.
 
+Identifier cells a spreadsheet would take for a formula (``=…``, ``+…``, ``-…``,
+``@…``) are written with a leading ``'`` (:func:`fedxrisk.textsafe.csv_cell`).
+
 The CSV is written to a temporary file and renamed at the end: an error (a
 corrupt image met on the way) leaves nothing behind. An existing ``out`` is
 refused unless ``overwrite=True``.
@@ -27,6 +30,7 @@ import numpy as np
 
 from fedxrisk.inference import InputError, load_trained, resolve_workers
 from fedxrisk.inputs import open_input
+from fedxrisk.textsafe import csv_cell
 
 SCORE_KINDS = ("prob", "logit", "both")
 Progress = Callable[[int, int], None]  # (rows done, rows in total)
@@ -82,7 +86,7 @@ def predict(
         raise InputError(f"batch_size must be ≥ 1, got {batch_size}")
     check_out(out, overwrite)
     trained = load_trained(run_dir, device)
-    source = open_input(input, trained.input_shape, resolve_workers(workers))
+    source = open_input(input, trained.input_shape, resolve_workers(workers), trained.preprocessing)
     ids: list[tuple[Any, ...]] = []
     logits: list[np.ndarray] = []
     for batch in source.batches(batch_size):
@@ -109,9 +113,9 @@ def write_csv(pred: Predictions, out: Path, scores: str = "prob") -> None:
     try:
         with open(tmp, "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow([*pred.id_columns, *pred.columns(scores)])
+            writer.writerow([*map(csv_cell, pred.id_columns), *pred.columns(scores)])
             for ident, row in zip(pred.ids, values):
-                writer.writerow([*ident, *(format(float(v), ".9g") for v in row)])
+                writer.writerow([*map(csv_cell, ident), *(format(float(v), ".9g") for v in row)])
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

@@ -24,6 +24,11 @@ class BadConfig(click.ClickException):
 
     exit_code = 2
 
+    def __init__(self, message: str) -> None:
+        from fedxrisk.textsafe import printable
+
+        super().__init__(printable(message, keep="\n"))  # no terminal escape codes from file names
+
 
 @contextmanager
 def config_errors() -> Iterator[None]:

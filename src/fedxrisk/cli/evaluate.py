@@ -9,6 +9,7 @@ from rich.console import Console
 
 from fedxrisk.cli.common import BadConfig, config_errors, main
 from fedxrisk.cli.progress import rows_progress
+from fedxrisk.textsafe import printable
 
 
 @main.command(name="evaluate")
@@ -52,9 +53,9 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
         except DataFileError as e:
             raise BadConfig(str(e)) from None
     if quiet:
-        click.echo(result["files"][0])
+        click.echo(printable(result["files"][0]))
         return
     out = Console()
     for table in console_tables(result):
         out.print(table)
-    out.print(f"written: {', '.join(result['files'])}")
+    out.print(printable(f"written: {', '.join(result['files'])}"), markup=False)

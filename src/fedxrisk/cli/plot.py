@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from fedxrisk.cli.common import config_errors, main
+from fedxrisk.textsafe import printable
 
 
 @main.command()
@@ -23,4 +24,4 @@ def plot(run_dirs: tuple[str, ...], out: str | None) -> None:
     with config_errors():
         files = plot_runs(run_dirs, folder)
     for path in files:
-        click.echo(str(path))
+        click.echo(printable(path))

@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from fedxrisk.cli.common import BadConfig, config_errors, console, main
 from fedxrisk.cli.progress import rows_progress
+from fedxrisk.textsafe import printable
 
 
 @main.command(name="predict")
@@ -41,4 +42,4 @@ def predict_(run_dir: str, input_path: str, quiet: bool, **options: Any) -> None
         except DataFileError as e:
             raise BadConfig(str(e)) from None
     if not quiet:
-        console.print(f"{len(result.ids)} rows written to [bold]{escape(options['out'])}[/bold]")
+        console.print(f"{len(result.ids)} rows written to [bold]{escape(printable(options['out']))}[/bold]")

@@ -21,6 +21,7 @@ from fedxrisk.cli.common import (
     with_config_options,
 )
 from fedxrisk.cli.progress import Bar, training_progress
+from fedxrisk.textsafe import printable
 
 if TYPE_CHECKING:
     from fedxrisk.engines import NonFiniteLoss
@@ -184,7 +185,9 @@ def run(
                 with training_progress() as progress:
                     result = job(Bar(progress, "training"))
         except NonFiniteLoss as e:
-            console.print(f"[red]error:[/red] {escape(non_finite_advice(e, folder))}", soft_wrap=True)
+            console.print(
+                f"[red]error:[/red] {escape(printable(non_finite_advice(e, folder)))}", soft_wrap=True
+            )
             sys.exit(1)
         except BadFileError as e:  # a corrupt file met while training: the checkpoint is kept
             console.print(
@@ -192,7 +195,7 @@ def run(
             )
             sys.exit(1)
         except DistributedError as e:
-            console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(printable(str(e)))}", soft_wrap=True)
             sys.exit(1)
         except KeyboardInterrupt:
             console.print(f"interrupted; continue with: fedxrisk run --resume {folder}")

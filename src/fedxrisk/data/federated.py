@@ -136,18 +136,20 @@ def make_federated(
     feature_shift: bool = False,
     one_class_ok: bool = False,
     num_samples: int | None = None,
+    image_size: int | None = None,
 ) -> FederatedData:
     """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
 
     ``data_dir`` is where file datasets are read from (see :mod:`fedxrisk.data.readers`);
     ``feature_shift`` adds FeDXL's per-client Gaussian feature shift (``data.shift``);
     ``one_class_ok``: see :func:`check_client_classes`.
-    ``num_samples`` sizes a generated dataset (mnist1d, synthetic) before its split.
+    ``num_samples`` sizes a generated dataset (mnist1d, synthetic) before its split;
+    ``image_size`` resizes an image dataset's images (:func:`~fedxrisk.data.loading.load_dataset`).
     """
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        labeled = load_dataset(dataset, data_dir, num_samples=num_samples)
+        labeled = load_dataset(dataset, data_dir, num_samples=num_samples, image_size=image_size)
         check_labeled(labeled, data_dir or dataset)
         data = binarize(labeled, positive_classes)
         check_test_classes(data, data_dir or dataset)
@@ -170,6 +172,7 @@ def make_federated(
         x_val=data.x_val,
         y_val=data.y_val,
         groups_test=data.groups_test,
+        preprocessing=data.preprocessing,
     )
     shards = partition(
         partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha,

@@ -26,5 +26,12 @@ def feature_shift(
         noise = rng.normal((k - num_clients / 2) * step, std, size=(len(shard), *x.shape[1:]))
         x[idx] = x[idx] + torch.from_numpy(noise.astype(np.float32))
     return BinaryData(
-        data.name, x, data.y_train, data.x_test, data.y_test, data.classes_train, data.positive_classes
+        data.name,
+        x,
+        data.y_train,
+        data.x_test,
+        data.y_test,
+        data.classes_train,
+        data.positive_classes,
+        preprocessing=data.preprocessing,
     )

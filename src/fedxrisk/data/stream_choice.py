@@ -20,6 +20,9 @@ ACTIVATION_FACTOR = 64  # a forward pass's peak bytes per sample, in units of it
 MAX_EVAL_BATCH = 4096
 
 
+MAX_WORKERS = 64  # decoding processes: beyond this they only compete for cores and memory
+
+
 def default_workers() -> int:
     """Half the cores this process may use (at least 1): the other half trains."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -43,6 +43,7 @@ class LabeledData:
     x_val: np.ndarray | None = None
     y_val: np.ndarray | None = None
     groups_test: dict[str, np.ndarray] = field(default_factory=dict)
+    preprocessing: dict[str, Any] = field(default_factory=dict)  # data/preprocessing.py, kept with the model
 
     @property
     def multilabel(self) -> bool:
@@ -70,6 +71,7 @@ class BinaryData:
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
     groups_test: dict[str, np.ndarray] = field(default_factory=dict)
+    preprocessing: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for split in ("train", "test", "val"):
@@ -146,6 +148,7 @@ def binarize(data: LabeledData, positive_classes: Sequence[int] | None = None) -
         positive_classes=pos,
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
+        preprocessing=dict(data.preprocessing),
         **_validation(data, to01),
     )
 
@@ -185,5 +188,6 @@ def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int] | None
         positive_classes=(),
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
+        preprocessing=dict(data.preprocessing),
         **_validation(data, tensor),
     )

@@ -14,6 +14,7 @@ from typing import Any
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.classaware import use_class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
+from fedxrisk.data.preprocessing import normalization
 from fedxrisk.engines import DistributedSimulation, Simulation
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
@@ -46,7 +47,7 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
         source, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
         cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
         cfg.feature_shift, one_class_ok=not ALGORITHMS[cfg.algorithm].needs_both_classes,
-        num_samples=cfg.num_samples,
+        num_samples=cfg.num_samples, image_size=cfg.image_size,
     )  # fmt: skip
     return with_validation(data, cfg.validation, cfg.seed), choice
 
@@ -75,7 +76,10 @@ def build(
             attach_stream(data, choice, cfg.device, cfg.batch_size)
         batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
         labels = data.data.num_labels
-        model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
+        norm = normalization(cfg.normalize, data.data.input_shape[0])
+        if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
+            data.data.preprocessing = {**data.data.preprocessing, "normalize": norm}
+        model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels, norm)
         source = None
         if init is not None or cfg.reset_head:
             from fedxrisk.run.weights import load_weights

@@ -133,18 +133,31 @@ def _check_selection(cfg: RunConfig) -> None:
 
 
 def _check_stream_settings(cfg: RunConfig) -> None:
+    from fedxrisk.data.preprocessing import IMAGE_DATASETS, normalization
     from fedxrisk.data.stream_choice import ON_BAD_FILE, STREAM_CHOICES, eval_batch_size, parse_bytes
 
     if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
         raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
-    if cfg.workers is not None and cfg.workers < 0:
-        raise ConfigError(f"data.workers must be ≥ 0 (0: decode in the training process), got {cfg.workers}")
+    from fedxrisk.data.stream_choice import MAX_WORKERS
+
+    if cfg.workers is not None and not 0 <= cfg.workers <= MAX_WORKERS:
+        raise ConfigError(
+            f"data.workers must be between 0 (decode in the training process) and {MAX_WORKERS}, got {cfg.workers}"
+        )
     _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
     try:
         parse_bytes(cfg.memory_budget)
         eval_batch_size((1,), 1, cfg.eval_batch_size)
+        normalization(cfg.normalize)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    size = cfg.image_size
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 4096):
+        raise ConfigError(f"data.image_size must be an integer between 1 and 4096, got {size!r}")
+    if (size is not None or cfg.normalize not in (None, "none")) and cfg.dataset not in IMAGE_DATASETS:
+        raise ConfigError(
+            f"data.image_size and data.normalize apply to image datasets {list(IMAGE_DATASETS)}, not {cfg.dataset!r}"
+        )
 
 
 def _validate_batches(cfg: RunConfig) -> None:

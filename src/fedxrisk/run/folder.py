@@ -143,15 +143,25 @@ def write_config(out: Path, cfg: RunConfig) -> None:
 
 
 def save_model(
-    path: Path, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+    path: Path,
+    model: str,
+    input_shape: Sequence[int],
+    num_labels: int,
+    params: Tensors,
+    buffers: Tensors,
+    preprocessing: Mapping[str, Any] | None = None,
 ) -> None:
-    """``model.pt``: the network's name, input shape, labels and its weights on the CPU."""
+    """``model.pt``: the network's name, input shape, labels, its weights on the CPU and the
+    preprocessing its inputs went through (:mod:`fedxrisk.data.preprocessing`)."""
+    from fedxrisk.data.preprocessing import to_stored
+
     blob = {
         "model": model,
         "input_shape": list(input_shape),
         "num_labels": num_labels,
         "params": {k: v.detach().cpu() for k, v in params.items()},
         "buffers": {k: v.detach().cpu() for k, v in buffers.items()},
+        "preprocessing": to_stored(preprocessing),
     }
     replace_atomic(path, lambda f: torch.save(blob, f), "wb")
 
@@ -217,9 +227,10 @@ class RunFolder:
         params: Tensors,
         buffers: Tensors,
         name: str = MODEL,
+        preprocessing: Mapping[str, Any] | None = None,
     ) -> None:
         if self.primary:
-            save_model(self.path / name, model, input_shape, num_labels, params, buffers)
+            save_model(self.path / name, model, input_shape, num_labels, params, buffers, preprocessing)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """``summary.json``: written last, it commits the run."""
@@ -256,18 +267,59 @@ def load_run(run_dir: str | Path) -> RunResult:
     """A saved run: ``summary.json`` (or, for an unfinished run, ``config.toml``) and ``history.csv``."""
     out = Path(run_dir)
     if (out / "summary.json").exists():
-        summary = json.loads((out / "summary.json").read_text())
+        summary = _read_summary(out / "summary.json")
     elif (out / "config.toml").exists():
         from fedxrisk.run.configfile import flat_unchecked, read_config_file
 
         summary = {"status": "unfinished", "config": flat_unchecked(read_config_file(out / "config.toml"))}
     else:
         raise ConfigError(f"{out} is not a run folder (no summary.json or config.toml)")
-    history = []
-    if (out / "history.csv").exists():
-        with open(out / "history.csv", newline="") as f:
-            history = [{k: _parse_cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    history = _read_history(out / "history.csv") if (out / "history.csv").exists() else []
     return RunResult(summary, history, out)
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    """``summary.json`` as a dict with a ``config`` dict; one line naming the file otherwise."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: not a readable summary ({str(e).splitlines()[0]})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
+        raise ConfigError(f"{path}: not a fedxrisk summary (expected a JSON object with a 'config' object)")
+    return summary
+
+
+HISTORY_NUMBERS = (
+    "round",
+    "test_auroc",
+    "bytes_up_per_client",
+    "bytes_down_per_client",
+)  # read by plots and compare
+
+
+def _read_history(path: Path) -> list[dict[str, Any]]:
+    """``history.csv`` rows; a damaged file is refused with one line naming the file and line."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"{path}: not a readable history ({str(e).splitlines()[0]})") from None
+    missing = [c for c in HISTORY_NUMBERS if c not in header]
+    if missing:
+        raise ConfigError(f"{path}: not a fedxrisk history (no column(s) {missing})")
+    history = []
+    for line, row in enumerate(rows, start=2):
+        if None in row or None in row.values():
+            count = len(header) + len(row.get(None) or []) - sum(v is None for v in row.values())
+            raise ConfigError(f"{path} line {line}: {count} field(s), the header has {len(header)}")
+        parsed = {k: _parse_cell(v) for k, v in row.items()}
+        bad = [c for c in HISTORY_NUMBERS if not isinstance(parsed[c], (int, float))]
+        if bad:
+            raise ConfigError(f"{path} line {line}: {bad[0]} = {row[bad[0]]!r} is not a number")
+        history.append(parsed)
+    return history
 
 
 def check_out_dir(out: Path) -> None:

@@ -117,10 +117,11 @@ def train(
     if failure is None:  # the models before the summary: the summary commits the run
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
         params, buffers = sim.global_model() if primary else ({}, {})
+        prep = setup.data.data.preprocessing
         if chosen is not None and chosen.params is not None:
-            folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL)
+            folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL, prep)
             params, buffers = chosen.params, chosen.buffers or {}
-        folder.save_model(cfg.model, shape, labels, params, buffers, MODEL)
+        folder.save_model(cfg.model, shape, labels, params, buffers, MODEL, prep)
     folder.write_summary(summary)
     if failure is not None:
         raise failure

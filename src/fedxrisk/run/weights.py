@@ -61,7 +61,7 @@ def read_state(path: str | Path) -> tuple[dict[str, torch.Tensor], str | None]:
     try:
         blob = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle, zip and weights_only errors alike
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = load_reason(e)
         raise ConfigError(
             f"model.init_from: {str(file)!r} is not a PyTorch weights file ({reason})"
         ) from None
@@ -77,6 +77,20 @@ def read_state(path: str | Path) -> tuple[dict[str, torch.Tensor], str | None]:
         f"model.init_from: {str(file)!r} holds no state dict (expected a dict of tensors, a fedxrisk "
         f"model.pt, or a checkpoint with one of {list(NESTED_KEYS)})"
     )
+
+
+def load_reason(e: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in a few words (torch's own text is a page)."""
+    import pickle
+
+    text = str(e).strip()
+    if isinstance(e, pickle.UnpicklingError) or "Weights only load failed" in text:
+        return "it holds more than tensors and plain values; never unpickled, as that could run code"
+    if isinstance(e, EOFError) or "central directory" in text:
+        return "empty, truncated or not a PyTorch file"
+    if len(text) < 20:  # torch's legacy reader on arbitrary bytes: a bare key or number
+        return "not a PyTorch file"
+    return text.splitlines()[0].split(". ")[0]
 
 
 def _strip_module(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -151,6 +165,13 @@ def load_weights(
         )
         raise ConfigError(
             f"model.init_from: {path!r} does not fit model {model_name!r}{saved}: " + "; ".join(parts)
+        )
+    bad = [k for k in own if k in state and not in_head(k) and state[k].is_floating_point()]
+    bad = [k for k in bad if not torch.isfinite(state[k]).all()]
+    if bad:
+        raise ConfigError(
+            f"model.init_from: {path!r} holds non-finite weights (NaN/inf) in {_listing(bad)}; "
+            "start from a model saved before it diverged"
         )
     loaded = {k: state[k].to(own[k].dtype) if k in state else own[k] for k in own if not in_head(k)}
     with torch.no_grad():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedxrisk.data import preprocessing
 from fedxrisk.data.checks import check_class_ids, check_features, check_integer_labels, read_text
 from fedxrisk.data.decode import npz_member
 from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
@@ -24,7 +25,8 @@ NPZ_LAYOUT = (
 SPLIT_KEYS = ("x_train", "y_train", "x_test", "y_test")
 TABULAR_LAYOUT = (
     "  <data_dir>/train.csv and <data_dir>/test.csv (or one <data_dir>/data.csv, split 70/30),\n"
-    "  header with numeric feature columns, an integer 'label' column, optionally a 'source' column"
+    "  header with numeric feature columns, an integer 'label' column, optionally a 'source' column;\n"
+    "  identifier columns (id, ID, *_id, PatientID …) are never features"
 )
 
 
@@ -88,7 +90,10 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
         LazySamples(ArraySource(arrays[k], f"{path.name}:{k}")) if lazy else arrays[k].astype(np.float32)
         for k in ("x_train", "x_test")
     )
-    return LabeledData(path.stem, x_train, y_train, x_test, y_test, num_classes, groups_train=groups)
+    prep = preprocessing.value_range(arrays["x_train"])
+    return LabeledData(
+        path.stem, x_train, y_train, x_test, y_test, num_classes, groups_train=groups, preprocessing=prep
+    )
 
 
 def _read_xy(path: Path, arrays: dict[str, np.ndarray], lazy: bool) -> LabeledData:
@@ -106,6 +111,7 @@ def _read_xy(path: Path, arrays: dict[str, np.ndarray], lazy: bool) -> LabeledDa
     data = split_labeled(path.stem, x.astype(np.float32), y, int(y.max()) + 1)
     raw_train, raw_test = data.x_train, data.x_test
     mean, std = raw_train.mean(0), raw_train.std(0) + 1e-8
+    data.preprocessing = {"kind": "arrays", "mean": mean.tolist(), "std": std.tolist()}
     if lazy:
         data.x_train = LazySamples(ArraySource(raw_train, f"{path.name}:X[train]", mean=mean, std=std))  # type: ignore[assignment]
         data.x_test = LazySamples(ArraySource(raw_test, f"{path.name}:X[test]", mean=mean, std=std))  # type: ignore[assignment]
@@ -125,7 +131,7 @@ def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, l
         raise DataFileError(f"{path}: no 'label' column in header {header}; expected:\n{TABULAR_LAYOUT}")
     li = header.index("label")
     si = header.index("source") if "source" in header else None
-    feats = [i for i in range(len(header)) if i not in (li, si)]
+    feats = [i for i in range(len(header)) if i not in (li, si) and not preprocessing.is_id_column(header[i])]
     if not feats:
         raise DataFileError(
             f"{path}: no feature columns besides 'label' (header {header}); expected:\n{TABULAR_LAYOUT}"
@@ -152,6 +158,7 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
     root = require_dir(data_dir, "tabular", TABULAR_LAYOUT)
     if (root / "train.csv").is_file() and (root / "test.csv").is_file():
         x_tr, y_tr, s_tr, names = _read_table(root / "train.csv")
+        header = _header(root / "train.csv")
         x_te, y_te, _, names_te = _read_table(root / "test.csv")
         check_class_ids({str(root / "train.csv"): y_tr, str(root / "test.csv"): y_te}, base=2)
         if names != names_te:
@@ -160,7 +167,8 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
         num_classes = int(max(y_tr.max(), y_te.max())) + 1
         data = LabeledData("tabular", x_tr, y_tr, x_te, y_te, num_classes, groups_train=groups)
     elif (root / "data.csv").is_file():
-        x, y, s, _ = _read_table(root / "data.csv")
+        x, y, s, names = _read_table(root / "data.csv")
+        header = _header(root / "data.csv")
         check_class_ids({str(root / "data.csv"): y}, base=2)
         groups = {"source": codes(s)[0]} if s is not None else {}
         data = split_labeled("tabular", x, y, int(y.max()) + 1, groups)
@@ -170,13 +178,18 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
         )
     if data.y_train.min() < 0:
         raise DataFileError(f"tabular: labels must be ≥ 0 in {root}")
+    mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
+    ids = [c for c in header if preprocessing.is_id_column(c) and c not in ("label", "source")]
+    data.preprocessing = preprocessing.features(names, mean, std, ids)
     if reading_lazily():  # parsed rows stay raw; standardized per sample when decoded
         raw_train, raw_test = data.x_train, data.x_test
-        mean, std = raw_train.mean(0), raw_train.std(0) + 1e-8
         data.x_train = LazySamples(ArraySource(raw_train, "tabular:train", mean=mean, std=std))  # type: ignore[assignment]
         data.x_test = LazySamples(ArraySource(raw_test, "tabular:test", mean=mean, std=std))  # type: ignore[assignment]
         return data
-    mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
     data.x_train = ((data.x_train - mean) / std).astype(np.float32)
     data.x_test = ((data.x_test - mean) / std).astype(np.float32)
     return data
+
+
+def _header(path: Path) -> list[str]:
+    return next(csv.reader(io.StringIO(read_text(path), newline="")), [])

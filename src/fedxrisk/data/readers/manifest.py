@@ -135,6 +135,8 @@ def read_manifest_table(
         if bad:
             raise DataFileError(f"{path}: split values must be train or test, found {bad}")
     base = Path(image_root) if image_root is not None else path.parent
+    if split is not None:
+        _refuse_shared_images(path, [base / r[path_column] for r in rows], split)
     x = load_images([base / r[path_column] for r in rows], image_size, mode)
     if len(labels) == 1:
         target, num_classes = y[:, 0].astype(np.int64), int(y.max()) + 1
@@ -143,6 +145,21 @@ def read_manifest_table(
     else:
         target, num_classes = y.astype(np.float32), len(labels)
     return ManifestTable(x, target, num_classes, groups, tuple(labels), split)
+
+
+def _refuse_shared_images(path: Path, files: Sequence[Path], split: np.ndarray) -> None:
+    """Refuse a manifest whose train and test rows name the same image file (a test-set leak)."""
+    import os
+
+    names = [os.path.normpath(f) for f in files]
+    train = {n for n, s in zip(names, split) if s == "train"}
+    shared = sorted({n for n, s in zip(names, split) if s == "test" and n in train})
+    if shared:
+        shown = ", ".join(os.path.relpath(n, path.parent) for n in shared[:3])
+        raise DataFileError(
+            f"{path}: {len(shared)} image(s) in both the train and the test split ({shown}"
+            f"{', …' if len(shared) > 3 else ''}); a test image seen in training inflates every metric"
+        )
 
 
 def read_manifest(
