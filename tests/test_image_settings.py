@@ -67,6 +67,17 @@ def test_normalization_changes_the_inputs_the_model_sees(folder):
     assert build(_cfg(folder, image_size=16)).data.data.input_shape == (3, 16, 16)
 
 
+def test_augment_choice_sets_the_training_augmenter(folder):
+    from fedxrisk.data.augment import RandomCropFlip
+
+    assert build(_cfg(folder)).data.augment is None  # off by default
+    crop = build(_cfg(folder, augment="crop_flip", image_size=16)).data.augment
+    flip = build(_cfg(folder, augment="flip")).data.augment
+    assert isinstance(crop, RandomCropFlip) and crop.padding == 2 and flip.padding == 0
+    with pytest.raises(ConfigError, match="unknown data.augment 'rotate'; choose one of"):
+        build(_cfg(folder, augment="rotate"))
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
@@ -75,7 +86,7 @@ def test_normalization_changes_the_inputs_the_model_sees(folder):
         ({"normalize": {"mean": [0.5], "std": [0.0]}}, "data.normalize std must be > 0"),
         (
             {"dataset": "digits", "data_dir": None, "image_size": 32},
-            "data.image_size and data.normalize apply",
+            "data.image_size, data.normalize and data.augment apply",
         ),
     ],
 )

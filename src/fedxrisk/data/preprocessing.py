@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 KINDS = ("features", "arrays", "images")
+AUGMENTATIONS = ("none", "flip", "crop_flip")  # data.augment: training batches only
 IMAGE_DATASETS = ("folder", "sites", "manifest", "chexpert", "chestxray_ih")  # readers taking image_size
 ID_PATTERN = re.compile(r"^((?i:id)|.*[_\- ](?i:id)|.*[a-z](Id|ID))$")  # id, ID, patient_id, PatientID …
 RANGE_SLACK = 10.0  # inputs beyond min/max ± 10 × the training span are refused as another scale

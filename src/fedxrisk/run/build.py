@@ -74,6 +74,11 @@ def build(
         else:
             data, choice = build_data(cfg)
             attach_stream(data, choice, cfg.device, cfg.batch_size)
+        if cfg.augment != "none":  # training batches only; the padding is 1/8 of the image side
+            from fedxrisk.data.augment import RandomCropFlip
+
+            padding = max(1, data.data.input_shape[-1] // 8) if cfg.augment == "crop_flip" else 0
+            data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
         batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
         labels = data.data.num_labels
         norm = normalization(cfg.normalize, data.data.input_shape[0])

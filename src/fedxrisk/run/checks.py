@@ -133,7 +133,7 @@ def _check_selection(cfg: RunConfig) -> None:
 
 
 def _check_stream_settings(cfg: RunConfig) -> None:
-    from fedxrisk.data.preprocessing import IMAGE_DATASETS, normalization
+    from fedxrisk.data.preprocessing import AUGMENTATIONS, IMAGE_DATASETS, normalization
     from fedxrisk.data.stream_choice import ON_BAD_FILE, STREAM_CHOICES, eval_batch_size, parse_bytes
 
     if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
@@ -154,9 +154,11 @@ def _check_stream_settings(cfg: RunConfig) -> None:
     size = cfg.image_size
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 4096):
         raise ConfigError(f"data.image_size must be an integer between 1 and 4096, got {size!r}")
-    if (size is not None or cfg.normalize not in (None, "none")) and cfg.dataset not in IMAGE_DATASETS:
+    _choice("data.augment", cfg.augment, AUGMENTATIONS)
+    images = size is not None or cfg.normalize not in (None, "none") or cfg.augment != "none"
+    if images and cfg.dataset not in IMAGE_DATASETS:
         raise ConfigError(
-            f"data.image_size and data.normalize apply to image datasets {list(IMAGE_DATASETS)}, not {cfg.dataset!r}"
+            f"data.image_size, data.normalize and data.augment apply to image datasets {list(IMAGE_DATASETS)}, not {cfg.dataset!r}"
         )
 
 

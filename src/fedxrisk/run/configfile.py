@@ -58,7 +58,7 @@ else:  # pragma: no cover - Python 3.10
 _EXPERIMENT = ("seed", "rounds", "eval_every", "checkpoint_every", "tensorboard", "selection", "monitor")
 _DATA = ("dataset", "data_dir", "imratio", "partition", "clients", "dirichlet_alpha", "positive_classes")
 _READING = ("stream", "workers", "memory_budget", "eval_batch_size", "on_bad_file", "validation",
-            "image_size", "normalize")  # fmt: skip
+            "image_size", "normalize", "augment")  # fmt: skip
 SECTIONS: dict[str, tuple[str, ...]] = {
     "experiment": (*_EXPERIMENT, "early_stopping"),
     "data": (

@@ -56,6 +56,7 @@ class RunConfig:
     normalize: str | dict | None = (
         None  # images: "none", "imagenet" or {mean = [...], std = [...]} per channel
     )
+    augment: str = "none"  # training images: "none", "flip" or "crop_flip" (data/augment.py)
     eval_batch_size: int | None = None  # samples per evaluation forward pass; None: from memory_budget
     on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
