@@ -2,6 +2,7 @@
 
     python benchmarks/streaming.py                  # generate the images in /tmp, measure, render
     python benchmarks/streaming.py --render-only    # re-render the tables from the committed JSON
+    python benchmarks/streaming.py --large          # the 224×224 case (--sizes 1000,5000,20000)
 
 1. Memory: an on-disk folder of 32×32 RGB PNGs (two classes) grows from 10k to
    100k files; each size is trained in a fresh subprocess (CODASCA, 4 clients,
@@ -14,6 +15,13 @@
    ``run_round``, evaluation excluded) for the small CNN and ResNet20 on the
    10k set, in memory and streamed with 0, 1 and 2 workers; median of
    ``--repeats`` runs, each in its own subprocess, all in one invocation.
+
+3. ``--large``: real image sizes. Folders of 64×64 PNGs (1k, 5k, … files) read at
+   ``data.image_size = 224`` (resized by the reader), streamed with 1 worker and
+   ``data.memory_budget = 2GB``: CODASCA, K = 4, small CNN, 1 round × 2 local steps,
+   batch 8, one evaluation (test set and every client's shard). Reported: peak RSS of
+   the training process and of its worker, and the evaluation batch the budget chose.
+   Results: ``streaming_224.json`` and ``streaming_memory_224.md``.
 
 Results: ``benchmarks/results/streaming.json`` and the tables
 ``streaming_memory.md`` and ``streaming_throughput.md`` (shown in docs/data.md),
@@ -42,11 +50,11 @@ SIZES = (10_000, 30_000, 100_000)
 CLIENTS, BATCH = 4, 32
 
 
-def make_images(root: Path, count: int, seed: int = 0) -> Path:
-    """``count`` 32×32 RGB PNGs in ``root/<count>/{a,b}`` (kept between invocations)."""
+def make_images(root: Path, count: int, seed: int = 0, size: int = 32) -> Path:
+    """``count`` size×size RGB PNGs in ``root/<count>/{a,b}`` (kept between invocations)."""
     from PIL import Image
 
-    folder = root / str(count)
+    folder = root / (str(count) if size == 32 else f"{count}-{size}px")
     done = folder / ".complete"
     if done.exists():
         return folder
@@ -54,7 +62,7 @@ def make_images(root: Path, count: int, seed: int = 0) -> Path:
     for c, name in enumerate(("a", "b")):
         (folder / name).mkdir(parents=True, exist_ok=True)
         for i in range(count // 2):
-            pixels = rng.integers(0, 160, (32, 32, 3), dtype=np.uint8) + np.uint8(90 * c)
+            pixels = rng.integers(0, 160, (size, size, 3), dtype=np.uint8) + np.uint8(90 * c)
             Image.fromarray(pixels).save(folder / name / f"{i:06d}.png", compress_level=1)
     done.touch()
     return folder
@@ -82,6 +90,57 @@ def child_memory(data_dir: Path, stream: bool, out: Path) -> dict:
         "worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib / 1e6,
         "seconds": time.perf_counter() - start,
     }
+
+
+LARGE_SIZES, LARGE_BUDGET = (1_000, 5_000), "2GB"
+
+
+def child_memory_224(data_dir: Path, out: Path) -> dict:
+    from fedxrisk.experiment import RunConfig, build, run_experiment
+
+    cfg = RunConfig(
+        algorithm="codasca", dataset="folder", data_dir=str(data_dir), clients=CLIENTS, imratio=None,
+        partition="iid", model="cnn", rounds=1, stages=1, local_steps=2, batch_size=8, engine="loop",
+        stream=True, workers=1, eval_every=1, checkpoint_every=0, tensorboard=False, image_size=224,
+        memory_budget=LARGE_BUDGET,
+    )  # fmt: skip
+    start = time.perf_counter()
+    eval_batch = build(cfg).problem.eval_batch_size
+    run_experiment(cfg, out)
+    kib = 1024
+    return {
+        "main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib / 1e6,
+        "worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib / 1e6,
+        "seconds": time.perf_counter() - start,
+        "eval_batch": eval_batch,
+    }
+
+
+def measure_224(work: Path, sizes: list[int]) -> dict:
+    rows = []
+    for n in sizes:
+        folder = make_images(work / "images", n, size=64)
+        r = _run_child(["memory224", str(folder), "1", str(work / f"run224-{n}-{time.time()}")])
+        rows.append({"files": n, **r})
+        print(rows[-1], flush=True)
+    load = os.getloadavg()
+    return {
+        "memory": rows,
+        "budget": LARGE_BUDGET,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other jobs while measured "
+        f"(load average {load[0]:.1f} at the end)",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def render_224(results: dict) -> None:
+    lines = ["| image files (64×64 PNG, read at 224×224) | peak RSS, training process (MB) "
+             "| peak RSS, worker (MB) | evaluation batch | seconds |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in results["memory"]:
+        lines.append(f"| {r['files']:,} | {r['main_mb']:.0f} | {r['worker_mb']:.0f} | {r['eval_batch']} "
+                     f"| {r['seconds']:.0f} |")  # fmt: skip
+    note = f"\n\ndata.memory_budget = {results['budget']}; {results['machine']}; one run per row, {results['date']}.\n"
+    (RESULTS / "streaming_memory_224.md").write_text("\n".join(lines) + note)
 
 
 def child_speed(data_dir: Path, stream: bool, workers: int, model: str, steps: int) -> dict:
@@ -199,15 +258,27 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", default="/tmp/fedxrisk-streaming", help="where the images are generated")
+    parser.add_argument("--large", action="store_true", help="the 224×224 memory case only (--sizes: files)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, folder, stream, *rest = args.child
-        if kind == "memory":
+        if kind == "memory224":
+            out = child_memory_224(Path(folder), Path(rest[0]))
+        elif kind == "memory":
             out = child_memory(Path(folder), bool(int(stream)), Path(rest[0]))
         else:
             out = child_speed(Path(folder), bool(int(stream)), int(rest[0]), rest[1], int(rest[2]))
         print(json.dumps(out))
+        return
+    if args.large:
+        path = RESULTS / "streaming_224.json"
+        if not args.render_only:
+            sizes = LARGE_SIZES if args.sizes == ",".join(map(str, SIZES)) else args.sizes.split(",")
+            path.write_text(
+                json.dumps(measure_224(Path(args.work), [int(s) for s in sizes]), indent=2) + "\n"
+            )
+        render_224(json.loads(path.read_text()))
         return
     path = RESULTS / "streaming.json"
     if not args.render_only:

@@ -96,7 +96,10 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     cfg = load_config(folder / "config.toml")
     model, blob, prep = read_model_file(folder / "model.pt")
     labels = int(blob["num_labels"])
-    problem = Problem(model.to(device), 0.5, num_labels=labels)
+    from fedxrisk.data.stream_choice import eval_batch_size, parse_bytes
+
+    chunk = eval_batch_size(tuple(blob["input_shape"]), parse_bytes(cfg.memory_budget), cfg.eval_batch_size)
+    problem = Problem(model.to(device), 0.5, num_labels=labels, eval_batch_size=chunk)
     params, buffers = problem.init_model()
     names = _label_names(folder, labels)
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
@@ -152,7 +155,7 @@ def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[s
     except ValueError as e:
         raise InputError(f"{path}: {e}") from None
     try:
-        model = build_model(blob["model"], tuple(shape), 0, labels)
+        model = build_model(blob["model"], tuple(shape), 0, labels, prep.get("normalize"))
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
         raise InputError(f"{path}: cannot build its network {blob['model']!r} ({_reason(e)})") from None
     own = model.state_dict()

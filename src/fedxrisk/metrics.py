@@ -79,9 +79,14 @@ def eval_mode(model: torch.nn.Module):
 
 
 @torch.no_grad()
-def predict(problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, chunk: int = 4096) -> np.ndarray:
-    """Logits of the model in eval mode (BatchNorm uses running statistics)."""
-    from fedxrisk.data.stream import input_chunks  # lazy inputs are decoded chunk by chunk
+def predict(
+    problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, chunk: int | None = None
+) -> np.ndarray:
+    """Logits of the model in eval mode (BatchNorm uses running statistics), ``chunk`` samples
+    per forward pass (None: ``problem.eval_batch_size``, else from the default memory budget)."""
+    from fedxrisk.data.stream import eval_batch_size, input_chunks  # lazy inputs: decoded chunk by chunk
+
+    chunk = chunk or problem.eval_batch_size or eval_batch_size(tuple(x.shape[1:]))
 
     device = next(iter(params.values())).device
     with eval_mode(problem.model):

@@ -37,6 +37,8 @@ class Problem:
         sampled_pos_ratio: r = P/B under class-aware batches (set by
             :func:`fedxrisk.classaware.use_class_aware_batches`); the AUC losses
             then use p = r in every mode (the derivation is in that module).
+        eval_batch_size: samples per forward pass when evaluating or predicting
+            (:func:`fedxrisk.metrics.predict`); None: from the default memory budget.
     """
 
     model: nn.Module
@@ -45,6 +47,7 @@ class Problem:
     pos_ratio_mode: str = "global"
     num_labels: int = 1
     sampled_pos_ratio: float | None = None
+    eval_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.buffer_policy not in BUFFER_POLICIES:

@@ -137,20 +137,22 @@ def make_federated(
     one_class_ok: bool = False,
     num_samples: int | None = None,
     test_imratio: float | None = None,
+    image_size: int | None = None,
 ) -> FederatedData:
     """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
 
     ``data_dir`` is where file datasets are read from (see :mod:`fedxrisk.data.readers`);
     ``feature_shift`` adds FeDXL's per-client Gaussian feature shift (``data.shift``);
     ``one_class_ok``: see :func:`check_client_classes`.
-    ``num_samples`` sizes a generated dataset (mnist1d, synthetic) before its split.
+    ``num_samples`` sizes a generated dataset (mnist1d, synthetic) before its split;
+    ``image_size`` resizes an image dataset's images (:func:`~fedxrisk.data.loading.load_dataset`).
     ``test_imratio``: thin the test set to this positive ratio too (by a fixed draw, the same
     for every seed); None keeps the test set's own prevalence.
     """
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        labeled = load_dataset(dataset, data_dir, num_samples=num_samples)
+        labeled = load_dataset(dataset, data_dir, num_samples=num_samples, image_size=image_size)
         check_labeled(labeled, data_dir or dataset)
         data = binarize(labeled, positive_classes)
         check_test_classes(data, data_dir or dataset)

@@ -7,18 +7,25 @@ import fedxrisk.data.bundled  # noqa: F401
 import fedxrisk.data.mnist1d  # noqa: F401
 import fedxrisk.data.readers  # noqa: F401
 from fedxrisk.data.lazy import lazy_reading
+from fedxrisk.data.preprocessing import IMAGE_DATASETS
 from fedxrisk.data.registry import DATASETS, FILE_DATASETS, SIZED_DATASETS
 from fedxrisk.data.types import LabeledData
 
 
 def load_dataset(
-    name: str, data_dir: str | None = None, lazy: bool = False, num_samples: int | None = None
+    name: str,
+    data_dir: str | None = None,
+    lazy: bool = False,
+    num_samples: int | None = None,
+    image_size: int | None = None,
 ) -> LabeledData:
     """A bundled dataset by name, or a file dataset read from ``data_dir``.
 
     ``lazy``: a file dataset's inputs are :class:`~fedxrisk.data.lazy.LazySamples`
     (decoded when sampled; labels are always read); bundled datasets ignore it.
-    ``num_samples``: the size of a generated dataset (:data:`SIZED_DATASETS`; None: its default)."""
+    ``num_samples``: the size of a generated dataset (:data:`SIZED_DATASETS`; None: its default).
+    ``image_size``: images resized to S×S (:data:`IMAGE_DATASETS`; None: the reader's default),
+    recorded in the data's ``preprocessing``."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
     if num_samples is not None:
@@ -27,11 +34,24 @@ def load_dataset(
                 f"num_samples applies to generated datasets {list(SIZED_DATASETS)}, not {name!r}; drop it"
             )
         return DATASETS[name](num_samples=num_samples)
+    if image_size is not None and name not in IMAGE_DATASETS:
+        raise ValueError(
+            f"data.image_size applies to image datasets {list(IMAGE_DATASETS)}, not {name!r}; drop it"
+        )
     if name in FILE_DATASETS:
+        kwargs = {} if image_size is None else {"image_size": image_size}
         if lazy:
             with lazy_reading():
-                return DATASETS[name](data_dir)
-        return DATASETS[name](data_dir)
+                data = DATASETS[name](data_dir, **kwargs)
+        else:
+            data = DATASETS[name](data_dir, **kwargs)
+        if name in IMAGE_DATASETS:
+            data.preprocessing = {
+                **data.preprocessing,
+                "kind": "images",
+                "image_size": int(data.x_train.shape[-1]),
+            }
+        return data
     if data_dir is not None:
         raise ValueError(f"dataset {name!r} is bundled and reads no files; drop data_dir={data_dir!r}")
     return DATASETS[name]()

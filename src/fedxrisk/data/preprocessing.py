@@ -14,7 +14,9 @@ Keys (each optional; an unknown key is kept as is, so other settings can be adde
 ``id_columns``   columns of the training CSV that were identifiers, never features
 ``range``        ``[min, max]`` of the raw training inputs (an ``.npz``): inputs far outside are refused
 
-Image size and normalization settings belong here too (``image_size``, ``normalize``).
+``image_size``   S of the S×S images the model was trained on (image datasets)
+``normalize``    ``{"mean": [...], "std": [...]}`` per image channel, applied by the model's
+                 input hook (:func:`fedxrisk.models.normalize_inputs`) after scaling to [0, 1]
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 import numpy as np
 
 KINDS = ("features", "arrays", "images")
+AUGMENTATIONS = ("none", "flip", "crop_flip")  # data.augment: training batches only
+IMAGE_DATASETS = ("folder", "sites", "manifest", "chexpert", "chestxray_ih")  # readers taking image_size
 ID_PATTERN = re.compile(r"^((?i:id)|.*[_\- ](?i:id)|.*[a-z](Id|ID))$")  # id, ID, patient_id, PatientID …
 RANGE_SLACK = 10.0  # inputs beyond min/max ± 10 × the training span are refused as another scale
 
@@ -63,6 +67,37 @@ def value_range(x: np.ndarray) -> dict[str, Any]:
     if finite.size == 0:
         return {"kind": "arrays"}
     return {"kind": "arrays", "range": [float(finite.min()), float(finite.max())]}
+
+
+NORMALIZE_PRESETS = {"imagenet": ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])}
+
+
+def normalization(setting: Any, channels: int | None = None) -> dict[str, list[float]] | None:
+    """``data.normalize`` as stored: None/``"none"`` → None; ``"imagenet"`` or
+    ``{"mean": [...], "std": [...]}`` (one value per channel, or one for all) → a checked dict.
+    ``ValueError`` naming the problem."""
+    if setting is None or setting == "none":
+        return None
+    if isinstance(setting, str):
+        if setting not in NORMALIZE_PRESETS:
+            raise ValueError(
+                f'data.normalize must be "none", {sorted(NORMALIZE_PRESETS)} or {{mean = [...], std = [...]}}, '
+                f"got {setting!r}"
+            )
+        mean, std = NORMALIZE_PRESETS[setting]
+        setting = {"mean": mean, "std": std}
+    if not isinstance(setting, Mapping) or set(setting) != {"mean", "std"}:
+        raise ValueError(f"data.normalize as a table needs exactly the keys mean and std, got {setting!r}")
+    mean, std = (_numbers(setting[k], f"normalize {k}") for k in ("mean", "std"))
+    if len(mean) != len(std) or not mean:
+        raise ValueError(f"data.normalize mean and std need as many values, got {len(mean)} and {len(std)}")
+    if min(std) <= 0:
+        raise ValueError("data.normalize std must be > 0")
+    if channels is not None and len(mean) not in (1, channels):
+        raise ValueError(
+            f"data.normalize has {len(mean)} values per statistic; the images have {channels} channel(s)"
+        )
+    return {"mean": mean, "std": std}
 
 
 def _numbers(value: Any, key: str, width: int | None = None) -> list[float]:
@@ -106,6 +141,11 @@ def from_stored(record: Any) -> dict[str, Any]:
         raise ValueError("preprocessing 'std' must be > 0")
     if "range" in out:
         out["range"] = _numbers(out["range"], "range", 2)
+    if "normalize" in out:
+        out["normalize"] = normalization(out["normalize"])
+    size = out.get("image_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ValueError("preprocessing 'image_size' must be a positive integer")
     ids = out.get("id_columns", [])
     if not isinstance(ids, (list, tuple)) or not all(isinstance(n, str) for n in ids):
         raise ValueError("preprocessing 'id_columns' must be a list of column names")

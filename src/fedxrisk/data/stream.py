@@ -31,6 +31,7 @@ from fedxrisk.data.stream_choice import (  # noqa: F401  (re-exported)
     StreamChoice,
     choose,
     default_workers,
+    eval_batch_size,
     parse_bytes,
     physical_memory,
 )
@@ -47,7 +48,7 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
         return cfg.dataset, StreamChoice(False, "a bundled dataset, held in memory")
     if cfg.stream is False:
         return cfg.dataset, StreamChoice(False, "data.stream = false: the files are decoded into memory")
-    lazy = load_dataset(cfg.dataset, cfg.data_dir, lazy=True)
+    lazy = load_dataset(cfg.dataset, cfg.data_dir, lazy=True, image_size=cfg.image_size)
     workers = default_workers() if cfg.workers is None else cfg.workers
     budget = parse_bytes(cfg.memory_budget)
     choice = choose(cfg.stream, int(lazy.x_train.nbytes), budget, workers)
@@ -73,8 +74,22 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
     return data, choice
 
 
-def attach_stream(fed: Any, choice: StreamChoice | None, device: str) -> None:
-    """Give a streamed run's :class:`FederatedData` its :class:`Stream`."""
+def attach_stream(fed: Any, choice: StreamChoice | None, device: str, batch_size: int = 32) -> None:
+    """Give a streamed run's :class:`FederatedData` its :class:`Stream`, prefetching at most
+    :data:`PREFETCH` steps per worker and no more than a quarter of the memory budget in all."""
     if choice is not None and choice.streamed and is_lazy(fed.data.x_train):
         fed.stream = Stream(fed.data.x_train, fed.shards, choice.workers, choice.on_bad_file,
-                            pin_memory=str(device).startswith("cuda"))  # fmt: skip
+                            pin_memory=str(device).startswith("cuda"),
+                            prefetch=prefetch_steps(fed, choice, batch_size))  # fmt: skip
+
+
+def prefetch_steps(fed: Any, choice: StreamChoice, batch_size: int) -> int:
+    """Steps each worker decodes ahead: :data:`PREFETCH`, fewer when ``workers`` × steps of
+    ``K × batch_size`` float32 samples would take more than a quarter of ``choice.budget``."""
+    numel = 1
+    for d in fed.data.input_shape:
+        numel *= int(d)
+    step = 4 * numel * batch_size * len(fed.shards)
+    if not choice.budget:
+        return PREFETCH
+    return int(max(1, min(PREFETCH, choice.budget // 4 // (step * max(1, choice.workers)))))

@@ -15,6 +15,9 @@ STREAM_CHOICES = (True, False, "auto")
 MEMORY_FRACTION = 0.25  # default budget: a quarter of the machine's physical memory
 MAX_NAMED = 20  # bad files named in the summary
 UNITS = {"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "b": 1.0}
+EVAL_SHARE = 0.5  # share of the memory budget one evaluation batch may take
+ACTIVATION_FACTOR = 64  # a forward pass's peak bytes per sample, in units of its float32 input
+MAX_EVAL_BATCH = 4096
 
 
 MAX_WORKERS = 64  # decoding processes: beyond this they only compete for cores and memory
@@ -52,6 +55,25 @@ def parse_bytes(value: int | float | str | None) -> int:
                 return int(number * UNITS[unit])
             break
     raise ValueError(f"data.memory_budget must be a positive size such as 4GB or 500MB, got {value!r}")
+
+
+def eval_batch_size(
+    input_shape: tuple[int, ...], budget: int | None = None, setting: int | None = None
+) -> int:
+    """Samples per evaluation/prediction forward pass: ``setting`` (``data.eval_batch_size``) when
+    given, else as many as fit in :data:`EVAL_SHARE` of the budget, counting each sample as its
+    float32 input times :data:`ACTIVATION_FACTOR` (decoded copy and activations), between 1 and
+    :data:`MAX_EVAL_BATCH`. ``budget`` None: the default budget (:func:`parse_bytes`)."""
+    if setting is not None:
+        if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
+            raise ValueError(f"data.eval_batch_size must be a positive integer, got {setting!r}")
+        return setting
+    numel = 1
+    for d in input_shape:
+        numel *= int(d)
+    per_sample = 4 * max(1, numel) * ACTIVATION_FACTOR
+    share = EVAL_SHARE * (parse_bytes(None) if budget is None else budget)
+    return int(min(MAX_EVAL_BATCH, max(1, share // per_sample)))
 
 
 def _fmt(nbytes: int) -> str:

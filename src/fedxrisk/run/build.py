@@ -15,6 +15,7 @@ from typing import Any
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.classaware import use_class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
+from fedxrisk.data.preprocessing import normalization
 from fedxrisk.engines import DistributedSimulation, Simulation
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
@@ -49,7 +50,7 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
         source, cfg.clients, cfg.partition, cfg.imratio, cfg.seed,
         cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
         cfg.feature_shift, one_class_ok=not ALGORITHMS[cfg.algorithm].needs_both_classes,
-        num_samples=cfg.num_samples, test_imratio=cfg.test_imratio,
+        num_samples=cfg.num_samples, test_imratio=cfg.test_imratio, image_size=cfg.image_size,
     )  # fmt: skip
     return with_validation(data, cfg.validation, cfg.seed), choice
 
@@ -66,7 +67,7 @@ def build(
     ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
     """
     cfg = check(cfg).config
-    from fedxrisk.data.stream import attach_stream
+    from fedxrisk.data.stream import attach_stream, eval_batch_size, parse_bytes
 
     if init is None and cfg.pretrain is None:
         init = cfg.init_from
@@ -75,18 +76,33 @@ def build(
             data, choice = data_from.data, data_from.stream
         else:
             data, choice = build_data(cfg)
-            attach_stream(data, choice, cfg.device)
+            attach_stream(data, choice, cfg.device, cfg.batch_size)
+        if cfg.augment != "none":  # training batches only; the padding is 1/8 of the image side
+            from fedxrisk.data.augment import RandomCropFlip
+
+            padding = max(1, data.data.input_shape[-1] // 8) if cfg.augment == "crop_flip" else 0
+            data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
         batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
         cfg = with_data_lr(cfg, data.data.pos_ratio)
         labels = data.data.num_labels
-        model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels)
+        norm = normalization(cfg.normalize, data.data.input_shape[0])
+        if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
+            data.data.preprocessing = {**data.data.preprocessing, "normalize": norm}
+        model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels, norm)
         source = None
         if init is not None or cfg.reset_head:
             from fedxrisk.run.weights import load_weights
 
             source = load_weights(model, cfg.model, init, cfg.reset_head)
         problem = Problem(
-            model.to(cfg.device), data.data.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, labels
+            model.to(cfg.device),
+            data.data.pos_ratio,
+            cfg.buffer_policy,
+            cfg.pos_ratio_mode,
+            labels,
+            eval_batch_size=eval_batch_size(
+                data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size
+            ),
         )
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
         use_class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)

@@ -135,7 +135,8 @@ def _check_selection(cfg: RunConfig) -> None:
 
 
 def _check_stream_settings(cfg: RunConfig) -> None:
-    from fedxrisk.data.stream import ON_BAD_FILE, STREAM_CHOICES, parse_bytes
+    from fedxrisk.data.preprocessing import AUGMENTATIONS, IMAGE_DATASETS, normalization
+    from fedxrisk.data.stream_choice import ON_BAD_FILE, STREAM_CHOICES, eval_batch_size, parse_bytes
 
     if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
         raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
@@ -148,8 +149,19 @@ def _check_stream_settings(cfg: RunConfig) -> None:
     _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
     try:
         parse_bytes(cfg.memory_budget)
+        eval_batch_size((1,), 1, cfg.eval_batch_size)
+        normalization(cfg.normalize)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    size = cfg.image_size
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 4096):
+        raise ConfigError(f"data.image_size must be an integer between 1 and 4096, got {size!r}")
+    _choice("data.augment", cfg.augment, AUGMENTATIONS)
+    images = size is not None or cfg.normalize not in (None, "none") or cfg.augment != "none"
+    if images and cfg.dataset not in IMAGE_DATASETS:
+        raise ConfigError(
+            f"data.image_size, data.normalize and data.augment apply to image datasets {list(IMAGE_DATASETS)}, not {cfg.dataset!r}"
+        )
 
 
 def _validate_batches(cfg: RunConfig) -> None:

@@ -61,7 +61,8 @@ _EXPERIMENT = ("seed", "rounds", "eval_every", "checkpoint_every", "tensorboard"
 _DATA = (
     "dataset", "data_dir", "imratio", "partition", "clients", "dirichlet_alpha", "positive_classes", "test_imratio",
 )  # fmt: skip
-_READING = ("stream", "workers", "memory_budget", "on_bad_file", "validation")
+_READING = ("stream", "workers", "memory_budget", "eval_batch_size", "on_bad_file", "validation",
+            "image_size", "normalize", "augment")  # fmt: skip
 SECTIONS: dict[str, tuple[str, ...]] = {
     "experiment": (*_EXPERIMENT, "early_stopping"),
     "data": (
@@ -382,6 +383,8 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table, e.g. data.normalize = {mean = [...], std = [...]}
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise ConfigError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
 
 

@@ -53,6 +53,12 @@ class RunConfig:
     stream: bool | str = "auto"  # file datasets: decode from disk while training (data/stream.py)
     workers: int | None = None  # decoding worker processes when streaming; None: half the cores
     memory_budget: int | str | None = None  # "auto" streams above it, e.g. "4GB"; None: ¼ of RAM
+    image_size: int | None = None  # image datasets: resize to S×S; None: the reader's default (32 or 224)
+    normalize: str | dict | None = (
+        None  # images: "none", "imagenet" or {mean = [...], std = [...]} per channel
+    )
+    augment: str = "none"  # training images: "none", "flip" or "crop_flip" (data/augment.py)
+    eval_batch_size: int | None = None  # samples per evaluation forward pass; None: from memory_budget
     on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails

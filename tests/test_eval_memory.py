@@ -1,0 +1,93 @@
+"""Evaluation and prediction batch sizes follow data.memory_budget and the input size (issue 25 item 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedxrisk.data.stream import PREFETCH, eval_batch_size, prefetch_steps
+from fedxrisk.data.stream_choice import ACTIVATION_FACTOR, EVAL_SHARE, MAX_EVAL_BATCH, StreamChoice
+from fedxrisk.experiment import ConfigError, RunConfig, build, run_experiment
+from fedxrisk.inference import load_trained
+from fedxrisk.metrics import predict
+from fedxrisk.problem import Problem
+from helpers import write_image_folder
+
+IMAGE_224 = 4 * 3 * 224 * 224  # float32 bytes of one 3×224×224 input
+
+
+def test_eval_batch_follows_budget_and_input_size():
+    budget = 4_000_000_000
+    assert eval_batch_size((3, 224, 224), budget) == int(
+        EVAL_SHARE * budget // (IMAGE_224 * ACTIVATION_FACTOR)
+    )
+    assert eval_batch_size((3, 224, 224), budget) == 51
+    assert eval_batch_size((3, 224, 224), 2 * budget) == 103  # twice the budget, twice the batch
+    assert eval_batch_size((3, 32, 32), budget) == 2543  # 32×32: 2,543 per pass (was 4,096)
+    assert eval_batch_size((1, 8, 8), budget) == MAX_EVAL_BATCH  # small inputs: capped
+    assert eval_batch_size((3, 224, 224), 1000) == 1  # never below one sample
+    assert eval_batch_size((3, 224, 224), budget, setting=7) == 7  # data.eval_batch_size wins
+    with pytest.raises(ValueError, match="data.eval_batch_size must be a positive integer, got 0"):
+        eval_batch_size((3,), budget, setting=0)
+
+
+class _Recorder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 1)
+        self.seen: list[int] = []
+
+    def forward(self, x):
+        self.seen.append(len(x))
+        return self.fc(x)
+
+
+def test_predict_forwards_eval_batch_size_samples_at_a_time():
+    model = _Recorder()
+    problem = Problem(model, 0.5, eval_batch_size=5)
+    params, buffers = problem.init_model()
+    x = torch.randn(12, 4)
+    scores = predict(problem, params, buffers, x)
+    assert model.seen == [5, 5, 2]
+    whole = predict(problem, params, buffers, x, chunk=100)  # same scores, whatever the chunk
+    assert np.allclose(scores, whole, atol=1e-6) and model.seen[-1] == 12
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    write_image_folder(root, per_class=12, size=8)
+    return root
+
+
+def _cfg(folder, **kw) -> RunConfig:
+    base = dict(algorithm="codasca", dataset="folder", data_dir=str(folder), clients=2, imratio=None,
+                partition="iid", model="linear", rounds=1, stages=1, local_steps=1, batch_size=4,
+                stream=True, workers=0, eval_every=1, tensorboard=False)  # fmt: skip
+    return RunConfig(**{**base, **kw})
+
+
+def test_run_and_predict_use_the_budgeted_eval_batch(folder, tmp_path):
+    # folder images are 3×32×32: 12,288 float32 bytes, × 64 = 786,432 per sample
+    assert build(_cfg(folder, memory_budget="10MB")).simulation.algorithm.problem.eval_batch_size == 6
+    assert (
+        build(
+            _cfg(folder, memory_budget="10MB", eval_batch_size=3)
+        ).simulation.algorithm.problem.eval_batch_size
+        == 3
+    )
+    run_experiment(_cfg(folder, memory_budget="10MB"), tmp_path / "run")
+    assert load_trained(tmp_path / "run").problem.eval_batch_size == 6
+    with pytest.raises(ConfigError, match="data.eval_batch_size must be a positive integer, got -2"):
+        build(_cfg(folder, eval_batch_size=-2))
+
+
+def test_prefetch_steps_stay_within_a_quarter_of_the_budget(folder):
+    fed = build(_cfg(folder)).data  # 2 clients, 3×32×32 inputs
+    step = 4 * 3 * 32 * 32 * 16 * 2  # batch 16, 2 clients
+    assert prefetch_steps(fed, StreamChoice(True, "", budget=10**12, workers=2), 16) == PREFETCH
+    assert prefetch_steps(fed, StreamChoice(True, "", budget=4 * step * 2 * 2, workers=2), 16) == 2
+    assert prefetch_steps(fed, StreamChoice(True, "", budget=1, workers=2), 16) == 1
