@@ -393,6 +393,32 @@ def run_study(regimes: list[str]) -> None:
                 ensure(results, regime, method, setting, selected_lr(results, regime, method, setting), seed)
 
 
+def record_provenance(results: dict[str, Any]) -> None:
+    """benchmarks/results/provenance.json's "real_data" entry (benchmarks/provenance.py, which
+    ``docs.py --check`` reads): the union of the cells' sources; refuses cells that ran different code."""
+    try:
+        import provenance
+    except ImportError:
+        sys.exit("real_data: benchmarks/provenance.py is missing on this branch; nothing recorded")
+    cells = [rec for k, rec in results.items() if not k.startswith("_")]
+    if any(rec["source"]["src_dirty"] for rec in cells):
+        sys.exit("real_data: some cells ran with uncommitted changes in src/; rerun them")
+    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
+    files: dict[str, str] = {}
+    for rec in cells:
+        digest = rec["source"]["files"]
+        if digest not in known:
+            sys.exit(f"real_data: cell {rec['regime']}|{rec['method']} has no recorded source {digest}")
+        for path, sha in known[digest].items():
+            if files.setdefault(path, sha) != sha:
+                sys.exit(f"real_data: the cells ran different versions of {path}; rerun the older ones")
+    commits = sorted({rec["source"]["commit"] for rec in cells})
+    provenance.record(
+        "real_data", files, commit=commits[-1], note=f"{len(cells)} cells; {len(commits)} commit(s)"
+    )
+    print(f"real_data: recorded the source of {len(cells)} cells ({len(files)} files)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -400,7 +426,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regime names")
     parser.add_argument("--render-only", action="store_true", help="tables, figures and docs from the JSON")
+    parser.add_argument("--record-provenance", action="store_true",
+                        help="record the cells' source in benchmarks/results/provenance.json")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.record_provenance:
+        record_provenance(load_results())
+        return
     DATA["root"] = Path(args.data).expanduser().resolve()
     if not args.render_only:
         import torch

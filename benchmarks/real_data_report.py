@@ -237,10 +237,12 @@ def status_table(results) -> str:
             want = len(REGIMES[regime]["seeds"])
             if n < want:
                 missing.append(f"{regime}: {row_label(method, setting)} ({n}/{want} seeds)")
-    commits = sorted({rec["source"]["commit"][:10] for k, rec in results.items() if not k.startswith("_")})
-    dirty = any(rec["source"]["src_dirty"] for k, rec in results.items() if not k.startswith("_"))
+    sources = [rec["source"] for k, rec in results.items() if not k.startswith("_")]
+    digests = sorted({s["files"] for s in sources})
+    dirty = any(s["src_dirty"] for s in sources)
     text = (f"{cells} cells, {seconds / 60:.0f} minutes of training (wall clock, 2 shared cores); "
-            f"commit(s) {', '.join(commits) or '–'}{'; some with uncommitted src/ changes' if dirty else ''}. ")  # fmt: skip
+            f"fedxrisk source digest(s) {', '.join(digests) or '–'} (real_data_sources.json)"
+            f"{'; some with uncommitted src/ changes' if dirty else ''}. ")  # fmt: skip
     text += ("All planned rows are complete.\n" if not missing else
              "Not run yet (the study was cut here; rows below are missing or have fewer seeds): "
              + "; ".join(missing) + ".\n")  # fmt: skip
