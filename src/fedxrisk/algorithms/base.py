@@ -114,6 +114,8 @@ class Algorithm:
         needs_both_classes: the objective needs positives and negatives on every
             client (AUC-type risks); False for cross-entropy, where a client holding
             one class is ordinary (no ``allow_missing_class`` needed).
+        monitor: the validation column model selection and early stopping follow by
+            default (``val_auroc``; the pAUC and AP objectives their own metric).
     """
 
     name: ClassVar[str] = ""
@@ -126,6 +128,7 @@ class Algorithm:
     positives_per_batch: int = 0
     begin_batch: ClassVar[bool] = False
     needs_both_classes: ClassVar[bool] = True
+    monitor: ClassVar[str] = "val_auroc"
 
     problem: Problem
 

@@ -77,6 +77,7 @@ class _Conditional(Algorithm):
     objective: ConditionalObjective | None = None  # None: the AP surrogate with ``margin``
     margin: float = 0.6
 
+    monitor = "val_ap"  # the AP objective
     default_lr = 0.1
 
     def __post_init__(self) -> None:

@@ -225,6 +225,7 @@ class FeDXL2(FeDXL1):
     """
 
     name = "fedxl2"
+    monitor = "val_pauc30_norm"  # the one-way pAUC objective
     communicates = ("w", "m", "pool_pos", "pool_neg", "pool_log_u", "count_pos", "count_neg")
     default_lr = 1.5  # the median of the rates selected on validation in docs/evidence.md (0.5–5)
 

@@ -26,6 +26,7 @@ class FederatedData:
     shards: list[np.ndarray]
     augment: Callable[[torch.Tensor], torch.Tensor] | None = None  # e.g. data.augment.RandomCropFlip
     stream: Any = None  # a data.stream.Stream decoding lazy inputs (data.x_train is LazySamples)
+    val_shards: list[np.ndarray] | None = None  # per client, positions in data.x_val (data/validation.py)
 
     def __post_init__(self) -> None:
         width = max(len(s) for s in self.shards)
@@ -81,7 +82,8 @@ class FederatedData:
         """The shards of ``clients`` only (a rank's or a site's), with the same augmentation and
         stream settings."""
         stream = self.stream.subset(clients) if self.stream is not None else None
-        return FederatedData(self.data, [self.shards[k] for k in clients], self.augment, stream)
+        val = [self.val_shards[k] for k in clients] if self.val_shards is not None else None
+        return FederatedData(self.data, [self.shards[k] for k in clients], self.augment, stream, val)
 
     def client_view(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.from_numpy(self.shards[k])

@@ -45,3 +45,94 @@ def hold_out_instances(
         val.append(cls[np.sort(perm[:cut])])
         train.append(cls[np.sort(perm[cut:])])
     return train, val
+
+
+OFFICIAL = "official"  # data.validation: the dataset's own validation split
+AUTO = "auto"  # the dataset's own split when it has one, else DEFAULT_FRACTION carved
+DEFAULT_FRACTION = 0.2
+
+
+def _strata(y: torch.Tensor) -> np.ndarray:
+    """The class of each sample for stratification (multi-label: any positive label)."""
+    y = y.numpy()
+    return (y.reshape(len(y), -1).max(1) > 0).astype(np.int64)
+
+
+def carve_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
+    """Per client and per class, ``round(fraction · n)`` of the client's samples (at most n − 1, so
+    a class a client holds stays in its training data) become its validation data.
+
+    The result trains on the rest: the held samples leave ``x_train`` (shards re-indexed) and form
+    ``x_val``/``y_val``; ``val_shards[k]`` are client k's positions in ``x_val``. The test set is
+    untouched. Seeded by ``(seed, 97)``.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"data.validation must lie in (0, 1) (or be {OFFICIAL!r}/{AUTO!r}), got {fraction}")
+    rng = np.random.default_rng([seed, 97])
+    strata = _strata(data.data.y_train)
+    kept, held = [], []
+    for shard in data.shards:
+        out = []
+        for c in (0, 1):
+            members = shard[strata[shard] == c]
+            cut = min(int(round(len(members) * fraction)), max(len(members) - 1, 0))
+            out.append(rng.permutation(members)[:cut])
+        val = np.sort(np.concatenate(out))
+        held.append(val)
+        kept.append(np.setdiff1d(shard, val))
+    return _move_to_validation(data, kept, held)
+
+
+def _move_to_validation(data: FederatedData, kept: list[np.ndarray], held: list[np.ndarray]) -> FederatedData:
+    b = data.data
+    train = np.sort(np.concatenate(kept))
+    rows = torch.from_numpy(train)
+    val = np.concatenate(held)
+    vrows = torch.from_numpy(val)
+    starts = np.cumsum([0, *(len(h) for h in held)])
+    binary = replace(
+        b,
+        x_train=b.x_train[rows],
+        y_train=b.y_train[rows],
+        classes_train=b.classes_train[train],
+        groups_train={k: v[train] for k, v in b.groups_train.items()},
+        x_val=b.x_train[vrows],
+        y_val=b.y_train[vrows],
+    )
+    shards = [np.searchsorted(train, s) for s in kept]
+    val_shards = [np.arange(starts[k], starts[k + 1]) for k in range(len(held))]
+    return FederatedData(binary, shards, data.augment, data.stream, val_shards)
+
+
+def split_official(data: FederatedData, seed: int) -> FederatedData:
+    """The dataset's own validation split (``x_val``), dealt to the clients per class in near-equal
+    random parts (seeded by ``(seed, 96)``); the training shards are unchanged."""
+    b = data.data
+    if b.x_val is None or b.y_val is None:
+        raise ValueError(f"data.validation = {OFFICIAL!r}: {b.name} has no validation split of its own")
+    rng = np.random.default_rng([seed, 96])
+    strata = _strata(b.y_val)
+    parts: list[list[np.ndarray]] = [[] for _ in data.shards]
+    for c in (0, 1):
+        members = rng.permutation(np.flatnonzero(strata == c))
+        for k, part in enumerate(np.array_split(members, len(data.shards))):
+            parts[k].append(part)
+    val_shards = [np.sort(np.concatenate(p)) for p in parts]
+    return FederatedData(b, data.shards, data.augment, data.stream, val_shards)
+
+
+def with_validation(data: FederatedData, validation: float | str, seed: int) -> FederatedData:
+    """``data`` with per-client validation data for ``data.validation`` (0: none, a fraction:
+    :func:`carve_validation`, ``"official"``: :func:`split_official`, ``"auto"``: official when
+    the dataset has a split, else :data:`DEFAULT_FRACTION` carved)."""
+    if validation == AUTO:
+        validation = OFFICIAL if data.data.x_val is not None else DEFAULT_FRACTION
+    if validation == OFFICIAL:
+        return split_official(data, seed)
+    if isinstance(validation, str):
+        raise ValueError(
+            f"data.validation: expected a fraction, {OFFICIAL!r} or {AUTO!r}, got {validation!r}"
+        )
+    if validation == 0:
+        return data
+    return carve_validation(data, float(validation), seed)

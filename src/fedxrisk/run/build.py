@@ -39,6 +39,7 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
     """The run's training shards and test set as training sees them (``fedxrisk evaluate`` too),
     and the streaming choice (``data.stream.StreamChoice``, None for bundled data); no stream attached."""
     from fedxrisk.data.stream import open_training_data
+    from fedxrisk.data.validation import with_validation
 
     source, choice = open_training_data(cfg)
     data = make_federated(
@@ -47,7 +48,7 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
         cfg.feature_shift, one_class_ok=not ALGORITHMS[cfg.algorithm].needs_both_classes,
         num_samples=cfg.num_samples,
     )  # fmt: skip
-    return data, choice
+    return with_validation(data, cfg.validation, cfg.seed), choice
 
 
 def build(

@@ -12,12 +12,14 @@ callback that stops must make every rank agree first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedxrisk.run.spec import RunConfig
+from fedxrisk.tree import Tree
 
 ProgressFn = Callable[[dict[str, Any], int, int], None]  # (row or {}, rounds done, total)
 
@@ -33,10 +35,15 @@ class LoopState:
     history: list[dict[str, Any]] = field(default_factory=list)
     primary: bool = True
     should_stop: bool = False
+    global_model: Callable[[], tuple[Tree, Tree]] | None = None  # the current (params, buffers)
 
 
 class Callback:
-    """No-op hooks; override the ones needed."""
+    """No-op hooks; override the ones needed. ``all_ranks``: under the distributed engine
+    ``on_evaluation`` runs on every rank too, with a row of the ``val_*`` metrics only (the same
+    numbers on every rank), so a stop decided from them is taken by all ranks together."""
+
+    all_ranks = False
 
     @property
     def state_key(self) -> str:
@@ -108,6 +115,84 @@ class TensorBoard(Callback):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def improves(new: float, old: float) -> bool:
+    """``new`` is strictly better (higher) than ``old``; NaN never improves, anything beats NaN."""
+    return not math.isnan(new) and (math.isnan(old) or new > old)
+
+
+class BestModel(Callback):
+    """Keeps the model of the evaluation with the highest ``monitor`` (a ``val_*`` column; the
+    first of equal values) and that row: ``selection = "best"`` writes it as ``model.pt``.
+    Its state (value, round, row, weights) goes into the checkpoint, so a resumed run keeps it."""
+
+    all_ranks = True
+
+    def __init__(self, monitor: str) -> None:
+        self.monitor = monitor
+        self.value = math.nan
+        self.row: dict[str, Any] | None = None
+        self.params: Tree | None = None
+        self.buffers: Tree | None = None
+
+    def on_evaluation(self, row: dict[str, Any], state: LoopState) -> None:
+        value = float(row.get(self.monitor, math.nan))
+        if not improves(value, self.value):
+            return
+        self.value, self.row = value, dict(row)
+        if state.primary and state.global_model is not None:  # only the writer keeps the weights
+            params, buffers = state.global_model()
+            self.params = {k: v.detach().cpu().clone() for k, v in params.items()}
+            self.buffers = {k: v.detach().cpu().clone() for k, v in buffers.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.row is None:
+            return {}
+        return {"monitor": self.monitor, "value": self.value, "row": self.row, "params": self.params,
+                "buffers": self.buffers}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value, self.row = state["value"], state["row"]
+        self.params, self.buffers = state["params"], state["buffers"]
+
+
+class EarlyStopping(Callback):
+    """Stops training after ``patience`` evaluations in a row without a strictly better
+    ``monitor`` (a NaN value counts as no improvement). Under the distributed engine every rank
+    sees the same ``val_*`` numbers and stops at the same round."""
+
+    all_ranks = True
+
+    def __init__(self, monitor: str, patience: int) -> None:
+        self.monitor, self.patience = monitor, patience
+        self.best = math.nan
+        self.wait = 0
+        self.stopped_round: int | None = None
+
+    def on_evaluation(self, row: dict[str, Any], state: LoopState) -> None:
+        value = float(row.get(self.monitor, math.nan))
+        if improves(value, self.best):
+            self.best, self.wait = value, 0
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            state.should_stop = True
+            self.stopped_round = row["round"]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait, "stopped_round": self.stopped_round}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.wait, self.stopped_round = state["best"], state["wait"], state["stopped_round"]
+
+
+def selection_callbacks(cfg: RunConfig) -> list[Callback]:
+    """The callbacks ``cfg`` asks for: :class:`BestModel` (``selection = "best"``) and
+    :class:`EarlyStopping` (``early_stopping > 0``), both on ``cfg.resolved_monitor()``."""
+    monitor = cfg.resolved_monitor()
+    out: list[Callback] = [BestModel(monitor)] if cfg.selection == "best" else []
+    return out + ([EarlyStopping(monitor, cfg.early_stopping)] if cfg.early_stopping else [])
 
 
 def default_callbacks(progress: ProgressFn | None, extra: Sequence[Callback] = ()) -> list[Callback]:

@@ -84,6 +84,7 @@ def validate(cfg: RunConfig) -> CheckedConfig | None:
     if cfg.checkpoint_every < 0:
         raise ConfigError(f"checkpoint_every must be ≥ 0 (0: no checkpoints), got {cfg.checkpoint_every}")
     _check_stream_settings(cfg)
+    _check_selection(cfg)
     if cfg.dirichlet_alpha <= 0:
         raise ConfigError(f"dirichlet_alpha must be > 0, got {cfg.dirichlet_alpha}")
     steps = cfg.resolved_local_steps()
@@ -105,6 +106,30 @@ def validate(cfg: RunConfig) -> CheckedConfig | None:
     except ValueError as e:
         raise ConfigError(str(e)) from e
     return check_pretrain(cfg) if cfg.pretrain is not None else None
+
+
+SELECTIONS = ("last", "best")
+MONITORS = ("val_auroc", "val_ap", "val_pauc30_norm", "val_pauc50_norm")  # engines/validation.py VAL_KEYS
+
+
+def _check_selection(cfg: RunConfig) -> None:
+    """``validation`` is 0, a fraction in (0, 1), "official" or "auto"; ``selection``, ``monitor``
+    and ``early_stopping`` are known, and the last two need validation data."""
+    v = cfg.validation
+    if isinstance(v, str) and v not in ("official", "auto"):
+        raise ConfigError(f"validation: expected a fraction in (0, 1), 'official' or 'auto', got {v!r}")
+    if not isinstance(v, str) and not (v == 0 or 0.0 < v < 1.0):
+        raise ConfigError(f"validation must be 0 (none) or a fraction in (0, 1), got {v}")
+    _choice("selection", cfg.selection, SELECTIONS)
+    if cfg.monitor is not None:
+        _choice("monitor", cfg.monitor, MONITORS)
+    if cfg.early_stopping < 0:
+        raise ConfigError(f"early_stopping must be ≥ 0 (0: off), got {cfg.early_stopping}")
+    needs = (
+        "selection = 'best'" if cfg.selection == "best" else "early_stopping" if cfg.early_stopping else None
+    )
+    if needs and v == 0:
+        raise ConfigError(f"{needs} chooses on validation data: set data.validation (e.g. 0.2 or 'auto')")
 
 
 def _check_stream_settings(cfg: RunConfig) -> None:

@@ -3,11 +3,12 @@
 A config file has five sections; every key is optional (missing keys keep
 :class:`RunConfig`'s defaults)::
 
-    [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard
+    [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard,
+                  selection, monitor, early_stopping (run/callbacks.py)
     [data]        dataset, imratio, partition, clients, dirichlet_alpha,
                   positive_classes, batch_size, allow_missing_class,
                   stream, workers, memory_budget, on_bad_file (data/stream.py),
-                  num_samples, positives_per_batch
+                  num_samples, positives_per_batch, validation (data/validation.py)
     [model]       model, buffer_policy, init_from, reset_head
     [algorithm]   algorithm, lr, local_steps, stages, lr_decay, window_growth,
                   pos_ratio_mode, and the algorithm's own hyperparameters
@@ -54,25 +55,19 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 # Keys named here that RunConfig lacks (fields other work may add) are simply skipped.
+_EXPERIMENT = ("seed", "rounds", "eval_every", "checkpoint_every", "tensorboard", "selection", "monitor")
+_DATA = ("dataset", "data_dir", "imratio", "partition", "clients", "dirichlet_alpha", "positive_classes")
+_READING = ("stream", "workers", "memory_budget", "on_bad_file", "validation")
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "experiment": ("seed", "rounds", "eval_every", "checkpoint_every", "tensorboard"),
+    "experiment": (*_EXPERIMENT, "early_stopping"),
     "data": (
-        "dataset",
-        "data_dir",
-        "imratio",
-        "partition",
-        "clients",
-        "dirichlet_alpha",
-        "positive_classes",
+        *_DATA,
         "batch_size",
         "allow_missing_class",
         "feature_shift",
         "num_samples",
         "positives_per_batch",
-        "stream",
-        "workers",
-        "memory_budget",
-        "on_bad_file",
+        *_READING,
     ),  # fmt: skip
     "model": ("model", "buffer_policy", "init_from", "reset_head"),
     "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),

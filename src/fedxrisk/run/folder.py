@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.engines.validation import VAL_KEYS
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.run.spec import RunConfig
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 HISTORY_FIELDS = (
-    "round", "step", "stage", "lr", "train_loss", "test_auroc", "test_ap", *PAUC_KEYS,
+    "round", "step", "stage", "lr", "train_loss", "test_auroc", "test_ap", *PAUC_KEYS, *VAL_KEYS,
     "client_auroc_mean", "client_auroc_std", "bytes_up_per_client",
     "bytes_down_per_client", "wall_seconds",
 )  # fmt: skip
@@ -43,7 +44,8 @@ CHECKPOINT_FORMAT = 1
 CONFIG = "config.toml"
 HISTORY = "history.csv"
 SUMMARY = "summary.json"
-MODEL = "model.pt"
+MODEL = "model.pt"  # the selected model: the last, or the best on validation (selection = "best")
+LAST_MODEL = "last.pt"  # selection = "best": the final model too
 PRETRAIN_DIR = "pretrain"  # a two-stage run's first stage
 Tensors = Mapping[str, torch.Tensor]
 
@@ -208,10 +210,16 @@ class RunFolder:
             (self.path / CHECKPOINT).unlink(missing_ok=True)
 
     def save_model(
-        self, model: str, input_shape: Sequence[int], num_labels: int, params: Tensors, buffers: Tensors
+        self,
+        model: str,
+        input_shape: Sequence[int],
+        num_labels: int,
+        params: Tensors,
+        buffers: Tensors,
+        name: str = MODEL,
     ) -> None:
         if self.primary:
-            save_model(self.path / MODEL, model, input_shape, num_labels, params, buffers)
+            save_model(self.path / name, model, input_shape, num_labels, params, buffers)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """``summary.json``: written last, it commits the run."""
@@ -232,7 +240,9 @@ def load_model(run_dir: str | Path) -> torch.nn.Module:
 
 
 def _parse_cell(text: str) -> Any:
-    if text == "":
+    """A history cell: int, float or text; empty and "nan" cells are ``math.nan`` itself (one object,
+    so rows with NaN metrics, e.g. ``val_*`` without validation data, compare equal)."""
+    if text in ("", "nan"):
         return math.nan
     for cast in (int, float):
         try:

@@ -19,10 +19,11 @@ import torch
 
 from fedxrisk.algorithms import Algorithm
 from fedxrisk.engines import NonFiniteLoss
+from fedxrisk.engines.validation import federated_validation
 from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
-from fedxrisk.run.callbacks import Callback, LoopState
-from fedxrisk.run.folder import PAUC_KEYS, RunFolder, RunResult, json_safe
+from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
+from fedxrisk.run.folder import LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
 
 
 def train(
@@ -32,6 +33,7 @@ def train(
     the end; on a NaN/inf loss the summary records ``status: failed`` and :class:`NonFiniteLoss` is raised."""
     cfg, sim = setup.config, setup.simulation
     primary = sim.is_primary
+    callbacks = [*selection_callbacks(cfg), *callbacks]  # selection first: later hooks see its choice
     history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
     best: dict[str, Any] | None = ckpt["best"] if ckpt else None
     resumed: list[int] = [*ckpt["resumed_at"], sim.round] if ckpt else []
@@ -46,15 +48,23 @@ def train(
         return earlier + time.perf_counter() - start
 
     folder.write_history(history)  # drops rows evaluated after the checkpoint
-    state = LoopState(cfg, folder.path, len(sim.plans), sim.round, history, primary)
+    state = LoopState(cfg, folder.path, len(sim.plans), sim.round, history, primary, False, sim.global_model)
     for cb in callbacks:
         cb.on_start(state)
-    if primary and setup.init is not None and ckpt is None:  # the starting weights' metrics
-        history.append(_initial_row(setup))
-        best = history[0]
-        folder.write_history(history)
+
+    def evaluated(row: dict[str, Any]) -> None:
         for cb in callbacks:
-            cb.on_evaluation(history[0], state)
+            if primary or cb.all_ranks:
+                cb.on_evaluation(row, state)
+
+    if setup.init is not None and ckpt is None:  # the starting weights' metrics
+        val = federated_validation(sim, setup.problem, setup.data)  # collective under distributed
+        row0 = _initial_row(setup) | val if primary else {"round": 0, **val}
+        if primary:
+            history.append(row0)
+            best = row0
+            folder.write_history(history)
+        evaluated(row0)
     failure: NonFiniteLoss | None = None
     with folder.history_rows() as append:
         try:
@@ -62,14 +72,19 @@ def train(
                 plan = sim.run_round()
                 state.round = sim.round
                 row: dict[str, Any] = {}
-                if primary and (sim.round % cfg.eval_every == 0 or sim.done):
-                    row = _evaluate_row(setup, plan, elapsed())
-                    append(row)
-                    history.append(row)
-                    if best is None or _better(row["test_auroc"], best["test_auroc"]):
-                        best = row
-                    for cb in callbacks:
-                        cb.on_evaluation(row, state)
+                if sim.round % cfg.eval_every == 0 or sim.done:
+                    val = federated_validation(sim, setup.problem, setup.data)  # every rank
+                    row = (
+                        _evaluate_row(setup, plan, elapsed()) | val
+                        if primary
+                        else {"round": sim.round, **val}
+                    )
+                    if primary:
+                        append(row)
+                        history.append(row)
+                        if best is None or _better(row["test_auroc"], best["test_auroc"]):
+                            best = row
+                    evaluated(row)
                 if cfg.checkpoint_every and sim.round % cfg.checkpoint_every == 0 and not sim.done:
                     simulation = sim.state_dict()  # collective under the distributed engine
                     kept = {cb.state_key: cb.state_dict() for cb in callbacks if cb.state_dict()}
@@ -86,22 +101,49 @@ def train(
                         }
                     )
                 for cb in callbacks:
-                    cb.on_round_end(row, state)
+                    cb.on_round_end(row if primary else {}, state)
         except NonFiniteLoss as e:
             failure = e
         finally:
             for cb in callbacks:
                 cb.on_end(state)
+    chosen = next((cb for cb in callbacks if isinstance(cb, BestModel)), None)
+    stopper = next((cb for cb in callbacks if isinstance(cb, EarlyStopping)), None)
     summary = _summary(setup, history, best, elapsed(), failure)
+    summary["selected"] = json_safe(_selected(cfg, history, chosen))
+    if stopper is not None:
+        summary["early_stopping"] = {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}
     summary["resumed_at_rounds"] = resumed
-    if failure is None:  # the model before the summary: the summary commits the run
+    if failure is None:  # the models before the summary: the summary commits the run
+        shape, labels = setup.data.data.input_shape, setup.problem.num_labels
         params, buffers = sim.global_model() if primary else ({}, {})
-        folder.save_model(cfg.model, setup.data.data.input_shape, setup.problem.num_labels, params, buffers)
+        if chosen is not None and chosen.params is not None:
+            folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL)
+            params, buffers = chosen.params, chosen.buffers or {}
+        folder.save_model(cfg.model, shape, labels, params, buffers, MODEL)
     folder.write_summary(summary)
     if failure is not None:
         raise failure
     folder.drop_checkpoint()
     return RunResult(summary, history, folder.path)
+
+
+def _selected(cfg, history: list[dict[str, Any]], chosen: BestModel | None) -> dict[str, Any] | None:
+    """summary.json ``selected``: the model in ``model.pt``, its round, monitor value and test metrics."""
+    monitor = cfg.resolved_monitor()
+    fallback = chosen is not None and chosen.row is None  # no finite validation value: the last model
+    row = chosen.row if chosen is not None and chosen.row is not None else (history[-1] if history else None)
+    if row is None:
+        return None
+    keys = ("test_auroc", "test_ap", *PAUC_KEYS, "test_auroc_per_label", "test_ap_per_label")
+    return {
+        "selection": "last" if chosen is None or fallback else "best",
+        "round": row["round"],
+        "monitor": monitor,
+        "value": row.get(monitor, math.nan),
+        **{k: row[k] for k in keys if k in row},
+        **({"note": f"no finite {monitor}: the last model"} if fallback else {}),
+    }
 
 
 def _better(new: float, old: float) -> bool:

@@ -56,6 +56,10 @@ class RunConfig:
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
+    validation: float | str = 0.0  # per-client validation: a fraction, "official" or "auto"; 0: none
+    selection: str = "last"  # model.pt: "last" (the final model) or "best" (best validation evaluation)
+    monitor: str | None = None  # the val_* column selection and early stopping follow; None: the algorithm's
+    early_stopping: int = 0  # stop after this many evaluations without improvement; 0: off
     tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
     init_from: str | None = None  # start from a run folder's model.pt or a state dict file (run/weights.py)
     reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
@@ -74,6 +78,14 @@ class RunConfig:
         if self.lr is not None:
             return self.lr
         return ALGORITHMS[self.algorithm].default_lr if self.algorithm in ALGORITHMS else 0.1
+
+    def resolved_monitor(self) -> str:
+        """The ``val_*`` column selection and early stopping follow: ``monitor``, else the algorithm's."""
+        from fedxrisk.algorithms import ALGORITHMS
+
+        if self.monitor is not None:
+            return self.monitor
+        return ALGORITHMS[self.algorithm].monitor if self.algorithm in ALGORITHMS else "val_auroc"
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
