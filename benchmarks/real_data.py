@@ -8,9 +8,10 @@ set-ups, ``METHODS`` the methods, ``SETTINGS`` how a method is trained.
 
 Protocol, the same for every method (benchmarks/evidence.py's, on real data):
 
-1. Validation: BreastMNIST's official val split; elsewhere each client's training
-   shard is split per class into 80 % training and 20 % validation (evidence.py's
-   ``split_validation``, seeded). The test set is never used to choose anything.
+1. Validation: the library's ``data.validation`` (``fedxrisk.data.validation``):
+   BreastMNIST's official val split; elsewhere 20 % of each client's training
+   shard per class (seeded), the clients train on the rest. The test set is
+   never used to choose anything.
 2. Selection on seed 0: each method runs the three learning rates of its grid
    (``LR_GRIDS``, a factor 3 apart), plus one more a factor 3 beyond the edge
    when the best sits on an edge, and keeps the best on its own validation
@@ -50,7 +51,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evidence import load_pretrained, split_validation  # noqa: E402  (the evidence study's pieces)
+from evidence import load_pretrained  # noqa: E402  (the evidence study's loader of the CE model)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -60,6 +61,7 @@ CACHE = ROOT / "runs" / "real_data_cache"  # CE models the two-stage cells start
 DATA = {"root": ROOT.parent / "shared" / "data"}
 
 LOCAL_STEPS, STAGES, LR_DECAY, EVAL_EVERY = 8, 3, 3.0, 5
+VALIDATION = 0.2  # data.validation: per client and class, carved from the training shard
 
 LR_GRIDS: dict[str, tuple[float, ...]] = {
     "ce": (0.1, 0.3, 1.0),
@@ -146,8 +148,10 @@ _DATA: dict[tuple, Any] = {}
 
 
 def regime_data(regime: str, seed: int):
-    """(FederatedData on the training parts, validation x, y, per-client validation indices or None)."""
-    from fedxrisk.data import FederatedData, make_federated
+    """(FederatedData on the training parts, validation x, y, per-client validation positions),
+    the validation split made by the library's ``data.validation`` (``with_validation``)."""
+    from fedxrisk.data import make_federated
+    from fedxrisk.data.validation import with_validation
 
     key = (regime, seed)
     if key not in _DATA:
@@ -156,19 +160,16 @@ def regime_data(regime: str, seed: int):
             r["dataset"], r["clients"], r["partition"], None, seed, positive_classes=r.get("positive_classes"),
             allow_missing_class=True, data_dir=str(DATA["root"] / r["path"]),
         )  # fmt: skip
-        if r["val"] == "official":
-            shards, x_val, y_val, per_client = fed.shards, fed.data.x_val, fed.data.y_val, None
-        else:
-            shards, val = split_validation(fed, seed)
-            x_val, y_val = fed.data.x_train[val], fed.data.y_train[val]
-            per_client = [np.flatnonzero(np.isin(val, s)) for s in fed.shards]
+        fed = with_validation(fed, VALIDATION if r["val"] == "carve" else "official", seed)
         _DATA.clear()
-        _DATA[key] = (FederatedData(fed.data, shards), x_val, y_val, per_client)
+        _DATA[key] = (fed, fed.data.x_val, fed.data.y_val, fed.val_shards)
     return _DATA[key]
 
 
 def setting_data(regime: str, setting: str, seed: int):
     """The data a setting trains on: all clients, their union (central) or one client (local<h>)."""
+    import torch
+
     from fedxrisk.data import FederatedData
 
     fed, x_val, y_val, per_client = regime_data(regime, seed)
@@ -176,7 +177,7 @@ def setting_data(regime: str, setting: str, seed: int):
         return FederatedData(fed.data, [np.sort(np.concatenate(fed.shards))]), x_val, y_val
     if setting.startswith("local"):
         h = int(setting[5:])
-        rows = per_client[h]
+        rows = torch.from_numpy(per_client[h])
         return FederatedData(fed.data, [fed.shards[h]]), x_val[rows], y_val[rows]
     return fed, x_val, y_val
 

@@ -213,13 +213,15 @@ def selection_table(results) -> str:
                     cells.append(f"{lr:g}: –")
                 else:
                     t = target(rec)
-                    cells.append(f"{lr:g}: {t:.3f}" if t > -math.inf else f"{lr:g}: {rec['status'][:7]}")
+                    bad = "one class" if rec["status"] == "ok" else rec["status"][:7]  # ok but NaN: undefined
+                    cells.append(f"{lr:g}: {t:.3f}" if t > -math.inf else f"{lr:g}: {bad}")
             if all(c.endswith("–") for c in cells):
                 continue
             sel = selected_lr(results, regime, method, setting)
             lines.append(f"| {regime} | {row_label(method, setting)} | {METHODS[method][2]} | "
                          + "; ".join(cells) + f" | {sel if sel is not None else '–'} |")  # fmt: skip
-    head = "Validation target of every selection run (seed 0); the test set is not read. NaN: the loss diverged.\n\n"
+    head = ("Validation target of every selection run (seed 0); the test set is not read. nan: the loss "
+            "diverged; one class: the validation set holds one class, the target is undefined.\n\n")  # fmt: skip
     return head + "\n".join(lines) + "\n"
 
 
