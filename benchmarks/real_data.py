@@ -117,6 +117,8 @@ REGIMES: dict[str, dict[str, Any]] = {
     "campaign class": _campaign("class"),
     "campaign dirichlet": _campaign("dirichlet"),
     "heart mlp": _heart("mlp"),
+    # the heart protocol again with another validation draw: how much does selection noise move the table?
+    "heart draw2": {**_heart("linear"), "val_seed": 1000},
 }
 HOSPITALS = ("Cleveland", "Hungarian", "Switzerland", "VA")
 
@@ -131,6 +133,7 @@ PLAN: list[tuple[str, str, tuple[str, ...]]] = [
     ("heart", "local3", ("ce",)),
     ("campaign class", "scratch", ("ce", "codasca")),
     ("campaign dirichlet", "scratch", ("ce", "codasca")),
+    ("heart draw2", "scratch", ("ce", "codasca", "codaplus")),
     ("breast", "scratch", ("ce", "codasca", "fedxl2")),
     ("breast", "two", ("ce", "codasca")),
     ("campaign class", "two", ("ce", "codasca")),
@@ -160,7 +163,9 @@ def regime_data(regime: str, seed: int):
             r["dataset"], r["clients"], r["partition"], None, seed, positive_classes=r.get("positive_classes"),
             allow_missing_class=True, data_dir=str(DATA["root"] / r["path"]),
         )  # fmt: skip
-        fed = with_validation(fed, VALIDATION if r["val"] == "carve" else "official", seed)
+        fed = with_validation(
+            fed, VALIDATION if r["val"] == "carve" else "official", seed + r.get("val_seed", 0)
+        )
         _DATA.clear()
         _DATA[key] = (fed, fed.data.x_val, fed.data.y_val, fed.val_shards)
     return _DATA[key]
