@@ -310,11 +310,13 @@ def plot(results, group: str) -> None:
     if not regimes:
         return
     FIGURES.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(len(regimes), 2, figsize=(11, 0.6 + 2.4 * len(regimes) + 0.25 * sum(
-        len(rows_of(r)) for r in regimes)), squeeze=False)  # fmt: skip
+    shown = {r: [ms_ for ms_ in rows_of(r) if final_runs(results, r, *ms_)] for r in regimes}
+    heights = [len(shown[r]) + 1 for r in regimes]
+    fig, axes = plt.subplots(len(regimes), 2, figsize=(11, 1.0 + 0.32 * sum(heights)), squeeze=False,
+                             sharex="col", gridspec_kw={"height_ratios": heights})  # fmt: skip
     for row, regime in zip(axes, regimes):
         labels = []
-        for i, (method, setting) in enumerate(rows_of(regime)):
+        for i, (method, setting) in enumerate(shown[regime]):
             runs = [r for r in final_runs(results, regime, method, setting) if r["status"] == "ok"]
             labels.append(row_label(method, setting))
             color = "tab:blue" if method == "ce" else "tab:red"
