@@ -27,7 +27,7 @@ def folder(tmp_path_factory) -> Path:
 def _cfg(folder, **kw) -> RunConfig:
     base = dict(algorithm="codasca", dataset="folder", data_dir=str(folder), clients=2, imratio=None,
                 partition="iid", model="cnn", rounds=2, stages=1, local_steps=1, batch_size=4,
-                stream=False, workers=0, eval_every=1, tensorboard=False)  # fmt: skip
+                stream=False, workers=0, eval_every=1, tensorboard=False, positive_classes=["b"])  # fmt: skip
     return RunConfig(**{**base, **kw})
 
 
