@@ -126,3 +126,13 @@ class PositivesProbe(Algorithm):
 
     def communicate(self, state, comm, ctx):
         return state
+
+
+def image_folder_config(folder: Any, **overrides: Any) -> Any:
+    """A tiny two-client run on :func:`write_image_folder`'s classes (``b`` positive); ``overrides`` win."""
+    from fedxrisk import RunConfig
+
+    base = dict(algorithm="codasca", dataset="folder", data_dir=str(folder), clients=2, imratio=None,
+                partition="iid", stages=1, local_steps=1, batch_size=4, workers=0, eval_every=1,
+                tensorboard=False, positive_classes=["b"])  # fmt: skip
+    return RunConfig(**{**base, **overrides})

@@ -14,7 +14,7 @@ from fedxrisk.experiment import ConfigError, RunConfig, build, run_experiment
 from fedxrisk.inference import load_trained
 from fedxrisk.metrics import predict
 from fedxrisk.problem import Problem
-from helpers import write_image_folder
+from helpers import image_folder_config, write_image_folder
 
 IMAGE_224 = 4 * 3 * 224 * 224  # float32 bytes of one 3×224×224 input
 
@@ -64,10 +64,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _cfg(folder, **kw) -> RunConfig:
-    base = dict(algorithm="codasca", dataset="folder", data_dir=str(folder), clients=2, imratio=None,
-                partition="iid", model="linear", rounds=1, stages=1, local_steps=1, batch_size=4,
-                stream=True, workers=0, eval_every=1, tensorboard=False, positive_classes=["b"])  # fmt: skip
-    return RunConfig(**{**base, **kw})
+    return image_folder_config(folder, **{**dict(model="linear", rounds=1, stream=True), **kw})
 
 
 def test_run_and_predict_use_the_budgeted_eval_batch(folder, tmp_path):

@@ -14,7 +14,7 @@ from fedxrisk.experiment import ConfigError, RunConfig, build, run_experiment
 from fedxrisk.inference import load_trained
 from fedxrisk.models import build_model
 from fedxrisk.prediction import predict
-from helpers import write_image_folder
+from helpers import image_folder_config, write_image_folder
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +25,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _cfg(folder, **kw) -> RunConfig:
-    base = dict(algorithm="codasca", dataset="folder", data_dir=str(folder), clients=2, imratio=None,
-                partition="iid", model="cnn", rounds=2, stages=1, local_steps=1, batch_size=4,
-                stream=False, workers=0, eval_every=1, tensorboard=False, positive_classes=["b"])  # fmt: skip
-    return RunConfig(**{**base, **kw})
+    return image_folder_config(folder, **{**dict(model="cnn", rounds=2, stream=False), **kw})
 
 
 @pytest.mark.parametrize("stream", [False, True])
