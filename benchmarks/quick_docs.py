@@ -114,11 +114,13 @@ def _number(text: str):
 
 
 def _load(timed: dict) -> str:
-    return (
-        f" shared with other jobs (load average up to {timed['load']:g})"
-        if timed.get("load", 0) > 2.5
-        else ""
-    )
+    """How busy the machine was: 'idle' only when nothing else ran (1-minute load below 1.5)."""
+    load = timed.get("load")
+    if load is None:
+        return ", load not recorded"
+    if load < 1.5:
+        return f", otherwise idle (load average {load:g})"
+    return f" shared with other jobs (load average up to {load:g})"
 
 
 def render(raw: dict) -> None:
