@@ -75,7 +75,7 @@ def _config(data_dir: Path, stream: bool, workers: int, model: str, rounds: int,
         algorithm="codasca", dataset="folder", data_dir=str(data_dir), clients=CLIENTS, imratio=None,
         partition="iid", model=model, rounds=rounds, stages=1, local_steps=steps, batch_size=BATCH,
         engine="loop", stream=stream, workers=workers, eval_every=rounds, checkpoint_every=0,
-        tensorboard=False,
+        tensorboard=False, positive_classes=["b"],
     )  # fmt: skip
 
 
@@ -102,7 +102,7 @@ def child_memory_224(data_dir: Path, out: Path) -> dict:
         algorithm="codasca", dataset="folder", data_dir=str(data_dir), clients=CLIENTS, imratio=None,
         partition="iid", model="cnn", rounds=1, stages=1, local_steps=2, batch_size=8, engine="loop",
         stream=True, workers=1, eval_every=1, checkpoint_every=0, tensorboard=False, image_size=224,
-        memory_budget=LARGE_BUDGET,
+        memory_budget=LARGE_BUDGET, positive_classes=["b"],
     )  # fmt: skip
     start = time.perf_counter()
     eval_batch = build(cfg).problem.eval_batch_size
@@ -117,7 +117,7 @@ def child_memory_224(data_dir: Path, out: Path) -> dict:
 
 
 def measure_224(work: Path, sizes: list[int]) -> dict:
-    rows = []
+    rows, start_load = [], os.getloadavg()[0]
     for n in sizes:
         folder = make_images(work / "images", n, size=64)
         r = _run_child(["memory224", str(folder), "1", str(work / f"run224-{n}-{time.time()}")])
@@ -128,7 +128,7 @@ def measure_224(work: Path, sizes: list[int]) -> dict:
         "memory": rows,
         "budget": LARGE_BUDGET,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other jobs while measured "
-        f"(load average {load[0]:.1f} at the end)",
+        f"(1-minute load average {start_load:.1f} at the start, {load[0]:.1f} at the end)",
         "date": time.strftime("%Y-%m-%d"),
     }
 
