@@ -24,8 +24,9 @@ edit the record: rerun the benchmark (or, for the evidence study,
 ``python benchmarks/evidence.py --verify REGIME``, which reruns seed 0 of every
 row, requires bit-for-bit equal metrics and curves, and only then records the
 new fingerprint), or mark it kept with the reason. Only the parent process's
-imports are recorded: a benchmark that imports fedxrisk only in worker
-processes records nothing and says so (``status``).
+imports can be seen: for a benchmark that imports fedxrisk only in worker
+processes (or CLI subprocesses), every file of the package is recorded, so any
+change to ``src/fedxrisk`` makes its results stale.
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ def fingerprint(modules: dict[str, Any] | None = None, root: Path = ROOT) -> dic
             )
         files[p.relative_to(root).as_posix()] = sha256(p)
     return files
+
+
+def package_fingerprint(root: Path = ROOT) -> dict[str, str]:
+    """{path: sha256} of every file of the ``fedxrisk`` package (for benchmarks that import it only
+    in subprocesses, so the parent cannot tell which modules they used: all of them count)."""
+    package = root / "src" / "fedxrisk"
+    return {
+        p.relative_to(root).as_posix(): sha256(p)
+        for p in sorted(package.rglob("*"))
+        if p.is_file() and p.suffix in (".py", ".json") and "__pycache__" not in p.parts
+    }
 
 
 def git(*args: str, root: Path = ROOT) -> str:
@@ -162,12 +174,12 @@ def run(name: str, command: list[str], root: Path = ROOT) -> None:
     sys.argv = command[1:]
     sys.path.insert(0, str((root / command[1]).parent))
     runpy.run_path(str(root / command[1]), run_name="__main__")
-    files = fingerprint(root=root)
-    if not files:
-        print(f"provenance: {name} imported no fedxrisk module in this process; nothing recorded")
-        return
-    record(name, files, root)
-    print(f"provenance: recorded {len(files)} source files for {name}")
+    files, note = fingerprint(root=root), ""
+    if not files:  # fedxrisk ran in subprocesses only: any change to the package makes it stale
+        files = package_fingerprint(root)
+        note = "imported fedxrisk in subprocesses only: every file of the package is recorded"
+    record(name, files, root, note=note)
+    print(f"provenance: recorded {len(files)} source files for {name}" + (f" ({note})" if note else ""))
 
 
 def status(root: Path = ROOT) -> list[str]:

@@ -162,7 +162,9 @@ def test_the_runner_records_the_modules_the_script_imported(tmp_path, monkeypatc
     script = tmp_path / "bench.py"
     script.write_text("import fedxrisk.metrics\n")
     seen = {}
-    monkeypatch.setattr(prov, "record", lambda name, files, root: seen.update(name=name, files=files))
+    monkeypatch.setattr(
+        prov, "record", lambda name, files, root, note="": seen.update(name=name, files=files)
+    )
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     prov.run("tiny", ["python", str(script)])
     assert seen["name"] == "tiny"
@@ -178,3 +180,21 @@ def test_the_record_is_json_with_the_commit_and_files(tmp_path):
     _tree(tmp_path)
     entry = json.loads((tmp_path / "benchmarks" / "results" / "provenance.json").read_text())["study"]
     assert entry["commit"] == "abc1234" and len(entry["files"]) == 2
+
+
+def test_a_script_that_imports_fedxrisk_only_in_subprocesses_records_the_whole_package(tmp_path, monkeypatch):
+    (tmp_path / "src" / "fedxrisk" / "run").mkdir(parents=True)
+    (tmp_path / "src" / "fedxrisk" / "run" / "loop.py").write_text("A = 1\n")
+    (tmp_path / "src" / "fedxrisk" / "catalog.json").write_text("{}\n")
+    (tmp_path / "src" / "fedxrisk" / "notes.txt").write_text("not source\n")
+    (tmp_path / "bench.py").write_text("import json\n")
+    seen = {}
+    monkeypatch.setattr(prov, "fingerprint", lambda root: {})
+    monkeypatch.setattr(prov, "record", lambda name, files, root, note: seen.update(files=files, note=note))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    prov.run("sub", ["python", "bench.py"], root=tmp_path)
+    assert seen["files"] == {
+        "src/fedxrisk/catalog.json": _sha("{}\n"),
+        "src/fedxrisk/run/loop.py": _sha("A = 1\n"),
+    }
+    assert "subprocesses only" in seen["note"]
