@@ -15,12 +15,9 @@ table of docs/reliability.md). tests/test_outputs.py runs the same cases.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import hashlib
-import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -29,6 +26,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import casetable  # noqa: E402
+from casetable import message_cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -279,8 +280,7 @@ def render(rows: list[dict]) -> str:
         "|---|---|---:|---|:---:|",
     ]
     for r in rows:
-        message = re.sub(r"\s+", " ", r["message"]).replace("|", "\\|")
-        code = f"`` {message} ``" if "`" in message else f"`{message}`"
+        code = message_cell(r["message"])
         lines.append(
             f"| {r['command']} | {r['input']} | {r['exit']} | {code} | {'yes' if r['kept'] else 'NO'} |"
         )
@@ -288,21 +288,7 @@ def render(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--render-only", action="store_true", help="re-render the table from the JSON")
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    raw = RESULTS / f"{NAME}.json"
-    if args.render_only:
-        rows = json.loads(raw.read_text())
-    else:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        import torch
-
-        torch.set_num_threads(1)
-        rows = run_all()
-        raw.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
-    (RESULTS / f"{NAME}.md").write_text(render(rows))
+    casetable.main(NAME, __doc__, run_all, render)
 
 
 if __name__ == "__main__":

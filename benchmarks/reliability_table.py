@@ -15,12 +15,8 @@ Writes ``benchmarks/results/reliability.json`` and ``benchmarks/results/reliabil
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
-import json
-import os
-import re
 import struct
 import sys
 import tempfile
@@ -31,6 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import casetable  # noqa: E402
+from casetable import message_cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -418,8 +418,7 @@ def render(rows: list[dict]) -> str:
         "|---:|---|---:|---|:---:|",
     ]
     for r in rows:
-        message = re.sub(r"\s+", " ", r["message"]).replace("|", "\\|")
-        code = f"`` {message} ``" if "`" in message else f"`{message}`"  # a span that may hold backticks
+        code = message_cell(r["message"])
         lines.append(
             f"| {r['item']} | {r['input']} | {r['exit']} | {code} | {'runs (warning)' if r.get('runs') else 'yes' if r['untouched'] else 'NO'} |"
         )
@@ -427,21 +426,7 @@ def render(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--render-only", action="store_true", help="re-render the table from the JSON")
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    raw = RESULTS / f"{NAME}.json"
-    if args.render_only:
-        rows = json.loads(raw.read_text())
-    else:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        import torch
-
-        torch.set_num_threads(1)
-        rows = run_all()
-        raw.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
-    (RESULTS / f"{NAME}.md").write_text(render(rows))
+    casetable.main(NAME, __doc__, run_all, render)
 
 
 if __name__ == "__main__":

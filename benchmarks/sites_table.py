@@ -18,13 +18,10 @@ docs/reliability.md). tests/test_sites_table.py runs the same cases.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
-import os
 import pickle
-import re
 import shutil
 import struct
 import sys
@@ -36,6 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import casetable  # noqa: E402
+from casetable import message_cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -578,8 +579,7 @@ def render(rows: list[dict]) -> str:
         "|---|---|---|---:|---|---|",
     ]
     for r in rows:
-        message = re.sub(r"\s+", " ", r["message"]).replace("|", "\\|")
-        code = f"`` {message} ``" if "`" in message else f"`{message}`"
+        code = message_cell(r["message"])
         lines.append(
             f"| {'new' if r['new'] else 'issue'} | {r['command']} | {r['input']} | {r['exit']} | {code} | {r['class']} |"
         )
@@ -589,23 +589,13 @@ def render(rows: list[dict]) -> str:
 CLASSES = ("clear", "runs", "unclear", "traceback", "silent", "data lost")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--render-only", action="store_true", help="re-render the table from the JSON")
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    raw = RESULTS / f"{NAME}.json"
-    if args.render_only:
-        rows = json.loads(raw.read_text())
-    else:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        import torch
+def _run_in_tmp() -> list[dict]:
+    with tempfile.TemporaryDirectory() as d:
+        return run_all(make_runs(Path(d)))
 
-        torch.set_num_threads(1)
-        with tempfile.TemporaryDirectory() as d:
-            rows = run_all(make_runs(Path(d)))
-        raw.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
-    (RESULTS / f"{NAME}.md").write_text(render(rows))
+
+def main() -> None:
+    casetable.main(NAME, __doc__, _run_in_tmp, render)
 
 
 if __name__ == "__main__":

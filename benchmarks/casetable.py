@@ -1,0 +1,42 @@
+"""What the three bad-input tables share (outputs_table.py, reliability_table.py, sites_table.py):
+a message as one Markdown table cell, and the main that runs the cases or re-renders their JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def message_cell(message: str) -> str:
+    """``message`` on one line as a code span that survives ``|`` and backticks inside it."""
+    message = re.sub(r"\s+", " ", message).replace("|", "\\|")
+    return f"`` {message} ``" if "`" in message else f"`{message}`"
+
+
+def main(
+    name: str, doc: str, run_all: Callable[[], list[dict[str, Any]]], render: Callable[[list], str]
+) -> None:
+    """Run every case on one torch thread (or, with ``--render-only``, read ``results/NAME.json``),
+    then write ``results/NAME.md``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--render-only", action="store_true", help="re-render the table from the JSON")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    raw = RESULTS / f"{name}.json"
+    if args.render_only:
+        rows = json.loads(raw.read_text())
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(1)
+        rows = run_all()
+        raw.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
+    (RESULTS / f"{name}.md").write_text(render(rows))
