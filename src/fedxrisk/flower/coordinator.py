@@ -29,17 +29,19 @@ import torch
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.flower.config import FlowerConfig
-from fedxrisk.flower.outputs import FIELDS, RunOutputs, global_model, mean_std
+from fedxrisk.flower.outputs import LAST_MODEL, RunOutputs, global_model, mean_std, summed_validation
 from fedxrisk.flower.private import ServerDP, server_dp
 from fedxrisk.flower.site import BEGIN
 from fedxrisk.flower.sitedata import load_holdout
 from fedxrisk.flower.transport import Exchange, FederationError, LocalTransport, Site, Transport
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.problem import Problem
+from fedxrisk.run.callbacks import BestModel, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import json_safe
+from fedxrisk.run.loop import _selected
 from fedxrisk.tree import Tree, stack, tmap
 
-__all__ = ["FIELDS", "Coordinator", "FederationError", "LocalTransport", "Site", "Transport"]
+__all__ = ["Coordinator", "FederationError", "LocalTransport", "Site", "Transport"]
 
 
 class Coordinator:
@@ -58,7 +60,10 @@ class Coordinator:
         self.log = log or (lambda msg: None)
         self.clock = clock
         self.exchange = Exchange(transport, cfg.round_timeout, poll_interval, clock, sleep)
-        self.outputs = RunOutputs(cfg, FIELDS)
+        self.outputs = RunOutputs(cfg)
+        self.callbacks = selection_callbacks(cfg)  # type: ignore[arg-type]  (duck-typed: selection, monitor)
+        self.state = LoopState(cfg, self.outputs.out, cfg.rounds, history=self.outputs.history)  # type: ignore[arg-type]
+        self.state.global_model = lambda: (self.model["params"], self.model["buffers"])  # type: ignore[index]
         self.plans = list(cfg.schedule().plan())
         self.ledger = ByteLedger()
         # seed of the score-pool shuffle: a server-only secret if FEDXRISK_POOL_SEED is set on the
@@ -121,6 +126,12 @@ class Coordinator:
         except ValueError as e:
             raise FederationError(f"{self.cfg.algorithm}: {e}") from e
         self.holdout = load_holdout(self.cfg.test_data, self.cfg)
+        self.num_val = sum(int(r.metrics.get("num-val", 0)) for r in replies.values())
+        if self.callbacks and not self.num_val:
+            raise FederationError(
+                "selection = 'best' / early-stopping choose on validation data, and no site holds any: "
+                "set validation = FRACTION (trial sites) or give the sites a val.npz / val.csv"
+            )
         self.dp = server_dp(self.cfg, self.problem, sites, self.max_samples, self.log)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
@@ -145,6 +156,8 @@ class Coordinator:
             )
             if finished >= 0:
                 self._finish_round(finished, replies)
+                if self.state.should_stop:  # early stopping: the sites' next round is abandoned
+                    return
             if pending < 0:
                 if self.done >= last:
                     return
@@ -202,22 +215,40 @@ class Coordinator:
             return
         ordered = [replies[s.node] for s in self.sites]
         self.model = global_model(ordered)
-        self.outputs.save_model(self.model, self.sites[0].input_shape)
         plan = self.plans[r]
         row = {
             "round": r + 1, "step": plan.first_step + plan.window, "stage": plan.stage, "lr": plan.lr,
             "train_loss": float(torch.tensor([rep.metrics["loss"] for rep in ordered]).mean()),
             **self.outputs.test_metrics(self.problem, self.model, self.holdout),
+            **summed_validation(ordered),
             **mean_std([rep.metrics.get("train-auroc", -1.0) for rep in ordered], "client_auroc"),
-            "client_val_auroc_mean": mean_std([rep.metrics.get("val-auroc", -1.0) for rep in ordered], "v")["v_mean"],
             "bytes_up_per_client": self.ledger.total_up, "bytes_down_per_client": self.ledger.total_down,
             "wall_seconds": round(self.clock() - self.start, 4),
+            **({"epsilon": self.dp.epsilon(r + 1)} if self.dp is not None else {}),
         }  # fmt: skip
         self.outputs.add_row(row)
+        self.state.round = r + 1
+        for cb in self.callbacks:
+            cb.on_evaluation(row, self.state)
+        chosen = self._callback(BestModel)
+        if chosen is not None:
+            self.outputs.save_model(self.model, self.sites[0].input_shape, LAST_MODEL)
+        if chosen is None or chosen.row is None or chosen.row["round"] == row["round"]:
+            self.outputs.save_model(self.model, self.sites[0].input_shape)  # the selected model
+        val = f", val AUROC {row['val_auroc']:.4f} ± {row['val_auroc_bound']:.1e}" if self.num_val else ""
         self.log(
             f"round {r + 1}/{len(self.plans)}: train loss {row['train_loss']:.4f}, test AUROC "
-            f"{row['test_auroc']:.4f}, site AUROC {row['client_auroc_mean']:.4f}"
+            f"{row['test_auroc']:.4f}, site AUROC {row['client_auroc_mean']:.4f}{val}"
         )
+
+    def _callback(self, kind: type) -> Any:
+        return next((cb for cb in self.callbacks if isinstance(cb, kind)), None)
+
+    def _stopping(self) -> dict[str, Any]:
+        stopper = self._callback(EarlyStopping)
+        if stopper is None:
+            return {}
+        return {"early_stopping": {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}}
 
     def _summary(self, error: Exception | None) -> dict[str, Any]:
         final = self.outputs.history[-1] if self.outputs.history else {}
@@ -230,6 +261,8 @@ class Coordinator:
             "rounds": self.done + 1,
             "num_clients": len(self.sites),
             "final": {k: final.get(k, math.nan) for k in keys},
+            "selected": _selected(self.cfg, self.outputs.history, self._callback(BestModel)),
+            **self._stopping(),
             "communication": self.ledger.summary(),
             **({"privacy": self.dp.summary(self.done + 1)} if self.dp is not None else {}),
             "sites": [

@@ -18,16 +18,37 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.engines.validation import BOUND_KEYS, VAL_KEYS, histogram_validation
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.wire import Packet, unflatten
 from fedxrisk.metrics import auroc, average_precision, predict
 from fedxrisk.outfiles import disk_errors, open_append, replace_atomic
-from fedxrisk.run.folder import HISTORY_FIELDS, json_safe, write_json_atomic
+from fedxrisk.run.folder import (  # noqa: F401  (LAST_MODEL: re-exported for the coordinator)
+    HISTORY,
+    HISTORY_FIELDS,
+    LAST_MODEL,
+    MODEL,
+    SUMMARY,
+    json_safe,
+    write_json_atomic,
+)
 from fedxrisk.textsafe import csv_cell
 from fedxrisk.tree import Tree
 
-FIELDS = (*HISTORY_FIELDS, "client_val_auroc_mean")
-HISTORY, MODEL, SUMMARY = "history.csv", "model.pt", "summary.json"
+
+def history_fields(cfg: FlowerConfig) -> tuple[str, ...]:
+    """``history.csv``'s columns: those of ``fedxrisk run`` (a private run adds ``epsilon``)."""
+    return (*HISTORY_FIELDS, "epsilon") if cfg.privacy_clip else HISTORY_FIELDS
+
+
+def summed_validation(replies: list[Packet]) -> dict[str, float]:
+    """``val_*`` and ``val_*_bound`` of the global model from the **sum** of the sites' per-class
+    score histograms (integers: secure aggregation could wrap the sum); NaN when no site holds
+    validation data. The same code computes the distributed engine's values from its ranks' sums."""
+    counts = [rep.arrays["validation"]["counts"] for rep in replies if "validation" in rep.arrays]
+    if not counts:
+        return dict.fromkeys((*VAL_KEYS, *BOUND_KEYS), math.nan)
+    return histogram_validation(torch.stack(counts).sum(0).numpy())
 
 
 def global_model(replies: list[Packet]) -> dict[str, Tree]:
@@ -52,8 +73,8 @@ def mean_std(values: list[float], name: str) -> dict[str, float]:
 class RunOutputs:
     """The files in ``out-dir``: ``history.csv`` rows as evaluations come, models, the summary."""
 
-    def __init__(self, cfg: FlowerConfig, fields: tuple[str, ...] = FIELDS):
-        self.cfg, self.out, self.fields = cfg, Path(cfg.out_dir), fields
+    def __init__(self, cfg: FlowerConfig):
+        self.cfg, self.out, self.fields = cfg, Path(cfg.out_dir), history_fields(cfg)
         self.history: list[dict[str, Any]] = []
         self._append: Callable[[dict[str, Any]], None] | None = None
 

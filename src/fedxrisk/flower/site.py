@@ -44,6 +44,7 @@ from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.data.stream import Stream, sampler_requests
 from fedxrisk.engines.simulation import LoopEngine
+from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
 from fedxrisk.flower.sitedata import SiteData, load_site
@@ -246,15 +247,20 @@ class SiteRunner:
         return None
 
     def report(self, with_model: bool) -> tuple[dict[str, float], dict[str, dict[str, torch.Tensor]]]:
-        """Metrics of the finished round: loss, and at evaluation rounds AUROCs and the model."""
+        """Metrics of the finished round: loss, and at evaluation rounds the site's training AUROC,
+        the model, and the per-class histograms of its validation scores (the fixed bins of
+        :func:`~fedxrisk.engines.validation.score_histograms`, as the distributed engine's ranks send)."""
         metrics = {"loss": float(self.state["loss"][0])}
         if not with_model:
             return metrics, {}
         params, buffers = (index(t, 0) for t in self.algorithm.model(self.state))
         metrics["train-auroc"] = _auroc(self.problem, params, buffers, self.site.x, self.site.y)
-        if self.site.x_val is not None:
-            metrics["val-auroc"] = _auroc(self.problem, params, buffers, self.site.x_val, self.site.y_val)
-        return metrics, {"model": flatten({"params": params, "buffers": buffers})}
+        arrays = {"model": flatten({"params": params, "buffers": buffers})}
+        if self.site.x_val is not None and self.site.y_val is not None:  # counts per bin, never a score
+            scores = predict(self.problem, params, buffers, self.site.x_val)
+            counts = score_histograms(self.site.y_val.numpy(), scores, 1)
+            arrays["validation"] = {"counts": torch.from_numpy(counts)}
+        return metrics, arrays
 
     def step(self, request: Packet) -> Packet:
         """Deliver an answer (if any), finish and start rounds up to ``start``, reply."""
