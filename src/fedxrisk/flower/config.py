@@ -66,6 +66,8 @@ class FlowerConfig:
     privacy_target_epsilon: float = 0.0
     privacy_delta: float = 0.0  # 0: 1/N, N the sites' training samples
     privacy_noise_seed: int = -1  # -1: a secret the server draws
+    privacy_sampling_rate: float = 1.0  # q: the fraction of sites per round (the server draws them)
+    privacy_sampling: str = "poisson"  # or "fixed" (round(q·K) sites, without replacement)
     secure_aggregation: bool = False  # Flower SecAgg+: refused for now (flower/private.py)
 
     @classmethod

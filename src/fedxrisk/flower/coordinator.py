@@ -140,12 +140,7 @@ class Coordinator:
 
     def _rounds(self) -> None:
         init = {"num-clients": len(self.sites), "pos-ratio": self.pos_ratio, "max-samples": self.max_samples}
-        requests = {
-            s.node: Packet(
-                config={**init, "client": s.client, "start": 0, "report": self.cfg.is_eval_round(0)}
-            )
-            for s in self.sites
-        }
+        requests = self._packets({**init, "start": 0, "report": self.cfg.is_eval_round(0)}, first=True)
         last = len(self.plans) - 1
         while True:
             what = f"round {self.done + 2}/{len(self.plans)}"  # 1-based, as in history.csv
@@ -162,8 +157,7 @@ class Coordinator:
                 if self.done >= last:
                     return
                 start = self.done + 1  # a round without collectives: start the next one
-                config = {"start": start, "report": self.cfg.is_eval_round(start)}
-                requests = {s.node: Packet(config=dict(config)) for s in self.sites}
+                requests = self._packets({"start": start, "report": self.cfg.is_eval_round(start)})
                 continue
             answer, kind, call = self._reduce(replies, pending)
             if self._common(replies, "phase", what) == BEGIN:  # the begin hook: then round 0 starts
@@ -171,7 +165,26 @@ class Coordinator:
             else:
                 nxt = pending + 1 if pending < last else -1
             config = {"call": call, "kind": kind, "start": nxt, "report": self.cfg.is_eval_round(pending)}
-            requests = {s.node: Packet(config=dict(config), arrays={"answer": answer}) for s in self.sites}
+            requests = self._packets(config, {"answer": answer})
+
+    def _packets(
+        self, config: dict[str, Any], arrays: dict[str, Any] | None = None, first: bool = False
+    ) -> dict[int, Packet]:
+        """One request per site; under client sampling each site learns whether it takes part in the
+        round the request starts (``active``); ``first``: the site's client index too."""
+        start = int(config["start"])
+        active = self.dp.participants(start) if self.dp is not None and start >= 0 else None
+        return {
+            s.node: Packet(
+                config={
+                    **config,
+                    **({"client": s.client} if first else {}),
+                    **({"active": bool(active[s.client])} if active is not None else {}),
+                },
+                arrays=dict(arrays or {}),
+            )
+            for s in self.sites
+        }
 
     # -- collectives ----------------------------------------------------------------
     def _reduce(self, replies: dict[int, Packet], round_: int) -> tuple[dict[str, torch.Tensor], str, int]:
