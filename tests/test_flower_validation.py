@@ -21,6 +21,7 @@ from fedxrisk.engines.validation import (
     VAL_KEYS,
     exact_validation,
     federated_validation,
+    score_histograms,
     validation_histogram,
 )
 from fedxrisk.errors import ConfigError
@@ -161,3 +162,15 @@ def test_selection_settings_are_checked(extra, words, tmp_path):
     with pytest.raises(ConfigError) as e:
         FlowerConfig.from_run_config({**run_config("codasca", tmp_path), **extra})
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_validation_counts_cross_flower_records_as_int64():
+    """What a site sends for validation survives Flower's ArrayRecord exactly (int64 counts)."""
+    pytest.importorskip("flwr")
+    from fedxrisk.flower.app import from_records, to_records
+    from fedxrisk.flower.wire import Packet
+
+    counts = torch.from_numpy(score_histograms(np.array([0, 1, 1.0]), np.array([-30.0, 0.1, 2**40]), 1))
+    back = from_records(to_records(Packet(arrays={"validation": {"counts": counts}})))
+    assert back.arrays["validation"]["counts"].dtype == torch.int64
+    assert torch.equal(back.arrays["validation"]["counts"], counts)
