@@ -31,10 +31,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("run.configfile", ("fedxrisk.run.configfile",)),
     ("run.weights", ("fedxrisk.run.weights",)),
     ("run.folder", ("fedxrisk.run.folder",)),
-    ("flower", ("fedxrisk.flower",)),  # may use only the run files above it
     ("run.build", ("fedxrisk.run.build",)),
     ("run.callbacks", ("fedxrisk.run.callbacks",)),
     ("run.loop", ("fedxrisk.run.loop",)),
+    ("flower", ("fedxrisk.flower",)),  # may use only the run files above it (callbacks: selection, early stopping)
     ("run.recipes", ("fedxrisk.run.recipes",)),
     ("run.tune", ("fedxrisk.run.tunespace", "fedxrisk.run.tuneout", "fedxrisk.run.tune")),  # only run.tune imports optuna
     ("api", (

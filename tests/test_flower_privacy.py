@@ -66,3 +66,56 @@ def test_flower_privacy_refusals_are_one_line(extra, words, tmp_path):
     with pytest.raises(ConfigError) as e:
         FlowerConfig.from_run_config(rc)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "algorithm, kind, rate",
+    [("codasca", "poisson", 0.5), ("localsgdm", "fixed", 0.5), ("codasca", "fixed", 0.75)],
+)
+def test_flower_client_sampling_equals_the_loop_engine(algorithm, kind, rate, tmp_path):
+    """The server draws each round's sites with ClientSampling.mask; idle sites keep their state as
+    the simulation's idle clients do: same model, every site's whole state, ε per evaluation."""
+    from fedxrisk.engines.privacy import ClientSampling
+    from fedxrisk.flower.wire import unflatten
+    from fedxrisk.tree import tmap
+    from test_flower_validation import _history as history_rows
+
+    k, rounds = 4, 4
+    sampling = {"privacy-sampling-rate": rate, "privacy-sampling": kind}
+    rc = run_config(
+        algorithm, tmp_path, lr=0.05, rounds=rounds, stages=1, **{**DP, "min-nodes": k}, **sampling
+    )
+    summary, transport = run_local(rc, trial_nodes(k))
+    base = make_sim(
+        algorithm, "loop", clients=k, rounds=rounds, local_steps=rc["local-steps"],
+        batch_size=rc["batch-size"], lr=rc["lr"], stages=1, partition="iid", imratio=0.3, seed=0,
+    )  # fmt: skip
+    dp = ClientDP(0.5, 0.8, ClientSampling(rate, kind), noise_seed=7)
+    sim = Simulation(base.algorithm, base.data, base.schedule, base.batch_size, base.seed, "loop", privacy=dp)
+    masks = [dp.sampling.mask(7, r, k) for r in range(rounds)]
+    assert any(not bool(m.all()) for m in masks)  # some site really sits a round out
+    run_all(sim)
+    params, _ = sim.global_model()
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    for c, node in enumerate(sorted(transport.saved)):  # idle rounds kept exactly (control variates too)
+        site_state = unflatten(transport.saved[node].arrays["state"])
+        assert max_abs_diff(site_state, tmap(lambda x, c=c: x[c : c + 1], sim.states)) < 1e-6
+    assert summary["final"]["train_loss"] == pytest.approx(sim.train_loss(), abs=1e-6)
+    assert summary["communication"] == sim.ledger.summary()
+    n = sum(base.data.shard_sizes)
+    rows = history_rows(tmp_path)
+    assert [r["epsilon"] for r in rows] == pytest.approx(
+        [epsilon(0.8, r, 1.0 / n, rate, kind, k) for r in range(1, rounds + 1)], rel=1e-12
+    )
+    assert summary["privacy"]["epsilon"] == rows[-1]["epsilon"]
+    if kind == "poisson":  # amplified (fixed sampling is accounted under replace-one: not comparable)
+        assert rows[-1]["epsilon"] < epsilon(0.8, rounds, 1.0 / n)
+    assert (summary["privacy"]["sampling_rate"], summary["privacy"]["sampling"]) == (rate, kind)
+
+
+def test_sampling_without_clip_is_refused(tmp_path):
+    rc = {**run_config("codasca", tmp_path), "privacy-sampling-rate": 0.5}
+    with pytest.raises(ConfigError, match="privacy-sampling-rate < 1 samples sites"):
+        FlowerConfig.from_run_config(rc)
+    with pytest.raises(ConfigError, match="client sampling rate must lie in"):
+        FlowerConfig.from_run_config({**rc, **DP, "privacy-sampling-rate": 0.0})

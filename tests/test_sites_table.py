@@ -95,7 +95,7 @@ EXPECTED = {
     'plot-summary-null': "TMP/tab/run/summary.json: not a fedxrisk summary (expected a JSON object with a 'config' object)",
     'plot-summary-latin1': "TMP/tab/run/summary.json: not a readable summary ('utf-8' codec can't decode byte 0xe9 in position 7: invalid continuation byte)",
     'plot-history-text-round': "TMP/tab/run/history.csv line 2: round = 'two' is not a number",
-    'plot-history-long-row': 'TMP/tab/run/history.csv line 2: 21 field(s), the header has 20',
+    'plot-history-long-row': 'TMP/tab/run/history.csv line 2: 25 field(s), the header has 24',
     'plot-history-binary': "TMP/tab/run/history.csv: not a readable history ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte)",
     'plot-history-auroc-text': "TMP/tab/run/history.csv line 2: test_auroc = 'high' is not a number",
     'manifest-leak-dot': 'TMP/tm/manifest.csv: 1 image(s) in both the train and the test split (0.png); a test image seen in training inflates every metric',

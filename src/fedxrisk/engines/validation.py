@@ -8,7 +8,10 @@ clients' validation scores in fixed per-class histograms (:func:`fedxrisk.stats.
 aggregation could wrap it), and every rank computes the same metrics from the total
 (:func:`histogram_validation`); the binning error is bounded by
 :func:`fedxrisk.stats.histogram_bounds` (AUROC: half the share of positive-negative pairs
-sharing a bin). Multi-label data: the mean over labels of each label's metric.
+sharing a bin), computed from the same summed counts and logged with every value
+(``val_*_bound``; 0 on the exact engines). The Flower server sums the sites' histograms
+(:func:`score_histograms`) the same way. Multi-label data: the mean over labels of each
+label's metric.
 """
 
 from __future__ import annotations
@@ -23,10 +26,18 @@ import torch
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.metrics import PAUC_FPRS, auroc, average_precision, partial_auroc, predict
 from fedxrisk.problem import Problem
-from fedxrisk.stats.histogram import histogram_ap, histogram_auroc, histogram_pauc, score_histogram
+from fedxrisk.stats.histogram import (
+    histogram_ap,
+    histogram_auroc,
+    histogram_bounds,
+    histogram_pauc,
+    score_histogram,
+)
 from fedxrisk.tree import Tree
 
 VAL_KEYS = ("val_auroc", "val_ap", *(f"val_{name}_norm" for name in PAUC_FPRS))
+# the largest error binning can cause in each val_* value: 0 when computed exactly from the scores
+BOUND_KEYS = tuple(f"{key}_bound" for key in VAL_KEYS)
 
 
 def _columns(y: np.ndarray) -> np.ndarray:
@@ -58,7 +69,18 @@ def exact_validation(problem: Problem, params: Tree, buffers: Tree, data: Federa
     out["val_ap"] = _mean([average_precision(y[:, j], s[:, j]) for j in cols])
     for name, fpr in PAUC_FPRS.items():
         out[f"val_{name}_norm"] = _mean([partial_auroc(y[:, j], s[:, j], fpr) for j in cols])
-    return out
+    return out | {
+        bound: 0.0 if not math.isnan(out[key]) else math.nan for key, bound in zip(VAL_KEYS, BOUND_KEYS)
+    }
+
+
+def score_histograms(y: np.ndarray, s: np.ndarray, labels: int) -> np.ndarray:
+    """``[L, 2, B + 1]`` int64 per-class counts of labels ``y`` and logits ``s`` (``[N, L]`` or ``[N]``)
+    in the fixed bins of :func:`~fedxrisk.stats.score_histogram`: what a site (a rank) sends."""
+    y, s = _columns(np.asarray(y)), np.asarray(s).reshape(len(y), -1)
+    if s.shape[1] != labels:  # no validation sample here
+        s, y = np.zeros((0, labels)), np.zeros((0, labels))
+    return np.stack([score_histogram(s[:, j], y[:, j]) for j in range(labels)])
 
 
 def validation_histogram(
@@ -67,17 +89,24 @@ def validation_histogram(
     """``[L, 2, B + 1]`` int64 per-class score counts of the validation data of ``clients``."""
     y, s = validation_scores(problem, params, buffers, data, clients)
     labels = data.data.y_val.reshape(len(data.data.y_val), -1).shape[1]  # type: ignore[union-attr]
-    if s.shape[1] != labels:  # no validation sample on these clients
-        s = np.zeros((0, labels))
-    return np.stack([score_histogram(s[:, j], y[:, j]) for j in range(labels)])
+    return score_histograms(y, s, labels)
 
 
 def histogram_validation(counts: np.ndarray) -> dict[str, float]:
-    """``val_*`` metrics from summed ``[L, 2, B + 1]`` histograms (McClish pAUC needs scores: not given)."""
+    """``val_*`` metrics from summed ``[L, 2, B + 1]`` histograms (McClish pAUC needs scores: not given),
+    each with its ``*_bound``: the worst-case binning error :func:`~fedxrisk.stats.histogram_bounds`
+    computes from the same counts (the exact value lies within ± bound; multi-label: the mean of the
+    labels' bounds, which bounds the error of the mean)."""
+    counts = np.asarray(counts)
     out = {"val_auroc": _mean([histogram_auroc(c) for c in counts])}
     out["val_ap"] = _mean([histogram_ap(c) for c in counts])
     for name, fpr in PAUC_FPRS.items():
         out[f"val_{name}_norm"] = _mean([histogram_pauc(c, fpr) for c in counts])
+    bounds = {fpr: [histogram_bounds(c, fpr) for c in counts] for fpr in {0.3, *PAUC_FPRS.values()}}
+    out["val_auroc_bound"] = _mean([b["auroc"] for b in bounds[0.3]])
+    out["val_ap_bound"] = _mean([b["ap"] for b in bounds[0.3]])
+    for name, fpr in PAUC_FPRS.items():
+        out[f"val_{name}_norm_bound"] = _mean([b["pauc"] for b in bounds[fpr]])
     return out
 
 
@@ -88,7 +117,7 @@ def federated_validation(sim: Any, problem: Problem, data: FederatedData) -> dic
     numbers on every rank, from summed histograms; otherwise exact.
     """
     if data.val_shards is None:
-        return dict.fromkeys(VAL_KEYS, math.nan)
+        return dict.fromkeys((*VAL_KEYS, *BOUND_KEYS), math.nan)
     params, buffers = sim.global_model()
     group = getattr(sim, "group", None)
     if group is None:

@@ -18,6 +18,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.flower.private import check_flower_privacy
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
+from fedxrisk.run.checks import MONITORS, SELECTIONS
 from fedxrisk.run.spec import DEFAULT_LOCAL_STEPS
 
 
@@ -41,6 +42,11 @@ class FlowerConfig:
     positives_per_batch: int = 0  # > 0: class-aware batches for any algorithm (fedxrisk.classaware)
     allow_missing_class: bool = False
     eval_every: int = 1
+    # federated validation (per-class score histograms summed on the server) and selection on it
+    validation: float = 0.0  # trial sites: this fraction of each class of a site's part; 0: none
+    selection: str = "last"  # model.pt: "last" or "best" (the best validation evaluation)
+    monitor: str = ""  # the val_* column followed; "": the algorithm's
+    early_stopping: int = 0  # stop after this many evaluations without improvement; 0: off
     init_from: str = ""  # a state dict / run folder at this path on the server and every site; "": none
     reset_head: bool = False  # re-initialise the classifier head after init-from (init_from.py)
     # trial sites (node config ``dataset`` + ``partition-id`` + ``num-partitions``)
@@ -60,6 +66,8 @@ class FlowerConfig:
     privacy_target_epsilon: float = 0.0
     privacy_delta: float = 0.0  # 0: 1/N, N the sites' training samples
     privacy_noise_seed: int = -1  # -1: a secret the server draws
+    privacy_sampling_rate: float = 1.0  # q: the fraction of sites per round (the server draws them)
+    privacy_sampling: str = "poisson"  # or "fixed" (round(q·K) sites, without replacement)
     secure_aggregation: bool = False  # Flower SecAgg+: refused for now (flower/private.py)
 
     @classmethod
@@ -101,6 +109,10 @@ class FlowerConfig:
     def resolved_local_steps(self) -> int:
         fixed = self.algorithm_class.fixed_window
         return self.local_steps or fixed or DEFAULT_LOCAL_STEPS
+
+    def resolved_monitor(self) -> str:
+        """The ``val_*`` column selection and early stopping follow (as ``RunConfig.resolved_monitor``)."""
+        return self.monitor or self.algorithm_class.monitor
 
     def resolved_lr(self) -> float:
         return self.lr or self.algorithm_class.default_lr
@@ -174,11 +186,22 @@ class FlowerConfig:
                 f'options = {{"positives_per_batch": ...}} below it'
             )
         self.positive_class_ids()
+        self._validate_selection()
         check_flower_privacy(self)
         try:
             self.schedule()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+
+    def _validate_selection(self) -> None:
+        if not 0 <= self.validation < 1:
+            raise ConfigError(f"validation must be 0 (none) or a fraction in (0, 1), got {self.validation}")
+        if self.selection not in SELECTIONS:
+            raise ConfigError(f"unknown selection {self.selection!r}; choose one of {list(SELECTIONS)}")
+        if self.monitor and self.monitor not in MONITORS:
+            raise ConfigError(f"unknown monitor {self.monitor!r}; choose one of {list(MONITORS)}")
+        if self.early_stopping < 0:
+            raise ConfigError(f"early-stopping must be ≥ 0 (0: off), got {self.early_stopping}")
 
     def is_eval_round(self, round_: int) -> bool:
         """Evaluate after round ``round_`` (0-based): every ``eval_every`` rounds and at the end."""

@@ -3,10 +3,13 @@
 Run-config keys (flat, as Flower wants them): ``privacy-clip`` (C; 0: DP off),
 ``privacy-noise-multiplier`` (σ) or ``privacy-target-epsilon`` (ε for the planned rounds),
 ``privacy-delta`` (0: 1/N, N the sites' training samples), ``privacy-noise-seed`` (-1: a fresh
-secret drawn by the server; the simulation's equivalent is the run seed). Every site takes part
-in every round (client sampling on Flower is not built: refused). The server is the
-:class:`~fedxrisk.engines.privacy.PrivateAggregator` of the simulation engines, so a Flower run
-with the same noise seed gives the loop engine's numbers.
+secret drawn by the server; the simulation's equivalent is the run seed),
+``privacy-sampling-rate`` q and ``privacy-sampling`` (``poisson`` or ``fixed``): the server draws
+each round's participants with :meth:`~fedxrisk.engines.privacy.ClientSampling.mask` from the
+noise seed and tells each site whether it takes part; a site sitting the round out keeps its
+state as the simulation's idle clients do and sends zeros of its payload's shape (excluded from
+the sum). The server is the :class:`~fedxrisk.engines.privacy.PrivateAggregator` of the
+simulation engines, so a Flower run with the same noise seed gives the loop engine's numbers.
 
 What it protects: a site's whole contribution, against the other sites and anyone who sees the
 model; not against the server, which sees each site's update (secure aggregation would hide
@@ -22,7 +25,14 @@ from typing import Any
 import torch
 
 from fedxrisk.algorithms.base import ClientInfo
-from fedxrisk.engines.privacy import ClientDP, PrivateAggregator, check_client_dp, epsilon, noise_for_epsilon
+from fedxrisk.engines.privacy import (
+    ClientDP,
+    ClientSampling,
+    PrivateAggregator,
+    check_client_dp,
+    epsilon,
+    noise_for_epsilon,
+)
 from fedxrisk.errors import ConfigError
 from fedxrisk.tree import Tree
 
@@ -39,9 +49,14 @@ def check_flower_privacy(cfg: Any) -> None:
     """One-line :class:`ConfigError` for privacy settings a Flower run cannot honour."""
     if cfg.secure_aggregation:
         raise ConfigError(secure_aggregation_refusal(cfg.algorithm))
+    ClientSampling(cfg.privacy_sampling_rate, cfg.privacy_sampling)  # one line on a bad rate or kind
     if cfg.privacy_clip == 0:
         if cfg.privacy_noise_multiplier or cfg.privacy_target_epsilon:
             raise ConfigError("privacy-noise-multiplier / privacy-target-epsilon need privacy-clip > 0")
+        if cfg.privacy_sampling_rate < 1:
+            raise ConfigError(
+                "privacy-sampling-rate < 1 samples sites for client-level DP: set privacy-clip > 0 too"
+            )
         return
     if cfg.privacy_clip < 0:
         raise ConfigError(f"privacy-clip must be > 0 (0: no DP), got {cfg.privacy_clip}")
@@ -71,11 +86,12 @@ class ServerDP:
         check_client_dp(algorithm)
         self.k, self.rounds = len(samples), cfg.rounds
         self.delta = cfg.privacy_delta or 1.0 / sum(samples)
+        sampling = ClientSampling(cfg.privacy_sampling_rate, cfg.privacy_sampling)
         sigma = cfg.privacy_noise_multiplier or noise_for_epsilon(
-            cfg.privacy_target_epsilon, cfg.rounds, self.delta
+            cfg.privacy_target_epsilon, cfg.rounds, self.delta, sampling.rate, sampling.kind, self.k
         )
         seed = cfg.privacy_noise_seed if cfg.privacy_noise_seed >= 0 else secrets.randbits(62)
-        self.config = ClientDP(cfg.privacy_clip, sigma, noise_seed=seed)
+        self.config = ClientDP(cfg.privacy_clip, sigma, sampling, noise_seed=seed)
         initial = algorithm.init(ClientInfo(0, samples[0], positives[0] / samples[0], max_samples))
         self.aggregator = PrivateAggregator(self.config, algorithm, initial, seed, self.k)
         self.rounds_meaned: set[int] = set()
@@ -87,23 +103,34 @@ class ServerDP:
                 f"client-level DP: {self.aggregator.name} sends a second 'mean' in round {round_ + 1}"
             )
         self.rounds_meaned.add(round_)
-        mask = torch.ones(self.k, dtype=torch.bool)
-        flat = self.aggregator.aggregate(stacked, mask, round_, float(self.k))
+        mask = self.participants(round_)
+        denominator = self.config.sampling.denominator(self.k, int(mask.sum()))
+        flat = self.aggregator.aggregate(stacked, mask, round_, denominator)
         return _rebuild(stacked, flat)
 
+    def participants(self, round_: int) -> torch.Tensor:
+        """Bool ``[K]``: the sites taking part in round ``round_`` (0-based), as the simulation draws them."""
+        mask = self.aggregator.sampled(round_, list(range(self.k)))
+        return torch.ones(self.k, dtype=torch.bool) if mask is None else mask
+
     def epsilon(self, rounds: int) -> float:
-        return epsilon(self.config.noise_multiplier, rounds, self.delta)
+        s = self.config.sampling
+        return epsilon(self.config.noise_multiplier, rounds, self.delta, s.rate, s.kind, self.k)
 
     def describe(self) -> str:
+        s = self.config.sampling
+        sampling = f", {s.kind} sampling q = {s.rate:.4g}" if not s.everyone else ""
         return (
             f"differential privacy: ({self.epsilon(self.rounds):.3g}, {self.delta:.3g})-DP per site after "
-            f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}), noise added by the server"
+            f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}{sampling}), "
+            "noise added by the server"
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
         return {
             "level": "client", "epsilon": self.epsilon(rounds), "delta": self.delta, "clip": self.config.clip,
-            "noise_multiplier": self.config.noise_multiplier, "sampling_rate": 1.0, "noise_added_by": "server",
+            "noise_multiplier": self.config.noise_multiplier, "sampling_rate": self.config.sampling.rate,
+            "sampling": self.config.sampling.kind, "accountant": "RDP (dp-accounting)", "noise_added_by": "server",
         }  # fmt: skip
 
 

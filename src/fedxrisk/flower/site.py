@@ -43,7 +43,9 @@ from fedxrisk.classaware import use_class_aware_batches
 from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.data.stream import Stream, sampler_requests
+from fedxrisk.engines import privacy as dp
 from fedxrisk.engines.simulation import LoopEngine
+from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
 from fedxrisk.flower.sitedata import SiteData, load_site
@@ -63,6 +65,7 @@ def _load_sampler(sampler: ClientSampler, text: str) -> None:
 
 
 BEGIN, COMMUNICATE = "begin", "communicate"  # the two phases that call collectives
+IDLE = torch.zeros(1, dtype=torch.bool)  # the participation mask of a site sitting a round out
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Pending:
     uniforms: np.ndarray | None = None
     phase: str = COMMUNICATE
     round_positions: np.ndarray | None = None
+    active: bool = True  # False: the site sits this round out (client sampling under DP)
 
 
 class SiteRunner:
@@ -139,7 +143,9 @@ class SiteRunner:
         arrays = {"state": flatten(self.state)}
         if self.pending is not None:
             p = self.pending
-            config.update(pending=p.round, phase=p.phase, kinds=json.dumps([k for k, _ in p.answers]))
+            config.update(
+                pending=p.round, phase=p.phase, kinds=json.dumps([k for k, _ in p.answers]), active=p.active
+            )
             arrays["pending"] = flatten(p.state)
             for i, (_, answer) in enumerate(p.answers):
                 arrays[f"answer.{i}"] = flatten(answer)
@@ -166,7 +172,7 @@ class SiteRunner:
             batch = {k: v.numpy() for k, v in saved.arrays.get("batch", {}).items()}
             self.pending = Pending(
                 int(c["pending"]), unflatten(saved.arrays["pending"]), answers, batch.get("positions"),
-                batch.get("uniforms"), c["phase"], batch.get("round_positions"),
+                batch.get("uniforms"), c["phase"], batch.get("round_positions"), bool(c.get("active", True)),
             )  # fmt: skip
 
     # -- a round -------------------------------------------------------------------
@@ -200,8 +206,10 @@ class SiteRunner:
             batch["uniform"] = torch.from_numpy(uniforms)
         return batch
 
-    def _local_steps(self, r: int) -> None:
-        """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them."""
+    def _local_steps(self, r: int, active: bool = True) -> None:
+        """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them; a site
+        sitting the round out (``active`` False) draws the same batches, takes no step, and is made
+        ready for ``communicate`` as the simulation's idle clients are."""
         plan = self.plans[r]
         stream = self._stream()
         if stream is not None:  # decode the round's steps ahead, as the simulation's stream does
@@ -209,16 +217,19 @@ class SiteRunner:
         for i in range(plan.window):
             ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
             batch = self._batch(*self._draw())
-            self.state = self.engine.map_clients(
-                partial(self.algorithm.local_step, ctx=ctx), self.state, batch
-            )
+            if active:
+                self.state = self.engine.map_clients(
+                    partial(self.algorithm.local_step, ctx=ctx), self.state, batch
+                )
+        if not active:
+            self.state = dp.before_communicate(IDLE, self.state)
         positions = None
         size = self.algorithm.stage_batch_size
         if size and plan.stage_end and r + 1 < len(self.plans):
             positions = self.aux_sampler.sample(size)
         round_size = self.algorithm.round_batch_size  # drawn after the stage batch, as in Simulation
         round_positions = self.aux_sampler.sample(round_size) if round_size else None
-        self.pending = Pending(r, self.state, [], positions, round_positions=round_positions)
+        self.pending = Pending(r, self.state, [], positions, round_positions=round_positions, active=active)
 
     def _resume(self) -> CollectiveRequest | None:
         """Replay the pending phase with the answers so far: the next request, or None when done."""
@@ -236,6 +247,8 @@ class SiteRunner:
                 state = self.algorithm.communicate(p.state, comm, ctx)
         except CollectiveRequest as request:
             return request
+        if not p.active:  # keeps its own control variate, takes the broadcast
+            state = dp.after_communicate(IDLE, p.state, state)
         if p.phase == COMMUNICATE:
             if not torch.isfinite(state["loss"]).all() or not is_finite(state["w"]):
                 raise SiteError(
@@ -246,15 +259,20 @@ class SiteRunner:
         return None
 
     def report(self, with_model: bool) -> tuple[dict[str, float], dict[str, dict[str, torch.Tensor]]]:
-        """Metrics of the finished round: loss, and at evaluation rounds AUROCs and the model."""
+        """Metrics of the finished round: loss, and at evaluation rounds the site's training AUROC,
+        the model, and the per-class histograms of its validation scores (the fixed bins of
+        :func:`~fedxrisk.engines.validation.score_histograms`, as the distributed engine's ranks send)."""
         metrics = {"loss": float(self.state["loss"][0])}
         if not with_model:
             return metrics, {}
         params, buffers = (index(t, 0) for t in self.algorithm.model(self.state))
         metrics["train-auroc"] = _auroc(self.problem, params, buffers, self.site.x, self.site.y)
-        if self.site.x_val is not None:
-            metrics["val-auroc"] = _auroc(self.problem, params, buffers, self.site.x_val, self.site.y_val)
-        return metrics, {"model": flatten({"params": params, "buffers": buffers})}
+        arrays = {"model": flatten({"params": params, "buffers": buffers})}
+        if self.site.x_val is not None and self.site.y_val is not None:  # counts per bin, never a score
+            scores = predict(self.problem, params, buffers, self.site.x_val)
+            counts = score_histograms(self.site.y_val.numpy(), scores, 1)
+            arrays["validation"] = {"counts": torch.from_numpy(counts)}
+        return metrics, arrays
 
     def step(self, request: Packet) -> Packet:
         """Deliver an answer (if any), finish and start rounds up to ``start``, reply."""
@@ -270,6 +288,8 @@ class SiteRunner:
                 wanted = self._resume()
                 if wanted is not None:
                     payload = tmap(lambda x: x[0], wanted.payload)
+                    if not p.active:  # nothing of the site's state: zeros the server leaves out of the sum
+                        payload = tmap(torch.zeros_like, payload)
                     reply.config.update(
                         pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind, key=wanted.key
                     )
@@ -281,7 +301,7 @@ class SiteRunner:
                     reply.metrics.update(metrics)
                     reply.arrays.update(arrays)
             if self.done + 1 <= int(c.get("start", -1)) and self.done + 1 < len(self.plans):
-                self._local_steps(self.done + 1)
+                self._local_steps(self.done + 1, bool(c.get("active", True)))
             else:
                 return reply
 

@@ -4,10 +4,12 @@ A SuperNode is started with ``--node-config`` naming either
 
 - ``data-dir="/path"``: a folder holding ``train.npz`` (arrays ``x``, ``y``) or
   ``train.csv`` (a header row, a ``label`` column, numeric feature columns),
-  and optionally ``val.npz`` / ``val.csv`` for local validation AUROC; or
+  and optionally ``val.npz`` / ``val.csv``, its validation data; or
 - ``dataset="digits" partition-id=K num-partitions=N``: a trial site holding
   part K of a bundled dataset split the way ``fedxrisk run`` splits it (the
-  split settings come from the run config, so every site agrees).
+  split settings come from the run config, so every site agrees); with the run
+  config's ``validation = FRACTION`` the site's validation data is carved from its
+  part per class exactly as ``data.validation`` carves client K's.
 
 Labels are binary (0/1). A site only ever loads its own folder or its own part.
 """
@@ -28,6 +30,7 @@ import torch
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
 from fedxrisk.data.checks import DataFileError, check_features, read_text
+from fedxrisk.data.validation import carve_validation
 from fedxrisk.flower.config import FlowerConfig
 
 LABEL_COLUMN = "label"
@@ -163,13 +166,24 @@ def load_folder(
 
 
 def trial_data(cfg: FlowerConfig, dataset: str, num_partitions: int) -> FederatedData:
-    """The federated split every trial site (and the ``export`` helper) computes identically."""
+    """The federated split every trial site (and the ``export`` helper) computes identically,
+    with each part's validation data carved as ``fedxrisk run``'s ``data.validation`` does."""
     with warnings.catch_warnings():  # a site reports only its own missing class (check_classes)
         warnings.simplefilter("ignore")
-        return make_federated(
+        fed = make_federated(
             dataset, num_partitions, cfg.partition, cfg.imratio_or_none(), cfg.seed,
             cfg.positive_class_ids(), cfg.dirichlet_alpha, allow_missing_class=True,
         )  # fmt: skip
+    return carve_validation(fed, cfg.validation, cfg.seed) if cfg.validation else fed
+
+
+def trial_part(fed: FederatedData, part: int) -> tuple[torch.Tensor, ...]:
+    """Part ``part`` of a trial split: training inputs and labels, validation inputs and labels (or None)."""
+    x, y = fed.client_view(part)
+    if fed.val_shards is None:
+        return x, y, None, None
+    rows = torch.from_numpy(fed.val_shards[part].astype(np.int64))
+    return x, y, fed.data.x_val[rows], fed.data.y_val[rows]  # type: ignore[index]
 
 
 def load_trial(cfg: FlowerConfig, dataset: str, part: int, num_partitions: int) -> SiteData:
@@ -178,9 +192,11 @@ def load_trial(cfg: FlowerConfig, dataset: str, part: int, num_partitions: int) 
     if not 0 <= part < num_partitions:
         raise SiteDataError(f"partition-id must lie in [0, num-partitions={num_partitions}), got {part}")
     fed = trial_data(cfg, dataset, num_partitions)
-    x, y = fed.client_view(part)
+    x, y, x_val, y_val = trial_part(fed, part)
     index = torch.from_numpy(fed.shards[part])
-    return SiteData(x, y, index, order=part, source=f"{dataset} partition {part}/{num_partitions}")
+    return SiteData(
+        x, y, index, x_val, y_val, order=part, source=f"{dataset} partition {part}/{num_partitions}"
+    )
 
 
 def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
@@ -224,7 +240,8 @@ def load_holdout(spec: str, cfg: FlowerConfig) -> tuple[torch.Tensor, torch.Tens
 
 
 def export_trial(cfg: FlowerConfig, dataset: str, sites: int, out: str | Path) -> list[Path]:
-    """Write a trial split as site folders ``site-K/train.npz`` and the test split as ``test.npz``.
+    """Write a trial split as site folders ``site-K/train.npz`` (and ``val.npz`` with the run
+    config's ``validation``) and the test split as ``test.npz``.
 
     The folders hold exactly what trial site K would load, so a folder-based
     deployment reproduces the trial (and the ``loop`` engine) sample for sample.
@@ -235,8 +252,10 @@ def export_trial(cfg: FlowerConfig, dataset: str, sites: int, out: str | Path) -
     for k in range(sites):
         folder = root / f"site-{k}"
         folder.mkdir(parents=True, exist_ok=True)
-        x, y = fed.client_view(k)
+        x, y, x_val, y_val = trial_part(fed, k)
         np.savez(folder / "train.npz", x=x.numpy(), y=y.numpy())
+        if x_val is not None and y_val is not None:
+            np.savez(folder / "val.npz", x=x_val.numpy(), y=y_val.numpy())
         paths.append(folder)
     np.savez(root / "test.npz", x=fed.data.x_test.numpy(), y=fed.data.y_test.numpy())
     return paths

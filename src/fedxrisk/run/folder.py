@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedxrisk.engines.validation import VAL_KEYS
+from fedxrisk.engines.validation import BOUND_KEYS, VAL_KEYS
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.outfiles import disk_errors, open_append, replace_atomic
@@ -41,7 +41,7 @@ from fedxrisk.run.spec import RunConfig
 
 PAUC_KEYS = ("test_pauc30_norm", "test_pauc30_mcclish", "test_pauc50_norm", "test_pauc50_mcclish")
 HISTORY_FIELDS = (
-    "round", "step", "stage", "lr", "train_loss", "test_auroc", "test_ap", *PAUC_KEYS, *VAL_KEYS,
+    "round", "step", "stage", "lr", "train_loss", "test_auroc", "test_ap", *PAUC_KEYS, *VAL_KEYS, *BOUND_KEYS,
     "client_auroc_mean", "client_auroc_std", "bytes_up_per_client",
     "bytes_down_per_client", "wall_seconds",
 )  # fmt: skip
