@@ -186,12 +186,11 @@ def run(
 
     Settings come from --config FILE, then the flags typed here, then --set.
     """
-    from fedxrisk.engines import DistributedError, NonFiniteLoss
-    from fedxrisk.engines.distributed import launched_rank
-    from fedxrisk.run.callbacks import Announce
+    # torch-free until the config is checked: a config error costs a fraction of a second
+    from fedxrisk.engines.launch import launched_rank
+    from fedxrisk.errors import BadFileError, DistributedError, NonFiniteLoss
+    from fedxrisk.run.checks import check_data_dir
     from fedxrisk.run.configfile import config_from_sections
-    from fedxrisk.run.folder import default_out_dir
-    from fedxrisk.run.recipes import resume_experiment, run_experiment
 
     pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
     given = typed_flags(click.get_current_context(), flags)
@@ -208,15 +207,20 @@ def run(
                     "algorithm.lr_decay=…)"
                 )
             folder = Path(resume)
-            job = lambda callback, hooks: resume_experiment(folder, callback, overrides, hooks, rounds)
         else:
             if pretrain_rounds is not None:  # --set pretrain.rounds still wins
                 overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
             cfg = config_from_sections(resolve(config_file, given, options, overrides))
+            check_data_dir(cfg)
+        from fedxrisk.run.callbacks import Announce
+        from fedxrisk.run.folder import default_out_dir
+        from fedxrisk.run.recipes import resume_experiment, run_experiment
+
+        if resume is not None:
+            job = lambda callback, hooks: resume_experiment(folder, callback, overrides, hooks, rounds)
+        else:
             folder = Path(out) if out else default_out_dir(cfg)
             job = lambda callback, hooks: run_experiment(cfg, folder, callback, hooks)
-        from fedxrisk.data.stream import BadFileError
-
         set_threads(threads, _model_of(cfg.model if resume is None else None, resume))
 
         secondary = launched_rank() != 0  # under torchrun only rank 0 reports

@@ -9,6 +9,7 @@ config reads :data:`DEFAULT_TIMEOUT` from here without importing torch.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may take; must exceed the slowest round (steps + evaluation)
@@ -87,9 +88,8 @@ def check_launch(
     """(rank, layout) for this process, checked before any data is loaded or training starts."""
     if not timeout > 0:
         raise ValueError(f"dist_timeout must be > 0 seconds, got {timeout}")
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # a process group exists only if torch is loaded
+    if dist is not None and dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         env = launch_env()
