@@ -77,6 +77,7 @@ def split_labeled(
         num_classes,
         groups_train={k: v[train_idx] for k, v in groups.items()},
         label_names=label_names,
+        groups_test={k: v[test_idx] for k, v in groups.items()},  # each site's own test rows
     )
 
 
