@@ -89,3 +89,11 @@ def test_separate_train_and_test_files_keep_the_test_rows_sites(tmp_path):
     data = read_tabular_csv(tmp_path)
     codes = sorted(SITES)  # a site's code: its place among the sorted training sites
     assert data.groups_test["source"].tolist() == [codes.index(line.rsplit(",", 1)[1]) for line in lines[46:]]
+
+
+def test_a_datasets_test_split_is_grouped_by_its_own_sites(site_run, tmp_path):
+    result = fedxrisk.evaluate(site_run / "run", dataset="tabular", data_dir=str(site_run / "data"),
+                               split="test", bootstrap=0, out=tmp_path)  # fmt: skip
+    sites = read_tabular_csv(site_run / "data").groups_test["source"]
+    assert result["group_kind"] == "site" and result["groups_split"] == "test"
+    assert [g["score"]["n"] for g in result["groups"].values()] == np.bincount(sites).tolist()

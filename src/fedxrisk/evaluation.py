@@ -14,8 +14,8 @@ one row per client on the client's own test portion where the data has one (a
 ``source`` partition whose reader keeps each site's test rows: heart_disease,
 sites, a manifest with ``split`` and ``source``), else on its training shard,
 labelled as such in a table of its own; or ``dataset`` (+ ``data_dir``) read by a
-registered reader (its ``split``; groups = the ``source`` column of the train
-split); or a ``manifest`` CSV scored in streamed batches (every row; groups =
+registered reader (its ``split``; groups = the split's ``source`` column, where
+the reader keeps it); or a ``manifest`` CSV scored in streamed batches (every row; groups =
 its ``source`` column; a multi-label run needs its label columns, where -1
 (uncertain) leaves the row out of that label and a blank counts as 0).
 No engine is started.
@@ -184,7 +184,7 @@ def _dataset_data(
     if is_lazy(x):
         x.attach(workers=workers)
     y, s = _columns(y.numpy()), _columns(trained.model_logits(x))
-    sites = data.groups_train.get("source") if split == "train" else None
+    sites = (data.groups_train if split == "train" else data.groups_test).get("source")
     groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
     where = f" in {data_dir}" if data_dir else ""
     return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups, split)
