@@ -70,8 +70,9 @@ def hint_of(text: str) -> Any:
     return parts[0] if len(parts) == 1 else typing.Union[parts]  # noqa: UP007
 
 
+@functools.cache
 def _entry(cls: Any) -> dict[str, Any]:
-    """One algorithm's catalogue entry."""
+    """One algorithm's catalogue entry (a class's entry never changes: computed once; not to be mutated)."""
     try:
         hints = typing.get_type_hints(cls)
     except Exception:  # an annotation that does not resolve: the default's type
@@ -174,7 +175,12 @@ def table(key: str) -> Any:
 
 def algorithm(name: str) -> dict[str, Any] | None:
     """One algorithm's entry, or None when no algorithm has that name."""
-    return table("algorithms").get(name)
+    if _LIVE["algorithms"] in sys.modules:
+        from fedxrisk.algorithms import ALGORITHMS
+
+        cls = ALGORITHMS.get(name)
+        return None if cls is None else _entry(cls)
+    return _committed()["algorithms"].get(name)
 
 
 def write(path: Path = PATH) -> Path:
