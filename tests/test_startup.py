@@ -124,3 +124,19 @@ def test_the_catalogue_answers_as_the_live_registry():
                 assert hint == hints[key], (name, key, hint, hints[key])
         assert committed[name]["window"] == cls.fixed_window
         assert committed[name]["default_lr"] == cls.default_lr
+
+
+def test_a_dataset_registered_by_the_user_passes_the_checks():
+    """Once a registry module is imported the checks read the live registry, not catalog.json."""
+    code = """
+from fedxrisk.data.registry import register
+from fedxrisk.run.configfile import load_config
+
+@register("mine")
+def mine():
+    raise NotImplementedError
+
+print(load_config(None, ['data.dataset="mine"']).dataset)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "mine"
