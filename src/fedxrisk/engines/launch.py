@@ -36,8 +36,9 @@ def launch_env() -> dict[str, Any]:
     if missing:
         raise ValueError(
             f"the distributed engine needs the rendezvous variable(s) {', '.join(missing)}, which torchrun "
-            "sets. Launch with `torchrun --nproc-per-node N -m fedxrisk run --engine distributed ...` "
-            "(add --nnodes/--node-rank/--rdzv-endpoint across machines), or set MASTER_ADDR, MASTER_PORT, "
+            "sets. On one machine: `fedxrisk run --engine distributed --nproc-per-node N ...`; across "
+            "machines: `torchrun --nnodes/--node-rank/--rdzv-endpoint ... -m fedxrisk run --engine distributed ...`; "
+            "or set MASTER_ADDR, MASTER_PORT, "
             "RANK and WORLD_SIZE on every process yourself"
         )
     env: dict[str, Any] = {"MASTER_ADDR": os.environ["MASTER_ADDR"]}
