@@ -21,13 +21,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", (
         "fedxrisk.errors", "fedxrisk.tree", "fedxrisk.problem", "fedxrisk.objectives", "fedxrisk.models",
         "fedxrisk.algorithms", "fedxrisk.classaware", "fedxrisk.data", "fedxrisk.engines", "fedxrisk.metrics",
-        "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog",
+        "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog", "fedxrisk.schedule",
         "fedxrisk.outfiles", "fedxrisk.textsafe",
     )),
     ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec", "fedxrisk.run.identity", "fedxrisk.run.readback")),  # run/__init__ imports nothing
     ("run.privacy", ("fedxrisk.run.privacy",)),
     ("run.checks", ("fedxrisk.run.checks",)),
-    ("run.names", ("fedxrisk.run.names",)),
+    ("run.names", ("fedxrisk.run.names", "fedxrisk.run.configtypes")),
     ("run.configfile", ("fedxrisk.run.configfile",)),
     ("run.weights", ("fedxrisk.run.weights",)),
     ("run.folder", ("fedxrisk.run.folder",)),
@@ -257,3 +257,75 @@ def test_no_file_is_over_400_lines():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert {k: v for k, v in long.items() if k not in LONG_FILES} == {}
+
+
+# Modules a config error passes through: none may load torch when imported (its imports at module
+# level, followed through fedxrisk's own modules and their packages' __init__). The CLI reports a
+# bad config from these alone; tests/test_startup.py checks the same in a fresh process.
+TORCH_FREE = (
+    "fedxrisk.errors", "fedxrisk.catalog", "fedxrisk.schedule", "fedxrisk.textsafe", "fedxrisk.outfiles",
+    "fedxrisk.engines.launch", "fedxrisk.data.stream_choice", "fedxrisk.data.preprocessing",
+    "fedxrisk.data.partition", "fedxrisk.run.spec", "fedxrisk.run.privacy", "fedxrisk.run.checks",
+    "fedxrisk.run.names", "fedxrisk.run.configtypes", "fedxrisk.run.configfile", "fedxrisk.cli",
+    "fedxrisk.cli.common", "fedxrisk.cli.run",
+)  # fmt: skip
+HEAVY_LIBRARIES = ("torch", "sklearn", "scipy", "matplotlib")
+
+
+def top_level_imports(name: str) -> set[str]:
+    """What importing module ``name`` imports at once: fedxrisk modules (with the ``__init__`` of
+    their packages) and other libraries' top-level names; not imports inside functions."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        if isinstance(node, ast.If) and _type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.update(
+                alias.name.split(".")[0] for alias in node.names if not alias.name.startswith("fedxrisk")
+            )
+        if (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and not (node.module or "").startswith("fedxrisk")
+        ):
+            out.add((node.module or "").split(".")[0])
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for target in _imported(name, node):
+                parts = target.split(".")
+                out.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))  # packages first
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def loaded_on_import(name: str) -> set[str]:
+    """Every module and library importing ``name`` loads, following fedxrisk's modules."""
+    parts = name.split(".")
+    seen, todo = set(), [".".join(parts[:i]) for i in range(2, len(parts) + 1)]  # its packages too
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        todo.extend(t for t in top_level_imports(current) if t in MODULES)
+        seen.update(t for t in top_level_imports(current) if t not in MODULES)
+    return seen
+
+
+def test_the_config_layer_imports_no_torch():
+    heavy = {name: sorted(set(HEAVY_LIBRARIES) & loaded_on_import(name)) for name in TORCH_FREE}
+    assert {name: libs for name, libs in heavy.items() if libs} == {}
+
+
+def test_the_torch_free_rule_sees_an_import_through_a_package_init():
+    assert "torch" in loaded_on_import("fedxrisk.models")  # imports torch itself
+    assert "torch" in loaded_on_import("fedxrisk.data.types")  # idem
+    assert "fedxrisk.data" in loaded_on_import("fedxrisk.data.stream_choice")  # its package runs first

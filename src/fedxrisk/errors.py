@@ -16,7 +16,27 @@ class DataFileError(ValueError):
 
 
 class MissingDataError(DataFileError, FileNotFoundError):
-    """A data file or folder is missing; the message names the expected layout."""
+    """A data file or folder is missing; the message names the expected layout (``layout``, when known)."""
+
+    layout = ""
+
+
+def missing_data_dir(dataset: str, data_dir: str | None, layout: str) -> MissingDataError | None:
+    """The error for a file dataset's ``data_dir`` that is unset or does not exist (None: it exists)."""
+    from pathlib import Path
+
+    if data_dir is None:
+        e = MissingDataError(
+            f"dataset {dataset!r} reads files: set data_dir (--data-dir DIR, or --set data.data_dir=DIR) "
+            f"to a folder laid out as:\n{layout}"
+        )
+    elif not Path(data_dir).expanduser().exists():
+        root = Path(data_dir).expanduser()
+        e = MissingDataError(f"{dataset}: data_dir {str(root)!r} does not exist; expected:\n{layout}")
+    else:
+        return None
+    e.layout = layout
+    return e
 
 
 class BadFileError(DataFileError):

@@ -9,11 +9,13 @@ estimates are the functions of :mod:`fedxrisk.metrics` the run itself used, so
 evaluating a run on its own data reproduces ``summary.json``'s ``final`` block
 (the ``summary`` entry of ``evaluation.json``).
 
-Data: by default the run's own test set and client shards rebuilt from its
-``config.toml`` (groups = clients, each on its own training shard, as
-``client_auroc_mean`` is defined); or ``dataset`` (+ ``data_dir``) read by a
-registered reader (its ``split``; groups = the ``source`` column of the train
-split); or a ``manifest`` CSV scored in streamed batches (every row; groups =
+Data: by default the run's own test set rebuilt from its ``config.toml``, with
+one row per client on the client's own test portion where the data has one (a
+``source`` partition whose reader keeps each site's test rows: heart_disease,
+sites, a manifest with ``split`` and ``source``), else on its training shard,
+labelled as such in a table of its own; or ``dataset`` (+ ``data_dir``) read by a
+registered reader (its ``split``; groups = the split's ``source`` column, where
+the reader keeps it); or a ``manifest`` CSV scored in streamed batches (every row; groups =
 its ``source`` column; a multi-label run needs its label columns, where -1
 (uncertain) leaves the row out of that label and a blank counts as 0).
 No engine is started.
@@ -52,6 +54,8 @@ class Scored:
     groups_split: str = (
         "test"  # "train": the groups are training shards (in-sample), apart from the test table
     )
+    shards: list[tuple[np.ndarray, np.ndarray]] | None = None  # (y, scores) per client's training
+    # shard: summary.json's client_auroc_mean is defined on them
 
 
 def evaluate(
@@ -129,12 +133,32 @@ def _run_data(trained: TrainedModel) -> Scored:
     except ValueError as e:
         raise InputError(f"{trained.run_dir}: cannot rebuild the run's data ({e})") from e
     y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(trained.model_logits(fed.data.x_train))
-    clients = [(f"client {k}", y_train[s], s_train[s]) for k, s in enumerate(fed.shards)]
-    return Scored(
-        _columns(fed.data.y_test.numpy()), _columns(trained.model_logits(fed.data.x_test)),
-        f"the run's test set ({trained.config.dataset})",
-        "client", clients, "train",
-    )  # fmt: skip
+    shards = [(y_train[s], s_train[s]) for s in fed.shards]
+    y_test, s_test = _columns(fed.data.y_test.numpy()), _columns(trained.model_logits(fed.data.x_test))
+    portions = client_test_portions(trained.config.partition, fed.data, fed.shards)
+    if portions is None:  # no test rows of its own: the training shard, labelled as such
+        clients, split = [(f"client {k}", y, s) for k, (y, s) in enumerate(shards)], "train"
+    else:
+        clients, split = [(f"client {k}", y_test[m], s_test[m]) for k, m in enumerate(portions)], "test"
+    where = f"the run's test set ({trained.config.dataset})"
+    return Scored(y_test, s_test, where, "client", clients, split, shards)
+
+
+def client_test_portions(partition: str, data: Any, shards: Sequence[Any]) -> list[np.ndarray] | None:
+    """Each client's own test rows (boolean masks over the test set): with ``partition = 'source'``
+    a client is one site, and its test rows are that site's, when the reader kept the test rows'
+    sites (``groups_test['source']``); None otherwise (a client is not a site, or the test rows'
+    sites are unknown)."""
+    train, test = data.groups_train.get("source"), data.groups_test.get("source")
+    if partition != "source" or train is None or test is None:
+        return None
+    masks = []
+    for shard in shards:
+        site = np.unique(np.asarray(train)[np.asarray(shard)])
+        if len(site) != 1:
+            return None
+        masks.append(np.asarray(test) == site[0])
+    return masks
 
 
 def _dataset_data(
@@ -160,7 +184,7 @@ def _dataset_data(
     if is_lazy(x):
         x.attach(workers=workers)
     y, s = _columns(y.numpy()), _columns(trained.model_logits(x))
-    sites = data.groups_train.get("source") if split == "train" else None
+    sites = (data.groups_train if split == "train" else data.groups_test).get("source")
     groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
     where = f" in {data_dir}" if data_dir else ""
     return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups, split)
@@ -348,8 +372,8 @@ def _report(trained: TrainedModel, data: Scored, resamples: int, seed: int) -> d
         }
 
     clients = None
-    if data.group_kind == "client":
-        clients = [_nanmean(per_label(auroc, gy, gs)) for _, gy, gs in data.groups]
+    if data.shards is not None:
+        clients = [_nanmean(per_label(auroc, gy, gs)) for gy, gs in data.shards]
     overall = table(data.y, data.scores, 0)
     return {
         "run": str(trained.run_dir),

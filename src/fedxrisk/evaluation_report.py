@@ -148,6 +148,8 @@ def _in_sample(result: dict[str, Any]) -> str:
     """How the group rows differ from the overall table when they are not its data."""
     if result.get("groups_split") == "train" and result["group_kind"] == "client":
         return ": its TRAINING shard (in-sample, not test data; not comparable with the table above)"
+    if result["group_kind"] == "client":
+        return ": its own test portion (its site's rows of the test set above)"
     return ": training split" if result.get("groups_split") == "train" else ""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +172,14 @@ def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
     help="torch CPU threads (default: 1 for the small models, as OMP_NUM_THREADS says if set, "
     "else torch's default; 0: torch's default); docs/performance.md",
 )
+@click.option(
+    "--nproc-per-node",
+    "nproc",
+    type=click.IntRange(min=1),
+    default=None,
+    help="distributed: start N ranks on this machine (as torchrun --standalone) after checking the "
+    "config here; a failure is reported in one line (docs/distributed.md)",
+)
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar or summary table")
 def run(
     config_file: str | None,
@@ -180,18 +189,18 @@ def run(
     out: str | None,
     quiet: bool,
     threads: int | None,
+    nproc: int | None,
     **flags: Any,
 ) -> None:
     """Train one federated experiment; write config.toml, history.csv, summary.json.
 
     Settings come from --config FILE, then the flags typed here, then --set.
     """
-    from fedxrisk.engines import DistributedError, NonFiniteLoss
-    from fedxrisk.engines.distributed import launched_rank
-    from fedxrisk.run.callbacks import Announce
+    # torch-free until the config is checked: a config error costs a fraction of a second
+    from fedxrisk.engines.launch import launched_rank, planned_world
+    from fedxrisk.errors import BadFileError, DistributedError, NonFiniteLoss
+    from fedxrisk.run.checks import check_data_dir
     from fedxrisk.run.configfile import config_from_sections
-    from fedxrisk.run.folder import default_out_dir
-    from fedxrisk.run.recipes import resume_experiment, run_experiment
 
     pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
     given = typed_flags(click.get_current_context(), flags)
@@ -208,15 +217,31 @@ def run(
                     "algorithm.lr_decay=…)"
                 )
             folder = Path(resume)
-            job = lambda callback, hooks: resume_experiment(folder, callback, overrides, hooks, rounds)
         else:
             if pretrain_rounds is not None:  # --set pretrain.rounds still wins
                 overrides = (f"pretrain.rounds={pretrain_rounds}", *overrides)
-            cfg = config_from_sections(resolve(config_file, given, options, overrides))
+            doc = resolve(config_file, given, options, overrides)
+            with planned_world(nproc) if nproc else nullcontext():  # the ranks' layout, checked here
+                cfg = config_from_sections(doc)
+            check_data_dir(cfg)
+        if nproc is not None:
+            child = [
+                *(["--quiet"] if quiet else []),
+                *([f"--threads={threads}"] if threads is not None else []),
+            ]
+            if resume is not None:
+                child += ["--resume", resume, *([f"--rounds={rounds}"] if rounds else [])]
+                child += [f"--set={o}" for o in overrides]
+            launch_ranks(nproc, child, None if resume else cfg, None if resume else doc, out)
+        from fedxrisk.run.callbacks import Announce
+        from fedxrisk.run.folder import default_out_dir
+        from fedxrisk.run.recipes import resume_experiment, run_experiment
+
+        if resume is not None:
+            job = lambda callback, hooks: resume_experiment(folder, callback, overrides, hooks, rounds)
+        else:
             folder = Path(out) if out else default_out_dir(cfg)
             job = lambda callback, hooks: run_experiment(cfg, folder, callback, hooks)
-        from fedxrisk.data.stream import BadFileError
-
         set_threads(threads, _model_of(cfg.model if resume is None else None, resume))
 
         secondary = launched_rank() != 0  # under torchrun only rank 0 reports
@@ -249,6 +274,32 @@ def run(
         _print_summary(result.summary, result.out_dir)
     else:
         click.echo(str(result.out_dir))
+
+
+def launch_ranks(
+    nproc: int, child_args: list[str], cfg: Any, doc: dict[str, Any] | None, out: str | None
+) -> None:
+    """``--nproc-per-node N``: the checked config (``cfg``, from ``doc``) or the resumed run
+    (``doc`` None), trained by N ranks on this machine; exits with the ranks' status. The ranks
+    print their own errors, once; torchrun's failure report is not shown."""
+    import os
+    import tempfile
+
+    from fedxrisk.engines.launch import launch_local
+    from fedxrisk.run.configfile import dumps_toml
+
+    if "WORLD_SIZE" in os.environ:
+        raise ConfigError("--nproc-per-node starts the ranks itself: drop it under torchrun")
+    if doc is not None and cfg.engine != "distributed":
+        raise ConfigError("--nproc-per-node starts distributed ranks: add --engine distributed")
+    with tempfile.TemporaryDirectory(prefix="fedxrisk-launch-") as tmp:
+        if doc is not None:  # the ranks read the same settings, unresolved (lr left to the data)
+            from fedxrisk.run.folder import default_out_dir
+
+            config = Path(tmp) / "config.toml"
+            config.write_text(dumps_toml(doc), encoding="utf-8")
+            child_args = [*child_args, "--config", str(config), "--out", str(out or default_out_dir(cfg))]
+        sys.exit(launch_local(nproc, ["run", *child_args]))
 
 
 def _fmt(x: Any) -> str:

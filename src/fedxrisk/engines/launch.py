@@ -9,10 +9,25 @@ config reads :data:`DEFAULT_TIMEOUT` from here without importing torch.
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may take; must exceed the slowest round (steps + evaluation)
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+_PLANNED: ContextVar[int | None] = ContextVar("planned_world_size", default=None)
+
+
+@contextmanager
+def planned_world(world_size: int) -> Iterator[None]:
+    """Check a config as rank 0 of ``world_size`` ranks not started yet (:func:`launch_local`)."""
+    token = _PLANNED.set(world_size)
+    try:
+        yield
+    finally:
+        _PLANNED.reset(token)
 
 
 def launch_env() -> dict[str, Any]:
@@ -21,8 +36,9 @@ def launch_env() -> dict[str, Any]:
     if missing:
         raise ValueError(
             f"the distributed engine needs the rendezvous variable(s) {', '.join(missing)}, which torchrun "
-            "sets. Launch with `torchrun --nproc-per-node N -m fedxrisk run --engine distributed ...` "
-            "(add --nnodes/--node-rank/--rdzv-endpoint across machines), or set MASTER_ADDR, MASTER_PORT, "
+            "sets. On one machine: `fedxrisk run --engine distributed --nproc-per-node N ...`; across "
+            "machines: `torchrun --nnodes/--node-rank/--rdzv-endpoint ... -m fedxrisk run --engine distributed ...`; "
+            "or set MASTER_ADDR, MASTER_PORT, "
             "RANK and WORLD_SIZE on every process yourself"
         )
     env: dict[str, Any] = {"MASTER_ADDR": os.environ["MASTER_ADDR"]}
@@ -87,9 +103,10 @@ def check_launch(
     """(rank, layout) for this process, checked before any data is loaded or training starts."""
     if not timeout > 0:
         raise ValueError(f"dist_timeout must be > 0 seconds, got {timeout}")
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # a process group exists only if torch is loaded
+    if _PLANNED.get() is not None:
+        rank, world = 0, _PLANNED.get()
+    elif dist is not None and dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         env = launch_env()
@@ -100,3 +117,48 @@ def check_launch(
 def launched_rank() -> int:
     """This process's rank as set by the launcher (0 when not launched by one)."""
     return int(os.environ.get("RANK", "0") or 0)
+
+
+def launch_local(nproc: int, args: Sequence[str]) -> int:
+    """Run ``fedxrisk ARGS`` as ``nproc`` ranks on this machine, as ``torchrun --standalone`` would,
+    and return the exit status: 0, or the first failed rank's. The ranks print their own errors
+    (rank 0 a config error, every rank a lost peer); torchrun's report of the failure (its
+    traceback and failure table) is not printed: one line is, when a rank died without a word."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: one thread per rank unless set
+    argv = ["--standalone", f"--nproc-per-node={nproc}", "-m", "fedxrisk", *args]
+    options = parse_args(argv)
+    options.rdzv_backend, options.rdzv_endpoint = "c10d", "localhost:0"  # what --standalone means
+    options.rdzv_id = f"fedxrisk-{os.getpid()}"
+    config, command, command_args = config_from_args(options)
+    quiet = logging.getLogger("torch.distributed.elastic")  # "failed (exitcode: 2) local_rank: 0 …"
+    level, quiet.level = quiet.level, logging.CRITICAL
+    try:
+        elastic_launch(config=config, entrypoint=command)(*command_args)
+    except ChildFailedError as e:
+        _rank, failure = e.get_first_failure()
+        if failure.exitcode < 0 or failure.exitcode > 2:  # 1 and 2: the rank said why
+            print(
+                f"Error: rank {failure.global_rank} {_death(failure.exitcode)}; the other ranks were stopped",
+                file=sys.stderr,
+            )
+        return failure.exitcode if failure.exitcode > 0 else 1
+    finally:
+        quiet.level = level
+    return 0
+
+
+def _death(exitcode: int) -> str:
+    import signal
+
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"

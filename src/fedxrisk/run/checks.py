@@ -5,6 +5,11 @@ run's first stage) and returns a :class:`CheckedConfig`; the config remembers
 that it passed, so building, the two stages and a config read from a file do
 not check it again unless it changed. Each check raises :class:`ConfigError`
 (exit status 2 at the CLI) with one line naming the setting.
+
+No torch: names, types and ranges are checked against the catalogue
+(:mod:`fedxrisk.catalog`), so that a config error costs a fraction of a second
+(tests/test_startup.py). Only a non-CPU device and the algorithms' own range checks of
+hyperparameters that are set (:func:`check_hyperparameters`) load torch, last.
 """
 
 from __future__ import annotations
@@ -15,16 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from fedxrisk.algorithms import ALGORITHMS, Schedule
-from fedxrisk.classaware import owns_positives
-from fedxrisk.data import DATASETS, PARTITIONS
-from fedxrisk.engines import ENGINE_NAMES
-from fedxrisk.engines.distributed import check_launch
-from fedxrisk.errors import ConfigError
-from fedxrisk.models import MODELS
-from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES
+from fedxrisk.catalog import table
+from fedxrisk.engines.launch import check_launch
+from fedxrisk.errors import ConfigError, missing_data_dir
 from fedxrisk.run.privacy import check_privacy
 from fedxrisk.run.spec import (
     CENTRALIZED,
@@ -68,13 +66,12 @@ def _choice(name: str, value: Any, allowed) -> None:
 
 def validate(cfg: RunConfig) -> CheckedConfig | None:
     """Check every setting that can be checked without loading data; the checked first stage, if any."""
-    _choice("algorithm", cfg.algorithm, ALGORITHMS)
-    _choice("dataset", cfg.dataset, DATASETS)
-    _choice("partition", cfg.partition, PARTITIONS)
-    _choice("model", cfg.model, MODELS)
-    _choice("engine", cfg.engine, ENGINE_NAMES)
-    _choice("buffer_policy", cfg.buffer_policy, BUFFER_POLICIES)
-    _choice("pos_ratio_mode", cfg.pos_ratio_mode, POS_RATIO_MODES)
+    algorithms = table("algorithms")
+    _choice("algorithm", cfg.algorithm, algorithms)
+    for name, key in (("dataset", "datasets"), ("partition", "partitions"), ("model", "models"),
+                      ("engine", "engines"), ("buffer_policy", "buffer_policies"),
+                      ("pos_ratio_mode", "pos_ratio_modes")):  # fmt: skip
+        _choice(name, getattr(cfg, name), table(key))
     if cfg.imratio is not None and not 0.0 < cfg.imratio < 1.0:
         raise ConfigError(f"imratio must lie in (0, 1), got {cfg.imratio}")
     for name in ("clients", "rounds", "batch_size", "eval_every", "stages"):
@@ -89,7 +86,7 @@ def validate(cfg: RunConfig) -> CheckedConfig | None:
     if cfg.dirichlet_alpha <= 0:
         raise ConfigError(f"dirichlet_alpha must be > 0, got {cfg.dirichlet_alpha}")
     steps = cfg.resolved_local_steps()
-    fixed = ALGORITHMS[cfg.algorithm].fixed_window
+    fixed = algorithms[cfg.algorithm]["window"]
     if fixed is not None and steps != fixed:
         raise ConfigError(
             f"{cfg.algorithm} communicates every {fixed} step(s); local_steps must be {fixed}, got {steps}"
@@ -97,16 +94,19 @@ def validate(cfg: RunConfig) -> CheckedConfig | None:
     validate_settings(cfg)
     _validate_batches(cfg)
     check_privacy(cfg)
-    known = ALGORITHMS[cfg.algorithm].hyperparameters()
+    known = algorithms[cfg.algorithm]["hyperparameters"]
     unknown = sorted(set(cfg.options) - set(known))
     if unknown:
         raise ConfigError(f"unknown option(s) {unknown} for {cfg.algorithm}; allowed: {sorted(known)}")
     try:
-        Schedule.build(cfg.rounds, steps, cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth)
         if cfg.engine == "distributed":
             check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
+        from fedxrisk.schedule import Schedule  # torch-free
+
+        Schedule.build(cfg.rounds, steps, cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    check_device(cfg.device)
     return check_pretrain(cfg) if cfg.pretrain is not None else None
 
 
@@ -166,15 +166,15 @@ def _check_stream_settings(cfg: RunConfig) -> None:
 
 def _validate_batches(cfg: RunConfig) -> None:
     """data.num_samples and class-aware batches (data.positives_per_batch), before any data."""
-    from fedxrisk.data.datasets import SIZED_DATASETS
-
-    if cfg.num_samples is not None and (cfg.dataset not in SIZED_DATASETS or cfg.num_samples < 100):
+    sized = table("sized_datasets")
+    if cfg.num_samples is not None and (cfg.dataset not in sized or cfg.num_samples < 100):
         raise ConfigError(
-            f"num_samples sizes a generated dataset {list(SIZED_DATASETS)} and must be ≥ 100, "
+            f"num_samples sizes a generated dataset {list(sized)} and must be ≥ 100, "
             f"got {cfg.num_samples} for {cfg.dataset!r}"
         )
-    p, cls = cfg.positives_per_batch, ALGORITHMS[cfg.algorithm]
-    if "positives_per_batch" in cfg.options and not owns_positives(cls):
+    p = cfg.positives_per_batch
+    owns = "positives_per_batch" in table("algorithms")[cfg.algorithm]["hyperparameters"]  # FeDXL's B1
+    if "positives_per_batch" in cfg.options and not owns:
         raise ConfigError(
             f"positives_per_batch is a data setting for {cfg.algorithm}: use data.positives_per_batch "
             "(--set data.positives_per_batch=N); it works for every algorithm"
@@ -211,11 +211,25 @@ def validate_settings(cfg: Any) -> None:
             f"clients_per_rank = {cfg.clients_per_rank!r} applies to engine = 'distributed' only "
             f"(engine is {cfg.engine!r}); drop it"
         )
-    check_device(cfg.device)
+
+
+def check_data_dir(cfg: RunConfig) -> None:
+    """A file dataset's ``data_dir`` is set and exists (the reader's own message, without torch).
+
+    Called by ``fedxrisk run`` before anything heavy is imported; the library leaves it to the
+    reader, so that a config can be checked where the data is not (a Flower server)."""
+    layout = table("file_datasets").get(cfg.dataset)
+    missing = None if not layout else missing_data_dir(cfg.dataset, cfg.data_dir, layout)
+    if missing is not None:
+        raise ConfigError(str(missing))
 
 
 def check_device(device: str) -> None:
     """``device`` names a torch device type that this machine has."""
+    if device == "cpu":  # the default: no need to load torch to know
+        return
+    import torch
+
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
@@ -240,7 +254,7 @@ def check_pretrain(cfg: RunConfig) -> CheckedConfig:
     unknown = set(cfg.pretrain) - set(STAGE_KEYS)
     name = cfg.pretrain.get("algorithm", PRETRAIN_ALGORITHM)
     check_stage_algorithm(name)
-    unknown -= set(ALGORITHMS[stage_algorithm(name)].hyperparameters())
+    unknown -= set(table("algorithms")[stage_algorithm(name)]["hyperparameters"])
     if unknown:
         raise ConfigError(
             f"unknown pretrain key(s) {sorted(unknown)}; allowed: {[*STAGE_KEYS]} and hyperparameters"
@@ -254,6 +268,10 @@ def check_pretrain(cfg: RunConfig) -> CheckedConfig:
         checked = check(stage)
     except ConfigError as e:
         raise ConfigError(qualify(str(e), names)) from None
+    if not stage.options:  # the defaults pass the algorithm's own checks
+        return checked
+    from fedxrisk.algorithms import ALGORITHMS  # torch from here on
+
     try:  # the algorithm's own range checks, before any data is loaded
         ALGORITHMS[stage.algorithm](None, **stage.options)  # type: ignore[arg-type]
     except ValueError as e:
@@ -277,7 +295,12 @@ def qualify(message: str, sections: Mapping[str, str]) -> str:
 
 
 def check_hyperparameters(cfg: RunConfig) -> None:
-    """Let the algorithm's own ``__post_init__`` range checks run now, before any data is loaded."""
+    """Let the algorithm's own ``__post_init__`` range checks run now, before any data is loaded
+    (this loads torch; with no options set there is nothing to check)."""
+    if not cfg.options:
+        return
+    from fedxrisk.algorithms import ALGORITHMS
+
     try:
         ALGORITHMS[cfg.algorithm](None, **cfg.options)  # type: ignore[arg-type]
     except ValueError as e:

@@ -28,19 +28,18 @@ that names the key (``section.key``) and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import sys
-import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedxrisk.algorithms import ALGORITHMS
+from fedxrisk import catalog
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.checks import check, check_hyperparameters, qualify
+from fedxrisk.run.configtypes import MISMATCH, NONE, check_value, coerce, hyperparameter_types, unknown_key
 from fedxrisk.run.names import resolve
 from fedxrisk.run.privacy import privacy_from_table
 from fedxrisk.run.spec import (
@@ -78,7 +77,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),
     "engine": ("engine", "device", "clients_per_rank", "dist_timeout"),
 }
-NONE = "none"  # how TOML spells None
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
 PRIVACY, NESTED = "privacy", (PRETRAIN, "privacy")  # sections kept as one dict field of RunConfig
 
@@ -106,86 +104,6 @@ def section_of(key: str) -> str:
     )
 
 
-# -- types ---------------------------------------------------------------------
-def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return f'"{NONE}"'
-    if typing.get_origin(hint) is list:
-        inner = typing.get_args(hint)[0]
-        return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(
-            inner, _type_name(inner)
-        )
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
-        hint, getattr(hint, "__name__", str(hint))
-    )
-
-
-_MISMATCH = object()
-
-
-def _coerce(value: Any, hint: Any) -> Any:
-    """``value`` converted to ``hint`` (int → float, "none" → None), or ``_MISMATCH``."""
-    if hint is Any:
-        return value
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if type(None) in args and (value is None or value == NONE):
-            return None
-        for arg in args:
-            out = _coerce(value, arg)
-            if out is not _MISMATCH:
-                return out
-        return _MISMATCH
-    if hint is type(None):
-        return None if value is None or value == NONE else _MISMATCH
-    if origin is list:
-        if not isinstance(value, list):
-            return _MISMATCH
-        items = [_coerce(v, typing.get_args(hint)[0]) for v in value]
-        return _MISMATCH if any(i is _MISMATCH for i in items) else items
-    if hint is bool:
-        return value if isinstance(value, bool) else _MISMATCH
-    if hint is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else _MISMATCH
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        return _MISMATCH
-    if hint is str:
-        return value if isinstance(value, str) else _MISMATCH
-    return value  # a type we do not know how to check: the algorithm validates it
-
-
-def _check(name: str, value: Any, hint: Any) -> Any:
-    out = _coerce(value, hint)
-    if out is _MISMATCH:
-        raise ConfigError(f"{name}: expected {_type_name(hint)}, got {value!r} ({type(value).__name__})")
-    return out
-
-
-def hyperparameter_types(algorithm: str) -> dict[str, Any]:
-    """Hyperparameter name → type hint (falls back to the default's type)."""
-    cls = ALGORITHMS[algorithm]
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # an annotation that does not resolve: check by the default's type
-        hints = {}
-    return {
-        name: hints.get(name, type(default) if default is not None else Any)
-        for name, default in cls.hyperparameters().items()
-    }
-
-
-def _unknown(name: str, allowed: Iterable[str], where: str) -> ConfigError:
-    allowed = sorted(allowed)
-    close = difflib.get_close_matches(name.rsplit(".", 1)[-1], allowed, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ConfigError(f"unknown key {name!r}{hint}; {where} allows: {', '.join(allowed)}")
-
-
 # -- sections ↔ RunConfig ------------------------------------------------------
 def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
     """Build and validate a RunConfig from a sectioned dict (a parsed TOML file)."""
@@ -200,19 +118,19 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
                 raise ConfigError(
                     f"{section!r} belongs in [{section_of(section)}], as {section_of(section)}.{section}"
                 )
-            raise _unknown(section, SECTIONS, "a config file")
+            raise unknown_key(section, SECTIONS, "a config file")
         if not isinstance(table, Mapping):
             raise ConfigError(f"[{section}] must be a table of keys, got {table!r}")
         for key, value in table.items():
             if key in section_keys(section):
-                values[key] = _check(f"{section}.{key}", value, fields[key])
+                values[key] = check_value(f"{section}.{key}", value, fields[key])
             elif section != "algorithm":
-                raise _unknown(f"{section}.{key}", section_keys(section), f"[{section}]")
+                raise unknown_key(f"{section}.{key}", section_keys(section), f"[{section}]")
     rounds = values.get("rounds", RunConfig.rounds)
     if "stages" not in values and 1 <= rounds < RunConfig.stages:  # --rounds 2: one stage per round
         values["stages"] = rounds
     algorithm = values["algorithm"] = resolve(  # "CODA+" → codaplus: the key is what gets recorded
-        values.get("algorithm", RunConfig.algorithm), ALGORITHMS, "algorithm.algorithm"
+        values.get("algorithm", RunConfig.algorithm), catalog.table("algorithms"), "algorithm.algorithm"
     )
     hparams = hyperparameter_types(algorithm)
     options = {}
@@ -221,8 +139,8 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
             continue
         if key not in hparams:
             allowed = [*section_keys("algorithm"), *hparams]
-            raise _unknown(f"algorithm.{key}", allowed, f"[algorithm] with algorithm = {algorithm!r}")
-        options[key] = _check(f"algorithm.{key}", value, hparams[key])
+            raise unknown_key(f"algorithm.{key}", allowed, f"[algorithm] with algorithm = {algorithm!r}")
+        options[key] = check_value(f"algorithm.{key}", value, hparams[key])
     cfg = RunConfig(**values, options=options)
     try:
         check(cfg)
@@ -242,11 +160,11 @@ def pretrain_from_table(table: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in table.items():
         if key in STAGE_KEYS:
-            out[key] = _check(f"pretrain.{key}", value, fields[key])
+            out[key] = check_value(f"pretrain.{key}", value, fields[key])
         elif key in hparams:
-            out[key] = _check(f"pretrain.{key}", value, hparams[key])
+            out[key] = check_value(f"pretrain.{key}", value, hparams[key])
         else:
-            raise _unknown(
+            raise unknown_key(
                 f"pretrain.{key}", [*STAGE_KEYS, *hparams], f"[pretrain] with algorithm = {name!r}"
             )
     return out
@@ -280,7 +198,7 @@ def sections_from_flat(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         try:
             doc.setdefault(section_of(key), {})[key] = value
         except KeyError:
-            raise _unknown(key, _fields(), "a flat config") from None
+            raise unknown_key(key, _fields(), "a flat config") from None
     return doc
 
 
@@ -292,8 +210,8 @@ def flat_unchecked(doc: Mapping[str, Any]) -> dict[str, Any]:
     for section, table in doc.items():
         for key, value in (table if isinstance(table, Mapping) else {}).items():
             if key in fields:
-                coerced = _coerce(value, fields[key])
-                flat[key] = value if coerced is _MISMATCH else coerced
+                coerced = coerce(value, fields[key])
+                flat[key] = value if coerced is MISMATCH else coerced
             elif section == "algorithm":
                 options[key] = value
     return {**flat, "options": options}
@@ -355,7 +273,7 @@ def apply_override(doc: dict[str, Any], assignment: str) -> None:
             f"--set {name.strip()!r}: name the section, e.g. algorithm.lr=0.05; sections: {', '.join(SECTIONS)}"
         )
     if section not in SECTIONS and section not in NESTED:
-        raise _unknown(section, [*SECTIONS, *NESTED], "--set")
+        raise unknown_key(section, [*SECTIONS, *NESTED], "--set")
     table = doc.setdefault(section, {})
     table[key] = parse_value(raw)
 

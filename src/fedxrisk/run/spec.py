@@ -1,9 +1,9 @@
 """What defines a run (:class:`RunConfig`) and its optional first stage, without importing torch.
 
 The bottom of the run layer: pure data, so that the command line can show its
-defaults and reject bad arguments in a fraction of a second; the algorithm
-registry (and with it torch) is imported only when a default step size or
-window is resolved. :func:`pretrain_config` derives a two-stage run's first
+defaults and reject bad arguments in a fraction of a second; default step sizes
+and windows come from the catalogue (:mod:`fedxrisk.catalog`), which is the live
+algorithm registry once that is loaded. :func:`pretrain_config` derives a two-stage run's first
 stage (``[pretrain]``, see :mod:`fedxrisk.run.recipes`).
 """
 
@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedxrisk.catalog import algorithm  # registry facts without torch
 from fedxrisk.engines.launch import DEFAULT_TIMEOUT  # the engine owns it; torch-free
 from fedxrisk.errors import ConfigError  # noqa: F401  (re-exported)
 
@@ -75,25 +76,19 @@ class RunConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
-        from fedxrisk.algorithms import ALGORITHMS
-
-        fixed = ALGORITHMS[self.algorithm].fixed_window if self.algorithm in ALGORITHMS else None
+        fixed = (algorithm(self.algorithm) or {}).get("window")
         return self.local_steps if self.local_steps is not None else (fixed or DEFAULT_LOCAL_STEPS)
 
     def resolved_lr(self) -> float:
-        from fedxrisk.algorithms import ALGORITHMS
-
         if self.lr is not None:
             return self.lr
-        return ALGORITHMS[self.algorithm].default_lr if self.algorithm in ALGORITHMS else 0.1
+        return (algorithm(self.algorithm) or {}).get("default_lr", 0.1)
 
     def resolved_monitor(self) -> str:
         """The ``val_*`` column selection and early stopping follow: ``monitor``, else the algorithm's."""
-        from fedxrisk.algorithms import ALGORITHMS
-
         if self.monitor is not None:
             return self.monitor
-        return ALGORITHMS[self.algorithm].monitor if self.algorithm in ALGORITHMS else "val_auroc"
+        return (algorithm(self.algorithm) or {}).get("monitor", "val_auroc")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -120,11 +115,11 @@ def stage_algorithm(name: str) -> str:
 
 def check_stage_algorithm(name: Any) -> None:
     """``pretrain.algorithm`` is ``centralized`` or a registered algorithm."""
-    from fedxrisk.algorithms import ALGORITHMS
+    from fedxrisk.catalog import table
 
-    if name != CENTRALIZED and name not in ALGORITHMS:
+    if name != CENTRALIZED and algorithm(name) is None:
         raise ConfigError(
-            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(ALGORITHMS)}"
+            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(table('algorithms'))}"
         )
 
 

@@ -159,13 +159,18 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
     if (root / "train.csv").is_file() and (root / "test.csv").is_file():
         x_tr, y_tr, s_tr, names = _read_table(root / "train.csv")
         header = _header(root / "train.csv")
-        x_te, y_te, _, names_te = _read_table(root / "test.csv")
+        x_te, y_te, s_te, names_te = _read_table(root / "test.csv")
         check_class_ids({str(root / "train.csv"): y_tr, str(root / "test.csv"): y_te}, base=2)
         if names != names_te:
             raise DataFileError(f"{root}: train.csv and test.csv have different feature columns")
         groups = {"source": codes(s_tr)[0]} if s_tr is not None else {}
+        tested = {}
+        if s_tr is not None and s_te is not None:  # the test rows' sites, coded as training's (-1: new)
+            lookup = {name: i for i, name in enumerate(codes(s_tr)[1])}
+            tested = {"source": np.array([lookup.get(v, -1) for v in s_te], dtype=np.int64)}
         num_classes = int(max(y_tr.max(), y_te.max())) + 1
-        data = LabeledData("tabular", x_tr, y_tr, x_te, y_te, num_classes, groups_train=groups)
+        data = LabeledData("tabular", x_tr, y_tr, x_te, y_te, num_classes, groups_train=groups,
+                           groups_test=tested)  # fmt: skip
     elif (root / "data.csv").is_file():
         x, y, s, names = _read_table(root / "data.csv")
         header = _header(root / "data.csv")

@@ -9,22 +9,17 @@ import numpy as np
 
 from fedxrisk.data.decode import read_bytes  # noqa: F401  (re-exported)
 from fedxrisk.data.types import SPLIT_SEED, TEST_FRACTION, LabeledData
-from fedxrisk.errors import DataFileError, MissingDataError  # noqa: F401  (re-exported)
+from fedxrisk.errors import DataFileError, MissingDataError, missing_data_dir  # noqa: F401  (re-exported)
 
 RESERVED_COLUMNS = ("path", "split", "source", "patient")  # manifest columns that are not labels
 
 
 def require_dir(data_dir: str | Path | None, dataset: str, layout: str) -> Path:
     """``data_dir`` as a folder that exists, or an error describing ``layout``."""
-    if data_dir is None:
-        raise MissingDataError(
-            f"dataset {dataset!r} reads files: set data_dir (--data-dir DIR, or --set data.data_dir=DIR) "
-            f"to a folder laid out as:\n{layout}"
-        )
-    root = Path(data_dir).expanduser()
-    if not root.exists():
-        raise MissingDataError(f"{dataset}: data_dir {str(root)!r} does not exist; expected:\n{layout}")
-    return root
+    missing = missing_data_dir(dataset, None if data_dir is None else str(data_dir), layout)
+    if missing is not None:
+        raise missing
+    return Path(data_dir).expanduser()  # type: ignore[arg-type]
 
 
 def find_file(roots: Sequence[Path], names: Sequence[str], dataset: str, layout: str) -> Path:
@@ -82,6 +77,7 @@ def split_labeled(
         num_classes,
         groups_train={k: v[train_idx] for k, v in groups.items()},
         label_names=label_names,
+        groups_test={k: v[test_idx] for k, v in groups.items()},  # each site's own test rows
     )
 
 

@@ -155,4 +155,5 @@ def read_site_folders(
         len(classes),
         groups_train={"source": np.concatenate([np.full(len(p[1]), p[0]) for p in parts]).astype(np.int64)},
         label_names=tuple(classes),
+        groups_test={"source": np.concatenate([np.full(len(p[2]), p[0]) for p in parts]).astype(np.int64)},
     )

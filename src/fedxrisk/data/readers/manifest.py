@@ -209,6 +209,7 @@ def read_manifest(
     return LabeledData(
         name, t.x[tr], t.y[tr], t.x[te], t.y[te], t.num_classes,
         groups_train={k: v[tr] for k, v in t.groups.items()}, label_names=t.label_names,
+        groups_test={k: v[te] for k, v in t.groups.items()},
     )  # fmt: skip
 
 
