@@ -35,6 +35,7 @@ from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.private import ServerDP, server_dp
+from fedxrisk.flower.secure import check_secure_algorithm, secure_mean
 from fedxrisk.flower.site import BEGIN, site_setup, site_step
 from fedxrisk.flower.sitedata import load_holdout
 from fedxrisk.flower.wire import Packet, clone_packet, flatten, unflatten
@@ -129,6 +130,7 @@ class Coordinator:
         return summary
 
     def _setup(self) -> None:
+        check_secure_algorithm(self.cfg)  # before any message: SecAgg+ carries means only
         nodes = self._wait_for_nodes()
         replies = self._exchange({n: Packet(config={"op": "setup"}) for n in nodes}, "setup", "set-up")
         sites = []
@@ -177,7 +179,7 @@ class Coordinator:
         last = len(self.plans) - 1
         while True:
             what = f"round {self.done + 2}/{len(self.plans)}"  # 1-based, as in history.csv
-            replies = self._exchange(requests, "step", what)
+            replies = self._exchange(requests, "secure-step" if self.cfg.secure_aggregation else "step", what)
             finished, pending = (
                 self._common(replies, "finished", what),
                 self._common(replies, "pending", what),
@@ -205,6 +207,8 @@ class Coordinator:
         ``comm.pool`` (valid records of all sites, shuffled: :func:`~fedxrisk.engines.pooling.merge_pool`)."""
         what = f"round {round_ + 1}/{len(self.plans)}"
         kind, call = self._common(replies, "kind", what), self._common(replies, "call", what)
+        if self.cfg.secure_aggregation:  # SecAgg+: the sites' mean arrives, never a site's payload
+            return secure_mean([replies[s.node] for s in self.sites], self.ledger, what), kind, call
         payloads = [replies[s.node].arrays["payload"] for s in self.sites]
         names = [list(p) for p in payloads]
         for s, keys in zip(self.sites, names):

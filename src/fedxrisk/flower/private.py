@@ -9,8 +9,8 @@ in every round (client sampling on Flower is not built: refused). The server is 
 with the same noise seed gives the loop engine's numbers.
 
 What it protects: a site's whole contribution, against the other sites and anyone who sees the
-model; not against the server, which sees each site's update (secure aggregation would hide
-them: see :func:`secure_aggregation_refusal`).
+model; not against the server, which sees each site's update (SecAgg+ would hide them, but
+the server clips them, so the two are refused together: :mod:`fedxrisk.flower.secure`).
 """
 
 from __future__ import annotations
@@ -27,18 +27,8 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.tree import Tree
 
 
-def secure_aggregation_refusal(algorithm: str) -> str:
-    """Why ``secure-aggregation = true`` is refused (one line)."""
-    return (
-        f"secure-aggregation: Flower's SecAgg+ is not wired into fedxrisk's per-collective protocol yet "
-        f"({algorithm}); the server sees each site's tensors (docs/privacy.md, 'Secure aggregation')"
-    )
-
-
 def check_flower_privacy(cfg: Any) -> None:
     """One-line :class:`ConfigError` for privacy settings a Flower run cannot honour."""
-    if cfg.secure_aggregation:
-        raise ConfigError(secure_aggregation_refusal(cfg.algorithm))
     if cfg.privacy_clip == 0:
         if cfg.privacy_noise_multiplier or cfg.privacy_target_epsilon:
             raise ConfigError("privacy-noise-multiplier / privacy-target-epsilon need privacy-clip > 0")
