@@ -27,16 +27,19 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 import fedxrisk.flower.coordinator as coordinator_module  # noqa: E402
 import fedxrisk.flower.secagg as secagg  # noqa: E402
+from fedxrisk.engines import Simulation  # noqa: E402
+from fedxrisk.engines.privacy import ClientDP  # noqa: E402
 from fedxrisk.errors import ConfigError  # noqa: E402
 from fedxrisk.flower.app import GridTransport, client_app  # noqa: E402
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.coordinator import Coordinator, FederationError  # noqa: E402
 from fedxrisk.flower.secure import flat_vector, levels, packet_from_bytes, step  # noqa: E402
 from flower_grid import InProcessGrid  # noqa: E402
-from helpers import max_abs_diff  # noqa: E402
+from helpers import make_sim, max_abs_diff, run_all  # noqa: E402
 from test_flower_protocol import run_config, run_local, trial_nodes  # noqa: E402
 
 SECURE = {"secure-aggregation": True}
+DP = {"privacy-clip": 0.5, "privacy-noise-multiplier": 0.8, "privacy-noise-seed": 7}
 MODEL_TOL = 1e-5  # 3 rounds; one secure mean is off by < 2R/levels = 1.2e-7 (R = 64, 2 sites)
 
 
@@ -117,6 +120,37 @@ def test_the_server_receives_only_masked_vectors_and_the_aggregate(tmp_path, mon
     assert masked == 2 * 4  # every step exchange: 4 (3 with a mean, the last finishes round 3)
 
 
+@pytest.mark.parametrize("algorithm", ["codasca", "localsgdm"])
+def test_client_dp_under_secagg_clips_on_the_sites_and_equals_the_loop_engine(
+    algorithm, tmp_path, monkeypatch
+):
+    """Clip on the site, sum securely, noise on the server: the loop engine's DP numbers (same noise
+    seed); the quantization range is C, so the error of a secure mean is below 2C/levels."""
+    norms: list[float] = []
+
+    def spy_flat(payload):
+        vector, layout = flat_vector(payload)
+        norms.append(float(vector.norm()))
+        return vector, layout
+
+    monkeypatch.setattr(secagg, "flat_vector", spy_flat)
+    rc = {**run_config(algorithm, tmp_path, lr=0.05), **SECURE, **DP}
+    summary, _ = run_secure(rc, trial_nodes())
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["privacy"]["clipped_by"] == "sites"
+    base = make_sim(
+        algorithm, "loop", clients=2, rounds=rc["rounds"], local_steps=rc["local-steps"],
+        batch_size=rc["batch-size"], lr=rc["lr"], stages=rc["stages"], partition="iid", imratio=0.3, seed=0,
+    )  # fmt: skip
+    sim = Simulation(base.algorithm, base.data, base.schedule, base.batch_size, base.seed, "loop",
+                     privacy=ClientDP(0.5, 0.8, noise_seed=7))  # fmt: skip
+    params, _ = run_all(sim).global_model()
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-5
+    sent = [n for n in norms if n > 0]  # what each site handed to the mod: its clipped update
+    assert len(sent) == 2 * rc["rounds"] and max(sent) <= 0.5 * (1 + 1e-6)
+    assert max(sent) > 0.4  # the updates are clipped (raw updates are larger than C here), not zero
+
+
 def test_a_value_beyond_the_range_stops_the_run_naming_the_tensor(tmp_path):
     rc = {**run_config("codasca", tmp_path), **SECURE, "secure-aggregation-range": 0.01}
     with pytest.raises(FederationError) as e:
@@ -124,6 +158,25 @@ def test_a_value_beyond_the_range_stops_the_run_naming_the_tensor(tmp_path):
     message = str(e.value)
     assert "beyond secure-aggregation-range = 0.01" in message and "\n" not in message
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
+def test_one_failing_site_is_named_though_the_secure_sum_breaks(tmp_path, monkeypatch):
+    """Site 1 fails in its first exchange: its vector is empty, site 0's is not, so Flower's sum of
+    masked vectors fails; the run still stops naming site 1 and its own error."""
+    calls = []
+
+    def fail_second(payload, bound):
+        calls.append(1)
+        return "site-made failure" if len(calls) == 2 else None
+
+    monkeypatch.setattr(secagg, "check_range", fail_second)
+    rc = {**run_config("codasca", tmp_path), **SECURE}
+    with pytest.raises(FederationError) as e:
+        run_secure(rc, trial_nodes())
+    message = str(e.value)
+    assert "site 1 (node 1001, partition-id 1) failed: site-made failure" in message, message
+    assert "site 0 (node 1000, partition-id 0) failed: secure aggregation halted" in message
+    assert "\n" not in message
 
 
 def test_pools_are_refused_before_any_message(tmp_path):
@@ -137,7 +190,6 @@ def test_pools_are_refused_before_any_message(tmp_path):
 @pytest.mark.parametrize(
     "extra, words",
     [
-        ({"privacy-clip": 1.0, "privacy-noise-multiplier": 1.0}, "clips each site's update on the server"),
         ({"min-nodes": 1}, "min-nodes ≥ 2"),
         ({"buffer-policy": "local"}, "BatchNorm statistics"),
         ({"secure-aggregation-range": 0.0}, "secure-aggregation-range must be"),

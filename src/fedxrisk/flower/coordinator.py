@@ -208,7 +208,7 @@ class Coordinator:
         what = f"round {round_ + 1}/{len(self.plans)}"
         kind, call = self._common(replies, "kind", what), self._common(replies, "call", what)
         if self.cfg.secure_aggregation:  # SecAgg+: the sites' mean arrives, never a site's payload
-            return secure_mean([replies[s.node] for s in self.sites], self.ledger, what), kind, call
+            return secure_mean(self, replies, round_, what), kind, call
         payloads = [replies[s.node].arrays["payload"] for s in self.sites]
         names = [list(p) for p in payloads]
         for s, keys in zip(self.sites, names):

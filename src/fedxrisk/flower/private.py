@@ -9,8 +9,9 @@ in every round (client sampling on Flower is not built: refused). The server is 
 with the same noise seed gives the loop engine's numbers.
 
 What it protects: a site's whole contribution, against the other sites and anyone who sees the
-model; not against the server, which sees each site's update (SecAgg+ would hide them, but
-the server clips them, so the two are refused together: :mod:`fedxrisk.flower.secure`).
+model; not against the server, which sees each site's update, unless ``secure-aggregation`` is
+on: then each site clips its own update (:class:`~fedxrisk.flower.secure.SiteClip`), SecAgg+
+sums them, and the server adds the noise to the sum (:meth:`ServerDP.release`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from fedxrisk.algorithms.base import ClientInfo
 from fedxrisk.engines.privacy import ClientDP, PrivateAggregator, check_client_dp, epsilon, noise_for_epsilon
 from fedxrisk.errors import ConfigError
-from fedxrisk.tree import Tree
+from fedxrisk.tree import Tree, leaves, tmap
 
 
 def check_flower_privacy(cfg: Any) -> None:
@@ -69,17 +70,29 @@ class ServerDP:
         initial = algorithm.init(ClientInfo(0, samples[0], positives[0] / samples[0], max_samples))
         self.aggregator = PrivateAggregator(self.config, algorithm, initial, seed, self.k)
         self.rounds_meaned: set[int] = set()
+        self.clipped_by = "sites" if cfg.secure_aggregation else "server"
 
-    def mean(self, stacked: Tree, round_: int) -> Tree:
-        """The noised mean of the sites' stacked contributions (leading axis: sites)."""
+    def _once(self, round_: int) -> None:
         if round_ in self.rounds_meaned:
             raise ConfigError(
                 f"client-level DP: {self.aggregator.name} sends a second 'mean' in round {round_ + 1}"
             )
         self.rounds_meaned.add(round_)
+
+    def mean(self, stacked: Tree, round_: int) -> Tree:
+        """The noised mean of the sites' stacked contributions (leading axis: sites)."""
+        self._once(round_)
         mask = torch.ones(self.k, dtype=torch.bool)
         flat = self.aggregator.aggregate(stacked, mask, round_, float(self.k))
         return _rebuild(stacked, flat)
+
+    def release(self, mean: Tree, round_: int) -> Tree:
+        """Under SecAgg+: ``mean`` is the secure mean of the sites' clipped updates
+        (:class:`~fedxrisk.flower.secure.SiteClip`); add the noise and the reference, as :meth:`mean`."""
+        self._once(round_)
+        sums = {p: t.double() * self.k for p, t in leaves(mean)}
+        like = tmap(lambda t: t.unsqueeze(0), mean)
+        return _rebuild(mean, self.aggregator.release(sums, like, round_, float(self.k)))
 
     def epsilon(self, rounds: int) -> float:
         return epsilon(self.config.noise_multiplier, rounds, self.delta)
@@ -87,13 +100,14 @@ class ServerDP:
     def describe(self) -> str:
         return (
             f"differential privacy: ({self.epsilon(self.rounds):.3g}, {self.delta:.3g})-DP per site after "
-            f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}), noise added by the server"
+            f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}), clipped by the {self.clipped_by}, noise added by the server"
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
         return {
             "level": "client", "epsilon": self.epsilon(rounds), "delta": self.delta, "clip": self.config.clip,
             "noise_multiplier": self.config.noise_multiplier, "sampling_rate": 1.0, "noise_added_by": "server",
+            "clipped_by": self.clipped_by,
         }  # fmt: skip
 
 

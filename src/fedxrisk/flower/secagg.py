@@ -51,6 +51,7 @@ from fedxrisk.flower.secure import (
     packet_bytes,
     packet_from_bytes,
     split_vector,
+    value_range,
 )
 from fedxrisk.flower.wire import Packet
 
@@ -69,8 +70,8 @@ def secure_step_handler(
         reply = run_step(context, request)
         payload = reply.arrays.pop("payload", {})
         if not reply.error:
-            value_range = FlowerConfig.from_run_config(context.run_config).secure_aggregation_range
-            if (problem := check_range(payload, value_range)) is not None:
+            bound = value_range(FlowerConfig.from_run_config(context.run_config))
+            if (problem := check_range(payload, bound)) is not None:
                 reply, payload = Packet(config={"error": problem}), {}
         vector, layout = flat_vector(payload)
         reply.config["layout"] = json.dumps(layout)
@@ -192,7 +193,7 @@ def secure_exchange(
     state = RecordDict({"config": ConfigRecord({"current_round": exchange}), "parameters": ArrayRecord()})
     context = LegacyContext(Context(run_id, 0, {}, state, {}), strategy=strategy)
     workflow = SecAggPlusWorkflow(
-        1.0, 1.0, max_weight=1.0, clipping_range=float(cfg.secure_aggregation_range),
+        1.0, 1.0, max_weight=1.0, clipping_range=float(value_range(cfg)),
         quantization_range=levels(len(requests)), modulus_range=MODULUS, timeout=cfg.round_timeout,
     )  # fmt: skip
     failure = None

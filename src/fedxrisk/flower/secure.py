@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from fedxrisk.errors import ConfigError
-from fedxrisk.flower.wire import Packet, unflatten
-from fedxrisk.tree import Tree, tmap
+from fedxrisk.flower.wire import Packet, flatten, unflatten
+from fedxrisk.tree import Tree, leaves, tmap
 
 MODULUS = 2**32  # SecAgg+'s mask range (Flower's largest)
 
@@ -45,7 +45,7 @@ def step(value_range: float, num_sites: int) -> float:
 
 def collective_kinds(cfg: Any) -> set[str]:
     """The collectives ``cfg``'s algorithm calls (``mean``, ``gather``, ``pool``): two rounds with
-    two stages of a tiny run on digits, through a collective that records each call."""
+    two stages of a tiny run on synthetic data, through a collective that records each call."""
     from fedxrisk.algorithms import Schedule
     from fedxrisk.data import make_federated
     from fedxrisk.engines import Simulation
@@ -68,11 +68,12 @@ def collective_kinds(cfg: Any) -> set[str]:
             kinds.add("pool")
             return super().pool(groups, valid, key)
 
-    data = make_federated("digits", 2, "iid", 0.3, 0)
+    data = make_federated("synthetic", 2, "iid", 0.3, 0)
     problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
     algorithm = cfg.build_algorithm(problem)
     schedule = Schedule.build(2, cfg.algorithm_class.fixed_window or 1, 0.01, stages=2)
-    sim = Simulation(algorithm, data, schedule, max(cfg.batch_size, 8), 0, "loop")
+    batch = max(cfg.batch_size, 8, 2 * (algorithm.positives_per_batch or 0))  # the collectives do not change
+    sim = Simulation(algorithm, data, schedule, batch, 0, "loop")
     sim._collective = lambda: Recording(sim.num_clients, sim.engine, sim.ledger, sim.seed)
     for _ in range(2):
         sim.run_round()
@@ -104,11 +105,6 @@ def check_secure_config(cfg: Any) -> None:
     """One-line :class:`ConfigError` for settings SecAgg+ cannot honour (no data needed)."""
     if not cfg.secure_aggregation:
         return
-    if cfg.privacy_clip:
-        raise ConfigError(
-            "secure-aggregation with privacy-clip: client-level DP on Flower clips each site's update on "
-            "the server, which SecAgg+ hides from it; clipping on the sites is not built, use one of the two"
-        )
     if cfg.min_nodes < 2:
         raise ConfigError(
             f"secure-aggregation needs min-nodes ≥ 2 (SecAgg+ sums 2+ sites), got {cfg.min_nodes}"
@@ -168,15 +164,60 @@ def packet_from_bytes(data: bytes) -> Packet:
     return Packet(dict(d["config"]), dict(d["metrics"]), {g: dict(a) for g, a in d["arrays"].items()})
 
 
-def secure_mean(replies: list[Packet], ledger: Any, what: str) -> dict[str, torch.Tensor]:
+def secure_mean(
+    coordinator: Any, replies: dict[int, Packet], round_: int, what: str
+) -> dict[str, torch.Tensor]:
     """The coordinator's side of a secure ``mean``: every reply carries the same aggregate
-    (``arrays["mean"]``) and no site's own payload; bytes are counted as for a plain mean."""
-    if any("payload" in r.arrays for r in replies) or not all("mean" in r.arrays for r in replies):
+    (``arrays["mean"]``) and no site's own payload; bytes are counted as for a plain mean. With
+    client-level DP the aggregate is the mean of the sites' clipped updates: the server adds the noise."""
+    ordered = [replies[s.node] for s in coordinator.sites]
+    if any("payload" in r.arrays for r in ordered) or not all("mean" in r.arrays for r in ordered):
         raise RuntimeError(
             f"{what}: secure-aggregation needs Flower's SecAgg+ (GridTransport); this transport "
             "delivered the sites' own payloads"
         )
-    mean = replies[0].arrays["mean"]
-    stacked = tmap(lambda t: t.unsqueeze(0), unflatten(mean))  # the plain mean's shapes, for the ledger
-    ledger.record("mean", stacked if isinstance(stacked, dict) else {"": stacked}, len(replies))
-    return mean
+    mean = unflatten(ordered[0].arrays["mean"])
+    stacked = tmap(lambda t: t.unsqueeze(0), mean)  # the plain mean's shapes, for the ledger
+    coordinator.ledger.record("mean", stacked if isinstance(stacked, dict) else {"": stacked}, len(ordered))
+    return flatten(mean if coordinator.dp is None else coordinator.dp.release(mean, round_))
+
+
+def value_range(cfg: Any) -> float:
+    """The quantization range R: with client-level DP the sites send clipped updates, whose every
+    coordinate lies in [−C, C], so R = C (+ 10⁻⁶ relative for float rounding); else
+    ``secure-aggregation-range``."""
+    return cfg.privacy_clip * (1 + 1e-6) if cfg.privacy_clip else cfg.secure_aggregation_range
+
+
+class SiteClip:
+    """Client-level DP under SecAgg+, the site's half: clip its own update (its ``mean`` payload
+    minus the last answer for it, first round: the initial state) to L2 norm C, as
+    :class:`~fedxrisk.engines.privacy.PrivateAggregator` does on a server that sees the values.
+    The server adds the noise to the secure mean (:meth:`fedxrisk.flower.private.ServerDP.release`)."""
+
+    def __init__(self, cfg: Any, algorithm: Any, initial: Tree, num_clients: int):
+        from fedxrisk.engines.privacy import ClientDP, PrivateAggregator
+
+        self.aggregator = PrivateAggregator(
+            ClientDP(cfg.privacy_clip, 0.0), algorithm, initial, 0, num_clients
+        )
+
+    def update(self, stacked: Tree) -> Tree:
+        """The clipped update of this site's payload (leaves ``[1, ...]`` → ``[...]``, dtypes kept)."""
+        clipped = iter(self.aggregator.clipped_sum(stacked, torch.ones(1, dtype=torch.bool)).values())
+        return tmap(lambda t: next(clipped).to(t.dtype), stacked)  # leaves() and tmap share one order
+
+    def answered(self, answer: Tree) -> None:
+        """The server's (noised) answer: the next reference of the same leaves."""
+        self.aggregator.last.update({p: t.detach().clone() for p, t in leaves(answer)})
+
+    @property
+    def last(self) -> dict[str, torch.Tensor]:
+        return self.aggregator.last
+
+
+def site_clip(cfg: Any, algorithm: Any, info: Any, num_clients: int) -> SiteClip | None:
+    """The site's :class:`SiteClip` when client-level DP runs under SecAgg+, else None."""
+    if not (cfg.privacy_clip and cfg.secure_aggregation):
+        return None
+    return SiteClip(cfg, algorithm, algorithm.init(info), num_clients)
