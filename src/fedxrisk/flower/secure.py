@@ -7,9 +7,10 @@ quantized:
 
 - **Refusals** (one line, before the run starts): algorithms whose collectives are not all
   ``mean`` (found by running the algorithm for two rounds through a recording collective, not
-  from a list), client-level DP (the server clips each site's update, so it would see them),
-  ``buffer-policy = "local"`` (each site's own BatchNorm statistics reach the server at
-  evaluation), fewer than 2 sites.
+  from a list), ``buffer-policy = "local"`` (each site's own BatchNorm statistics reach the
+  server at evaluation), fewer than 2 sites.
+- **Client-level DP** under SecAgg+: the sites clip their own updates (:class:`SiteClip`), the
+  server adds the noise to the secure mean; the quantization range is then C.
 - **Quantization**: SecAgg+ sums integers modulo 2³². A site's value x ∈ [−R, R]
   (``secure-aggregation-range``) becomes ⌊(x + R)·L / 2R⌉ with stochastic rounding, L the
   levels; K sites' sums must stay below 2³², so L = 2^(31 − ⌈log₂ K⌉) (2³⁰ for 2 sites). The
