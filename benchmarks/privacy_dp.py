@@ -114,11 +114,13 @@ def _mark(reason: str | None) -> str:
 
 
 def _secure_aggregation(reason: str | None, client: str | None) -> str:
-    """SecAgg+ on Flower (``secure-aggregation = true``): ✓ when every collective is a mean; with
-    client-level DP too when that is supported (the sites clip, the server adds the noise)."""
+    """SecAgg+ on Flower (``secure-aggregation = true``): ✓ when every collective is a mean, and
+    whether client-level DP combines with it (the sites clip, the server adds the noise)."""
     if reason is not None:
         return "✗ " + reason.removeprefix("secure-aggregation: ").replace("|", "/")
-    return "✓ (with client-level DP: clipped on the sites)" if client is None else "✓"
+    if client is None:
+        return "✓ every collective is a mean: the server sees sums only; with client-level DP the sites clip"
+    return "✓ every collective is a mean (class sums and counts too): the server sees sums only"
 
 
 def render(results: dict[str, Any]) -> dict[str, str]:
