@@ -82,10 +82,10 @@ def test_the_server_receives_only_masked_vectors_and_the_aggregate(tmp_path, mon
         sent.append(vector.clone())
         return vector, layout
 
-    def spy_mean(replies, ledger, what):
-        assert all("payload" not in r.arrays for r in replies)
-        means.append(replies[0].arrays["mean"])
-        return real_mean(replies, ledger, what)
+    def spy_mean(coordinator, replies, round_, what):
+        assert all("payload" not in r.arrays for r in replies.values())  # no site's own tensors
+        means.append(next(iter(replies.values())).arrays["mean"])
+        return real_mean(coordinator, replies, round_, what)
 
     real_mean = coordinator_module.secure_mean
     monkeypatch.setattr(secagg, "flat_vector", spy_flat)
