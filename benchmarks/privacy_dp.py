@@ -2,8 +2,10 @@
 
 1. Support: every registered algorithm is built (digits, MLP 64-64) and asked
    :func:`~fedxrisk.engines.privacy.unsupported_reason` (client-level DP) and
-   :func:`~fedxrisk.engines.privacy.unsupported_instance_reason` (instance-level DP-SGD):
-   the table is what the code refuses, not a list kept by hand.
+   :func:`~fedxrisk.engines.privacy.unsupported_instance_reason` (instance-level DP-SGD),
+   and for Flower's SecAgg+ :func:`~fedxrisk.flower.secure.algorithm_refusal` (two rounds
+   through a recording collective: every collective must be a ``mean``): the table is what the
+   code refuses, not a list kept by hand.
 2. σ for a target ε at δ = 1e-5 (RDP accountant of dp-accounting), for the planned rounds.
 3. Seconds per round (median of 3 repeats of 5 rounds after one warm-up round) of CE FedAvg
    (localsgdm) and CODASCA on digits, K = 8, I = 4, B = 32, vmap engine: plain, client-level DP
@@ -39,6 +41,8 @@ def support() -> dict[str, Any]:
     from fedxrisk.algorithms import ALGORITHMS
     from fedxrisk.data import make_federated
     from fedxrisk.engines.privacy import unsupported_instance_reason, unsupported_reason
+    from fedxrisk.flower.config import FlowerConfig
+    from fedxrisk.flower.secure import algorithm_refusal
     from fedxrisk.models import build_model
     from fedxrisk.problem import Problem
 
@@ -46,10 +50,13 @@ def support() -> dict[str, Any]:
     rows = {}
     for name, cls in sorted(ALGORITHMS.items()):
         problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
-        algorithm = cls(problem, **({"positives_per_batch": 4} if cls.positives_per_batch else {}))
+        options = {"positives_per_batch": 4} if cls.positives_per_batch else {}
+        algorithm = cls(problem, **options)
+        flower = FlowerConfig(algorithm=name, options=options, secure_aggregation=True)
         rows[name] = {
             "client": unsupported_reason(algorithm),
             "instance": unsupported_instance_reason(algorithm),
+            "secure": algorithm_refusal(flower),
         }
     return rows
 
@@ -106,12 +113,14 @@ def _mark(reason: str | None) -> str:
     return "✓" if reason is None else "✗ " + reason.replace("|", "/")
 
 
-def _secure_aggregation(reason: str | None) -> str:
-    """SecAgg+ sums vectors: it can hide what a mean-only algorithm sends, never a pool or class sums
-    the server must read per client; it is not wired into the Flower app yet (docs/privacy.md)."""
-    if reason is None or "pool" not in reason:
-        return "✗ not wired yet; applicable: every message is a mean"
-    return "✗ never: the server merges per-sample score pools, which a sum cannot do"
+def _secure_aggregation(reason: str | None, client: str | None) -> str:
+    """SecAgg+ on Flower (``secure-aggregation = true``): ✓ when every collective is a mean, and
+    whether client-level DP combines with it (the sites clip, the server adds the noise)."""
+    if reason is not None:
+        return "✗ " + reason.removeprefix("secure-aggregation: ").replace("|", "/")
+    if client is None:
+        return "✓ every collective is a mean: the server sees sums only; with client-level DP the sites clip"
+    return "✓ every collective is a mean (class sums and counts too): the server sees sums only"
 
 
 def render(results: dict[str, Any]) -> dict[str, str]:
@@ -120,7 +129,7 @@ def render(results: dict[str, Any]) -> dict[str, str]:
         "|---|---|---|---|",
     ]
     for name, r in results["support"].items():
-        secure = _secure_aggregation(r["client"])
+        secure = _secure_aggregation(r["secure"], r["client"])
         support_md.append(f"| `{name}` | {_mark(r['client'])} | {_mark(r['instance'])} | {secure} |")
     sigma_md = [f"| plan (δ = {DELTA:g}) | " + " | ".join(f"σ for ε = {t:g}" for t in TARGETS) + " |"]
     sigma_md.append("|---|" + "---:|" * len(TARGETS))

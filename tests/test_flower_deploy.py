@@ -8,9 +8,12 @@ whose key was not. Every message starts a ClientApp process on each SuperNode
 (torch imported anew), so the cost is the number of messages and federation
 starts, and the runs are as short as the checks allow.
 
-Two runs submitted together are checked against the loop engine: CODASCA over
+Three runs submitted together are checked against the loop engine: CODASCA over
 two rounds (state kept in the node's context across messages and rounds,
-``mean``) and FeDXL2 over one round (its ``begin`` hook and ``gather``); the
+``mean``), CODASCA over one round with ``secure-aggregation = true`` (every
+exchange through Flower's SecAgg+ workflow and mod; equal to the quantization's
+tolerance) and
+FeDXL2 over one round (its ``begin`` hook and ``pool``); the
 other algorithms' numbers are checked through the same protocol in-process
 (test_flower_protocol.py). ``flwr log`` shows CODASCA's ``[fedxrisk] round
 k/R`` lines; the unregistered SuperNode was refused. Last, a SuperNode is
@@ -41,6 +44,8 @@ SPLIT = {"partition": "iid", "imratio": 0.3, "seed": 0}
 SETTINGS = {"local-steps": 2, "batch-size": 8, "lr": 0.1, "stages": 1, "test-data": "digits", **SPLIT}
 SETTINGS |= {"eval-every": 1, "min-nodes": 2}
 ALGORITHM_ROUNDS = {"codasca": 2, "fedxl2": 1}  # 4 and 5 messages per site
+SECURE_ROUNDS = 1  # CODASCA through Flower's SecAgg+: 1 + 2 × 4 messages per site (multi-round: in-process)
+SECURE_TOL = 1e-5  # each secure mean is within 2R/levels = 1.2e-7 of the plain one (R = 64, 2 sites)
 RUN_WAIT = 900.0  # s; an idle 2-core machine needs about a minute, a heavily loaded one many
 
 
@@ -76,6 +81,9 @@ def runs(federation, tmp_path_factory):
         )
         for name, rounds in ALGORITHM_ROUNDS.items()
     }
+    ids["codasca-secure"] = federation.submit(
+        root / "codasca-secure", algorithm="codasca", rounds=SECURE_ROUNDS, **{"secure-aggregation": True}
+    )
     return {
         name: (run, root / name, federation.wait_summary(root / name, RUN_WAIT)) for name, run in ids.items()
     }
@@ -127,6 +135,20 @@ def test_flower_runs_over_tls_match_the_loop_engine(runs, name):
     assert summary["final"]["train_loss"] == pytest.approx(sim.train_loss(), abs=1e-5)
     assert max_abs_diff(torch.load(out / "model.pt")["params"], params) < 1e-5
     assert summary["communication"] == sim.ledger.summary()
+
+
+def test_flower_secagg_over_tls_gives_the_plain_model(federation, runs):
+    """secure-aggregation = true: every mean through Flower's SecAgg+ workflow and mod; the loop
+    engine's model to the quantization's tolerance, and the ServerApp log shows the protocol."""
+    run, out, summary = runs["codasca-secure"]
+    assert summary["status"] == "completed", summary["error"]
+    sim, params, metrics = _reference("codasca", SECURE_ROUNDS)
+    assert 0 < max_abs_diff(torch.load(out / "model.pt")["params"], params) < SECURE_TOL
+    for key in ("test_auroc", "test_ap", "client_auroc_mean"):
+        assert summary["final"][key] == pytest.approx(metrics[key], abs=SECURE_TOL), key
+    assert summary["communication"] == sim.ledger.summary()
+    logs = federation.flwr("log", str(run), "secure", "--show").stdout
+    assert logs.count("Secure aggregation completed") == 2, logs[-3000:]  # one per step exchange
 
 
 def test_flwr_log_shows_the_round_lines(federation, runs):

@@ -57,7 +57,6 @@ def test_flower_server_noise_equals_the_loop_engine_with_client_dp(algorithm, tm
             "exactly one of",
         ),
         ({"privacy-noise-multiplier": 1.0}, "need privacy-clip"),
-        ({"secure-aggregation": True}, "SecAgg+"),
     ],
 )
 def test_flower_privacy_refusals_are_one_line(extra, words, tmp_path):

@@ -4,9 +4,11 @@
   over a :class:`GridTransport`: each exchange is one Message per SuperNode,
   pushed on the Grid and polled for replies.
 - The ClientApp answers ``query`` (set-up: load and check the site's data) and
-  ``train`` (deliver a collective's answer, run communicate/local steps, reply
+  ``train.step`` (deliver a collective's answer, run communicate/local steps, reply
   with the next collective's payload and the round's metrics). The site's
   state lives in ``context.state`` under ``site.*`` and never leaves the node.
+- With ``secure-aggregation = true`` every step exchange is one run of Flower's
+  SecAgg+ workflow instead (``train`` messages, :mod:`fedxrisk.flower.secagg`).
 
 A :class:`~fedxrisk.flower.wire.Packet` maps onto a RecordDict as
 ``config`` → ConfigRecord, ``metrics`` → MetricRecord and each array group
@@ -25,18 +27,20 @@ from fedxrisk.flower import require_flwr
 require_flwr()
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.client.mod import secaggplus_mod  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
+from fedxrisk.flower.secagg import secure_exchange, secure_step_handler  # noqa: E402
 from fedxrisk.flower.site import site_setup, site_step  # noqa: E402
 from fedxrisk.flower.wire import Packet  # noqa: E402
 
 ARRAYS = "arrays."
 SITE = "site."  # prefix of the site's saved state in context.state
-OPS = {"setup": "query", "step": "train"}
+OPS = {"setup": "query", "step": "train.step"}
 logger = logging.getLogger("fedxrisk.flower")
 
 
@@ -72,17 +76,27 @@ def setup(msg: Message, context: Context) -> Message:
     return Message(to_records(site_setup(context.node_config, context.run_config)), reply_to=msg)
 
 
-@client_app.train()
-def step(msg: Message, context: Context) -> Message:
-    """One protocol step on this site's data, with its state kept in ``context.state``."""
+def _run_step(context: Context, request: Packet) -> Packet:
+    """The site's step on ``request``, its state kept in ``context.state`` (never sent)."""
     saved = from_records(context.state, SITE) if f"{SITE}config" in context.state else None
-    reply, new = site_step(context.node_config, context.run_config, saved, from_records(msg.content))
+    reply, new = site_step(context.node_config, context.run_config, saved, request)
     if new is not None and new is not saved:
         for key in [k for k in context.state if k.startswith(SITE)]:
             del context.state[key]
         for key, record in to_records(new, SITE).items():
             context.state[key] = record
-    return Message(to_records(reply), reply_to=msg)
+    return reply
+
+
+@client_app.train("step")
+def step(msg: Message, context: Context) -> Message:
+    """One protocol step on this site's data (message type ``train.step``)."""
+    return Message(to_records(_run_step(context, from_records(msg.content))), reply_to=msg)
+
+
+# ``train`` messages are SecAgg+'s (secure-aggregation = true): the mod runs the key exchange and
+# masks the mean payload the handler returns (flower/secagg.py)
+client_app.train(mods=[secaggplus_mod])(secure_step_handler(_run_step))
 
 
 # -- ServerApp -----------------------------------------------------------------------
@@ -91,13 +105,18 @@ def step(msg: Message, context: Context) -> Message:
 class GridTransport:
     """The coordinator's transport over Flower's Grid: push Messages, poll their replies."""
 
-    def __init__(self, grid: Grid):
-        self.grid = grid
+    def __init__(self, grid: Grid, cfg: FlowerConfig | None = None):
+        self.grid, self.cfg = grid, cfg
+        self.exchanges = 0  # secure exchanges so far (SecAgg+'s group id)
 
     def node_ids(self) -> set[int]:
         return set(self.grid.get_node_ids())
 
-    def send(self, requests: dict[int, Packet], op: str) -> dict[str, int]:
+    def send(self, requests: dict[int, Packet], op: str) -> Any:
+        if op == "secure-step":  # the whole SecAgg+ workflow runs here; poll hands out its replies
+            self.exchanges += 1
+            replies, _ = secure_exchange(self.grid, requests, self.cfg, self.exchanges, _flower_error)
+            return _Done(replies)
         messages = [
             Message(to_records(packet), dst_node_id=node, message_type=OPS[op])
             for node, packet in requests.items()
@@ -105,7 +124,10 @@ class GridTransport:
         ids = list(self.grid.push_messages(messages))
         return dict(zip(ids, requests))  # message id → node
 
-    def poll(self, handle: dict[str, int]) -> dict[int, Packet]:
+    def poll(self, handle: Any) -> dict[int, Packet]:
+        if isinstance(handle, _Done):
+            out, handle.replies = handle.replies, {}
+            return out
         if not handle:
             return {}
         out = {}
@@ -118,6 +140,11 @@ class GridTransport:
             else:
                 out[node] = from_records(reply.content)
         return out
+
+
+class _Done:
+    def __init__(self, replies: dict[int, Packet]):
+        self.replies = replies
 
 
 def _flower_error(reply: Message) -> str:
@@ -138,4 +165,6 @@ def main(grid: Grid, context: Context) -> None:
     from flwr.common.logger import log
 
     cfg = FlowerConfig.from_run_config(context.run_config)
-    Coordinator(cfg, GridTransport(grid), log=lambda text: log(logging.INFO, "[fedxrisk] %s", text)).run()
+    Coordinator(
+        cfg, GridTransport(grid, cfg), log=lambda text: log(logging.INFO, "[fedxrisk] %s", text)
+    ).run()

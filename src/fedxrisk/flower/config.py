@@ -16,6 +16,7 @@ from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.data import PARTITIONS
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.private import check_flower_privacy
+from fedxrisk.flower.secure import check_secure_config
 from fedxrisk.models import MODELS, build_model
 from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
 from fedxrisk.run.checks import MONITORS, SELECTIONS
@@ -68,7 +69,8 @@ class FlowerConfig:
     privacy_noise_seed: int = -1  # -1: a secret the server draws
     privacy_sampling_rate: float = 1.0  # q: the fraction of sites per round (the server draws them)
     privacy_sampling: str = "poisson"  # or "fixed" (round(q·K) sites, without replacement)
-    secure_aggregation: bool = False  # Flower SecAgg+: refused for now (flower/private.py)
+    secure_aggregation: bool = False  # every mean through Flower's SecAgg+ (flower/secure.py, secagg.py)
+    secure_aggregation_range: float = 64.0  # R: values in [-R, R] are quantized; beyond stops the run
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> FlowerConfig:
@@ -188,6 +190,7 @@ class FlowerConfig:
         self.positive_class_ids()
         self._validate_selection()
         check_flower_privacy(self)
+        check_secure_config(self)
         try:
             self.schedule()
         except ValueError as e:

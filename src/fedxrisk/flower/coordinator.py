@@ -31,6 +31,7 @@ from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.outputs import LAST_MODEL, RunOutputs, global_model, mean_std, summed_validation
 from fedxrisk.flower.private import ServerDP, server_dp
+from fedxrisk.flower.secure import check_secure_algorithm, secure_mean
 from fedxrisk.flower.site import BEGIN
 from fedxrisk.flower.sitedata import load_holdout
 from fedxrisk.flower.transport import Exchange, FederationError, LocalTransport, Site, Transport
@@ -95,6 +96,7 @@ class Coordinator:
         return json_safe(summary)
 
     def _setup(self) -> None:
+        check_secure_algorithm(self.cfg)  # before any message: SecAgg+ carries means only
         nodes = self.exchange.wait_for_nodes(self.cfg.min_nodes, self.cfg.node_wait_timeout)
         replies = self.exchange({n: Packet(config={"op": "setup"}) for n in nodes}, "setup", "set-up")
         sites = []
@@ -144,7 +146,7 @@ class Coordinator:
         last = len(self.plans) - 1
         while True:
             what = f"round {self.done + 2}/{len(self.plans)}"  # 1-based, as in history.csv
-            replies = self.exchange(requests, "step", what)
+            replies = self.exchange(requests, "secure-step" if self.cfg.secure_aggregation else "step", what)
             finished, pending = (
                 self._common(replies, "finished", what),
                 self._common(replies, "pending", what),
@@ -192,6 +194,8 @@ class Coordinator:
         ``comm.pool`` (valid records of all sites, shuffled: :func:`~fedxrisk.engines.pooling.merge_pool`)."""
         what = f"round {round_ + 1}/{len(self.plans)}"
         kind, call = self._common(replies, "kind", what), self._common(replies, "call", what)
+        if self.cfg.secure_aggregation:  # SecAgg+: the sites' mean arrives, never a site's payload
+            return secure_mean(self, replies, round_, what), kind, call
         payloads = [replies[s.node].arrays["payload"] for s in self.sites]
         names = [list(p) for p in payloads]
         for s, keys in zip(self.sites, names):

@@ -12,8 +12,9 @@ the sum). The server is the :class:`~fedxrisk.engines.privacy.PrivateAggregator`
 simulation engines, so a Flower run with the same noise seed gives the loop engine's numbers.
 
 What it protects: a site's whole contribution, against the other sites and anyone who sees the
-model; not against the server, which sees each site's update (secure aggregation would hide
-them: see :func:`secure_aggregation_refusal`).
+model; not against the server, which sees each site's update, unless ``secure-aggregation`` is
+on: then each site clips its own update (:class:`~fedxrisk.flower.secure.SiteClip`), SecAgg+
+sums them, and the server adds the noise to the sum (:meth:`ServerDP.release`).
 """
 
 from __future__ import annotations
@@ -34,21 +35,11 @@ from fedxrisk.engines.privacy import (
     noise_for_epsilon,
 )
 from fedxrisk.errors import ConfigError
-from fedxrisk.tree import Tree
-
-
-def secure_aggregation_refusal(algorithm: str) -> str:
-    """Why ``secure-aggregation = true`` is refused (one line)."""
-    return (
-        f"secure-aggregation: Flower's SecAgg+ is not wired into fedxrisk's per-collective protocol yet "
-        f"({algorithm}); the server sees each site's tensors (docs/privacy.md, 'Secure aggregation')"
-    )
+from fedxrisk.tree import Tree, leaves, tmap
 
 
 def check_flower_privacy(cfg: Any) -> None:
     """One-line :class:`ConfigError` for privacy settings a Flower run cannot honour."""
-    if cfg.secure_aggregation:
-        raise ConfigError(secure_aggregation_refusal(cfg.algorithm))
     ClientSampling(cfg.privacy_sampling_rate, cfg.privacy_sampling)  # one line on a bad rate or kind
     if cfg.privacy_clip == 0:
         if cfg.privacy_noise_multiplier or cfg.privacy_target_epsilon:
@@ -95,18 +86,35 @@ class ServerDP:
         initial = algorithm.init(ClientInfo(0, samples[0], positives[0] / samples[0], max_samples))
         self.aggregator = PrivateAggregator(self.config, algorithm, initial, seed, self.k)
         self.rounds_meaned: set[int] = set()
+        self.clipped_by = "sites" if cfg.secure_aggregation else "server"
 
-    def mean(self, stacked: Tree, round_: int) -> Tree:
-        """The noised mean of the sites' stacked contributions (leading axis: sites)."""
+    def _once(self, round_: int) -> None:
         if round_ in self.rounds_meaned:
             raise ConfigError(
                 f"client-level DP: {self.aggregator.name} sends a second 'mean' in round {round_ + 1}"
             )
         self.rounds_meaned.add(round_)
+
+    def mean(self, stacked: Tree, round_: int) -> Tree:
+        """The noised mean of the sites' stacked contributions (leading axis: sites); the sites not
+        drawn this round are left out of the sum."""
+        self._once(round_)
         mask = self.participants(round_)
-        denominator = self.config.sampling.denominator(self.k, int(mask.sum()))
-        flat = self.aggregator.aggregate(stacked, mask, round_, denominator)
+        flat = self.aggregator.aggregate(stacked, mask, round_, self._denominator(mask))
         return _rebuild(stacked, flat)
+
+    def release(self, mean: Tree, round_: int) -> Tree:
+        """Under SecAgg+: ``mean`` is the secure mean over all K sites of their clipped updates
+        (:class:`~fedxrisk.flower.secure.SiteClip`; a site not drawn this round sends zeros); add the
+        noise and the reference, as :meth:`mean`."""
+        self._once(round_)
+        sums = {p: t.double() * self.k for p, t in leaves(mean)}
+        like = tmap(lambda t: t.unsqueeze(0), mean)
+        denominator = self._denominator(self.participants(round_))
+        return _rebuild(mean, self.aggregator.release(sums, like, round_, denominator))
+
+    def _denominator(self, mask: torch.Tensor) -> float:
+        return self.config.sampling.denominator(self.k, int(mask.sum()))
 
     def participants(self, round_: int) -> torch.Tensor:
         """Bool ``[K]``: the sites taking part in round ``round_`` (0-based), as the simulation draws them."""
@@ -123,7 +131,7 @@ class ServerDP:
         return (
             f"differential privacy: ({self.epsilon(self.rounds):.3g}, {self.delta:.3g})-DP per site after "
             f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}{sampling}), "
-            "noise added by the server"
+            f"clipped by the {self.clipped_by}, noise added by the server"
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
@@ -131,6 +139,7 @@ class ServerDP:
             "level": "client", "epsilon": self.epsilon(rounds), "delta": self.delta, "clip": self.config.clip,
             "noise_multiplier": self.config.noise_multiplier, "sampling_rate": self.config.sampling.rate,
             "sampling": self.config.sampling.kind, "accountant": "RDP (dp-accounting)", "noise_added_by": "server",
+            "clipped_by": self.clipped_by,
         }  # fmt: skip
 
 

@@ -48,6 +48,7 @@ from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
+from fedxrisk.flower.secure import site_clip
 from fedxrisk.flower.sitedata import SiteData, load_site
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
@@ -98,6 +99,7 @@ class SiteRunner:
         self.engine = LoopEngine()
         self.state: Tree | None = None  # stacked, leading axis 1
         self.pending: Pending | None = None
+        self.clip = None  # SiteClip: client-level DP under SecAgg+ (set by initialize)
         self.stream: Stream | None = None  # lazily read inputs: decoded by data.stream.Stream
         self.done = -1  # last round finished
 
@@ -127,8 +129,9 @@ class SiteRunner:
         self.sampler, self.aux_sampler = make_samplers(
             [n], b, seed, ids, self.algorithm.positives_per_batch, [self.site.y.numpy()]
         )
+        info = ClientInfo(client, n, float(self.site.y.mean()), max_samples)
+        self.clip = site_clip(self.cfg, self.algorithm, info, num_clients)  # DP under SecAgg+ only
         if self.state is None:
-            info = ClientInfo(client, n, float(self.site.y.mean()), max_samples)
             self.state = stack([self.algorithm.init(info)])
             if self.algorithm.begin_batch:  # before round 0; its collectives count in round 0
                 self.pending = Pending(0, self.state, [], *self._draw(), phase=BEGIN)
@@ -141,6 +144,8 @@ class SiteRunner:
             "aux-sampler": _sampler_json(self.aux_sampler), "pending": -1,
         }  # fmt: skip
         arrays = {"state": flatten(self.state)}
+        if self.clip is not None:  # the last answers: references of the next clipped updates
+            arrays["dp-last"] = dict(self.clip.last)
         if self.pending is not None:
             p = self.pending
             config.update(
@@ -163,6 +168,8 @@ class SiteRunner:
         c = saved.config
         self.state = unflatten(saved.arrays["state"])
         self.initialize(*init_args(c))
+        if self.clip is not None:
+            self.clip.last.update(saved.arrays.get("dp-last", {}))
         self.done = int(c["done"])
         _load_sampler(self.sampler, c["sampler"])
         _load_sampler(self.aux_sampler, c["aux-sampler"])
@@ -281,14 +288,20 @@ class SiteRunner:
             if self.pending is None or int(c["call"]) != len(self.pending.answers):
                 raise SiteError(f"unexpected answer to collective #{c['call']} (site state out of step)")
             self.pending.answers.append((c["kind"], unflatten(request.arrays["answer"])))
+            if self.clip is not None:
+                self.clip.answered(self.pending.answers[-1][1])
         reply = Packet(config={"finished": -1, "pending": -1})
         while True:
             if self.pending is not None:
                 p = self.pending
                 wanted = self._resume()
                 if wanted is not None:
-                    payload = tmap(lambda x: x[0], wanted.payload)
-                    if not p.active:  # nothing of the site's state: zeros the server leaves out of the sum
+                    payload = (
+                        tmap(lambda x: x[0], wanted.payload)
+                        if self.clip is None
+                        else self.clip.update(wanted.payload)
+                    )
+                    if not p.active:  # sitting the round out: zeros, which add nothing to the sum
                         payload = tmap(torch.zeros_like, payload)
                     reply.config.update(
                         pending=p.round, phase=p.phase, call=wanted.call, kind=wanted.kind, key=wanted.key
