@@ -398,13 +398,13 @@ def record_provenance(results, note: str = "") -> None:
     print(f"recorded the source of {len(results)} cells ({len(entry['files'])} files) in {provenance.RECORD}")
 
 
-def verify(results, regime: str) -> None:
+def verify(results, regime: str, methods: tuple[str, ...] = tuple(METHODS)) -> None:
     """Rerun seed 0 of every row of ``regime`` that has it (CE first: the two-stage start) and
     require bit-for-bit equal validation and test metrics and curves; only then record the
     current source as the study's (after a refactor that should not change behaviour)."""
     import provenance
 
-    cells = [(m, t, selected_lr(results, regime, m, t)) for m, t in variants(regime)]
+    cells = [(m, t, selected_lr(results, regime, m, t)) for m, t in variants(regime) if m in methods]
     cells = [(m, t, lr) for m, t, lr in cells if lr is not None and key(regime, m, t, lr, 0) in results]
     if not cells:
         raise SystemExit(f"evidence --verify: no finished seed-0 cell of {regime!r}")
@@ -412,11 +412,17 @@ def verify(results, regime: str) -> None:
     for method, two, lr in cells:
         old, new = results[key(regime, method, two, lr, 0)], run_cell(regime, method, lr, 0, two)
         same = all(json.dumps(old[f]) == json.dumps(new[f]) for f in ("val", "test", "curve", "status"))
-        print(f"{key(regime, method, two, lr, 0)}: {'bit-for-bit equal' if same else 'DIFFERS'}", flush=True)
+        print(f"{key(regime, method, two, lr, 0)}: {'bit-for-bit equal' if same else 'DIFFERS'} (validation "
+              f"{METHODS[method][3]} {old['val'][METHODS[method][3]]!r} → {new['val'][METHODS[method][3]]!r}, test AUROC "
+              f"{old['test']['auroc']!r} → {new['test']['auroc']!r})", flush=True)  # fmt: skip
         if not same:
             differ.append(key(regime, method, two, lr, 0))
     if differ:
         raise SystemExit(f"evidence --verify: {len(differ)} cells differ; rerun the study: {differ}")
+    if set(methods) != set(METHODS):
+        raise SystemExit(
+            "evidence --verify: equal, but only some rows were rerun (--methods); nothing recorded"
+        )
     provenance.record("evidence", provenance.fingerprint(), note=f"verified: {len(cells)} seed-0 cells of "
                       f"{regime} reran bit for bit at {provenance.git('rev-parse', 'HEAD')[:10]}")  # fmt: skip
     print(f"recorded the current source for evidence ({len(cells)} cells equal)")
@@ -444,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(1)
-        verify(load_results(), args.verify)
+        verify(load_results(), args.verify, tuple(m.strip() for m in args.methods.split(",")))
         return
     if not args.render_only and not args.merge and not args.record_provenance:
         import torch

@@ -185,4 +185,4 @@ def test_study_validation_is_the_run_layers_20_percent_per_client_and_class():
     for shard, val in zip(whole.shards, fed.val_shards):
         for c in (0, 1):
             n = int((y[shard] == c).sum())
-            assert int((yv[val] == c).sum()) == min(round(0.2 * n), max(n - 1, 0))
+            assert int((yv[val] == c).sum()) == (min(max(1, round(0.2 * n)), n - 1) if n >= 2 else 0)
