@@ -21,11 +21,9 @@ per cell in ``runs/evidence/``):
 4. Two-stage: the AUC method starts (``model.init_from``) from the final model of
    CE FedAvg (same regime, seed and selected CE learning rate) and runs half the steps.
 
-The stored cells (``evidence_v2*.json``) ran the study's own code before this port, which
-carved validation with its own generator and computed the positive ratio p of the AUC losses
-before carving; the port cannot reproduce them bit for bit (docs/evidence.md, status), so a
-rerun refuses to mix with them: move ``benchmarks/results/evidence_v2*.json`` away first
-(they stay in git).
+The stored cells (``evidence_v2*.json``) ran the study's own code before this port (issue 22);
+the run layer's carving is the split that code made, and ``--verify REGIME`` reruns seed 0 of
+every row to check that the port reproduces them bit for bit.
 
 Results go to ``benchmarks/results/evidence.json`` after every run (resumable:
 finished cells are skipped); ``--render-only`` rebuilds the tables
@@ -55,7 +53,6 @@ STEM = "evidence_v2"  # v1 (evidence.json) ran older code and had no CE → CE c
 OUT = RESULTS / f"{STEM}.json"  # merged from the parts evidence_v2.<part>.json that workers write
 SOURCES = RESULTS / f"{STEM}_sources.json"  # source fingerprint → {file: sha256} of the cells' code
 PART = {"name": "main"}
-PROTOCOL = "run layer"  # cells trained by study_cells.train_cell (issue 22); older cells lack the field
 
 CLIENTS, BATCH, LOCAL_STEPS, STAGES, LR_DECAY = 16, 32, 8, 3, 3.0
 POSITIVES = 8  # class-aware batches: r = 8/32 = 0.25 (LibAUC's DualSampler default rate is 0.2)
@@ -171,7 +168,7 @@ def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) ->
         cell.pop(extra, None)
     cell["test"].pop("acc", None)
     return {"regime": regime, "method": method, "two_stage": two_stage, "lr": lr, "seed": seed,
-            "steps": cfg.rounds * LOCAL_STEPS, **cell, "protocol": PROTOCOL,
+            "steps": cfg.rounds * LOCAL_STEPS, **cell,
             "source": source_fingerprint(SOURCES)}  # fmt: skip
 
 
@@ -327,10 +324,6 @@ def run_study(regimes: list[str], seeds: tuple[int, ...], methods: tuple[str, ..
     """The PLAN's steps for the requested regimes: selection on seed 0, then the selected lr on
     the step's seeds that are in ``seeds`` (``methods``: only these, e.g. to finish a subset)."""
     results = load_results()
-    older = sum(rec.get("protocol") != PROTOCOL for rec in results.values())
-    if older:
-        raise SystemExit(f"evidence: {older} stored cells ran the study's code before the run-layer port and "
-                         f"cannot be mixed with new ones; move {RESULTS}/{STEM}*.json away (git keeps them)")  # fmt: skip
     for group, two, names, select, final in PLAN:
         for regime in (g for g in group if g in regimes):
             source = REGIMES[regime].get("select_on", regime)
