@@ -1,10 +1,14 @@
 """Where do the AUC methods beat cross-entropy? The evidence study of issue 15 (docs/evidence.md).
 
-Protocol (every method gets the same budget):
+Protocol (every method gets the same budget); every cell is a run of the library's run layer
+(``fedxrisk run``'s build and training loop, through ``study_cells.train_cell``; a run folder
+per cell in ``runs/evidence/``):
 
-1. Each client's training shard is split, per class, into 80 % training and
-   20 % validation (seeded); every run trains on the 80 % only. The union of
-   the 20 % parts is the validation set. The test set is never used to choose.
+1. ``data.validation = 0.2``: each client's training shard is split, per class,
+   into 80 % training and 20 % validation (seeded, ``fedxrisk.data.validation``);
+   every run trains on the 80 % only and is validated on the clients' 20 % parts
+   every 10 rounds. ``selection = "last"``: the final model is the result. The test
+   set is never used to choose.
 2. Selection (seed 0): every method runs each learning rate of its grid
    (``LR_GRIDS``: three values a factor 3 apart; no other knob is tuned) and
    keeps the one with the best *validation* value of its own target metric
@@ -14,8 +18,12 @@ Protocol (every method gets the same budget):
    run itself: same data, same training, its test metrics are read only here).
    Test AUROC, AP, pAUC(FPR ≤ 0.3, normalized) as mean ± std, and per-seed
    paired differences against CE FedAvg.
-4. Two-stage: the AUC method starts from the final model of CE FedAvg
-   (same regime, seed and selected CE learning rate) and runs half the steps.
+4. Two-stage: the AUC method starts (``model.init_from``) from the final model of
+   CE FedAvg (same regime, seed and selected CE learning rate) and runs half the steps.
+
+The stored cells (``evidence_v2*.json``) ran the study's own code before this port (issue 22);
+the run layer's carving is the split that code made, and ``--verify REGIME`` reruns seed 0 of
+every row to check that the port reproduces them bit for bit.
 
 Results go to ``benchmarks/results/evidence.json`` after every run (resumable:
 finished cells are skipped); ``--render-only`` rebuilds the tables
@@ -29,19 +37,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from study_cells import VAL_COLUMN, objective, select_lr, source_fingerprint, train_cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURES = ROOT / "docs" / "figures"
-CACHE = ROOT / "runs" / "evidence_v2_cache"  # pretrained CE models for two-stage runs (not committed)
+RUNS = ROOT / "runs" / "evidence"  # a run folder per cell (not committed); two-stage cells start from CE's
 STEM = "evidence_v2"  # v1 (evidence.json) ran older code and had no CE → CE control; never mixed in
 OUT = RESULTS / f"{STEM}.json"  # merged from the parts evidence_v2.<part>.json that workers write
 SOURCES = RESULTS / f"{STEM}_sources.json"  # source fingerprint → {file: sha256} of the cells' code
@@ -121,84 +128,22 @@ REGIMES: dict[str, dict[str, Any]] = {
 SANITY = ("digits", "breast_cancer")  # from scratch only
 
 
-# -- data ------------------------------------------------------------------------------------
-def split_validation(fed, seed: int):
-    """(train shards, validation indices): per client and class, VAL_FRACTION of the shard
-    (at least one sample of a class the client holds twice or more) becomes validation."""
-    y = fed.data.y_train.numpy()
-    train, val = [], []
-    for k, shard in enumerate(fed.shards):
-        rng = np.random.default_rng([seed, 15, k])
-        keep = []
-        for c in (0, 1):
-            members = rng.permutation(shard[y[shard] == c])
-            n_val = max(1, round(VAL_FRACTION * len(members))) if len(members) >= 2 else 0
-            val.append(members[:n_val])
-            keep.append(members[n_val:])
-        train.append(np.sort(np.concatenate(keep)))
-    return train, np.sort(np.concatenate(val))
-
-
-_DATA: dict[tuple, Any] = {}
-
-
-def regime_data(regime: str, seed: int):
-    """(FederatedData on the training parts, validation indices), cached per process."""
-    from fedxrisk.data import FederatedData, make_federated
-
-    key = (regime, seed)
-    if key not in _DATA:
-        r = REGIMES[regime]
-        fed = make_federated(
-            r["dataset"], CLIENTS, r["partition"], r["imratio"], seed,
-            allow_missing_class=True, num_samples=r.get("num_samples"),
-        )  # fmt: skip
-        shards, val = split_validation(fed, seed)
-        if len(_DATA) >= 10:  # a few MB each; generating mnist1d takes ~45 s, so keep several
-            _DATA.pop(next(iter(_DATA)))
-        _DATA[key] = (FederatedData(fed.data, shards), val)
-    return _DATA[key]
-
-
 # -- one run ---------------------------------------------------------------------------------
-def metrics_of(problem, params, buffers, x, y) -> dict[str, float]:
-    from fedxrisk.metrics import auroc, average_precision, partial_auroc, predict
+def run_config(regime: str, method: str, lr: float, seed: int, two_stage: bool):
+    """The RunConfig of one cell (a two-stage cell's ``init_from``: CE's run folder of its seed)."""
+    from fedxrisk.run.spec import RunConfig
 
-    s = predict(problem, params, buffers, x)
-    y = y.numpy()
-    return {"auroc": auroc(y, s), "ap": average_precision(y, s), "pauc": partial_auroc(y, s, 0.3)}
-
-
-def build_simulation(regime: str, method: str, lr: float, seed: int, rounds: int, init: Path | None):
-    """The Simulation of one cell; ``init``: a saved CE model the AUC method starts from (two-stage)."""
-    import torch
-
-    from fedxrisk.algorithms import ALGORITHMS, Schedule
-    from fedxrisk.classaware import use_class_aware_batches
-    from fedxrisk.engines import Simulation
-    from fedxrisk.models import build_model
-    from fedxrisk.problem import Problem
-
-    fed, val = regime_data(regime, seed)
-    r, (alg, options, positives, _) = REGIMES[regime], METHODS[method]
-    model = build_model(r["model"], fed.data.input_shape, seed)
-    if init is not None:
-        load_pretrained(model, init)
-    problem = Problem(model, fed.data.pos_ratio)
-    algorithm = ALGORITHMS[alg](problem, **options)
-    use_class_aware_batches(algorithm, positives, BATCH)
-    schedule = Schedule.build(rounds, LOCAL_STEPS, lr, STAGES, LR_DECAY, 1.0)
-    sim = Simulation(algorithm, fed, schedule, BATCH, seed, "vmap")
-    torch.manual_seed(seed)
-    return sim, problem, fed, val
-
-
-def load_pretrained(model, path: Path) -> None:
-    """Two-stage: the model's parameters and buffers become the saved CE model's, exactly
-    (the library's ``init_from`` loader, as ``fedxrisk run --init-from`` uses it)."""
-    from fedxrisk.run.weights import load_weights
-
-    load_weights(model, "pretrained CE model", path)
+    r, (alg, options, positives, target_metric) = REGIMES[regime], METHODS[method]
+    init = pretrained_path(regime, seed) if two_stage else None
+    return RunConfig(
+        algorithm=alg, dataset=r["dataset"], clients=CLIENTS, imratio=r["imratio"], partition=r["partition"],
+        allow_missing_class=True, num_samples=r.get("num_samples"), model=r["model"],
+        rounds=rounds_of(regime, method, two_stage), local_steps=LOCAL_STEPS, batch_size=BATCH, lr=lr,
+        stages=STAGES, lr_decay=LR_DECAY, seed=seed, engine="vmap", eval_every=EVAL_EVERY,
+        positives_per_batch=positives, options=dict(options), validation=VAL_FRACTION, selection="last",
+        monitor=VAL_COLUMN[target_metric], init_from=None if init is None else str(init),
+        checkpoint_every=0, tensorboard=False,
+    )  # fmt: skip
 
 
 def rounds_of(regime: str, method: str, two_stage: bool) -> int:
@@ -206,84 +151,25 @@ def rounds_of(regime: str, method: str, two_stage: bool) -> int:
     return round(REGIMES[regime]["rounds"] * HORIZON.get(method, 1.0)) // (2 if two_stage else 1)
 
 
+def run_dir(regime: str, method: str, two_stage: bool, lr: float, seed: int) -> Path:
+    return RUNS / key(regime, method, two_stage, lr, seed).replace("|", "__").replace(" ", "_")
+
+
 def run_cell(regime: str, method: str, lr: float, seed: int, two_stage: bool) -> dict[str, Any]:
-    """Train one cell; validation curve every EVAL_EVERY rounds, final val and test metrics."""
-    import torch
-
-    from fedxrisk.engines import NonFiniteLoss
-
-    rounds = rounds_of(regime, method, two_stage)
-    init = pretrained_path(regime, seed) if two_stage else None
-    if init is not None and not init.exists():
-        raise RuntimeError(f"two-stage {regime} seed {seed}: the CE model {init} is missing")
-    start = time.perf_counter()
-    try:
-        sim, problem, fed, val = build_simulation(regime, method, lr, seed, rounds, init)
-    except ValueError as e:  # e.g. LocalSCGDAM's αη < 1 refuses this lr
-        nan = {"auroc": math.nan, "ap": math.nan, "pauc": math.nan}
-        return {"regime": regime, "method": method, "two_stage": two_stage, "lr": lr, "seed": seed,
-                "status": f"refused: {e}", "steps": 0, "val": nan, "test": nan, "curve": [], "seconds": 0.0,
-                "source": source_fingerprint()}  # fmt: skip
-    data = fed.data
-    x_val, y_val = data.x_train[torch.from_numpy(val)], data.y_train[torch.from_numpy(val)]
-    curve, status = [], "ok"
-    try:
-        while not sim.done:
-            plan = sim.run_round()
-            if sim.round % EVAL_EVERY == 0 or sim.done:
-                m = metrics_of(problem, *sim.global_model(), x_val, y_val)
-                curve.append([plan.first_step + plan.window, m["auroc"], m["ap"], m["pauc"]])
-    except NonFiniteLoss:
-        status = "nan"
-    params, buffers = sim.global_model()
-    nan = {"auroc": math.nan, "ap": math.nan, "pauc": math.nan}
-    ok = status == "ok"
-    out = {
-        "regime": regime, "method": method, "two_stage": two_stage, "lr": lr, "seed": seed,
-        "status": status, "steps": rounds * LOCAL_STEPS,
-        "val": metrics_of(problem, params, buffers, x_val, y_val) if ok else nan,
-        "test": metrics_of(problem, params, buffers, data.x_test, data.y_test) if ok else nan,
-        "curve": curve, "seconds": round(time.perf_counter() - start, 1),
-        "samples": len(data.y_train) + len(data.y_test),  # train (after imbalance) + test
-        "source": source_fingerprint(),
-    }  # fmt: skip
-    if method == "ce" and not two_stage and ok:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        blob = {"params": {k: v.detach().cpu() for k, v in params.items()},
-                "buffers": {k: v.detach().cpu() for k, v in buffers.items()}}  # fmt: skip
-        torch.save(blob, model_path(regime, seed, lr))
-    return out
-
-
-def source_fingerprint() -> dict[str, Any]:
-    """The commit and a digest of every fedxrisk source file this process has imported (the
-    per-file sha256 go to SOURCES under that digest), so a cell can be traced to its code."""
-    import hashlib
-    import subprocess
-
-    files = {}
-    for name, mod in sorted(sys.modules.items()):
-        path = getattr(mod, "__file__", None)
-        if name.split(".")[0] != "fedxrisk" or not path:
-            continue
-        p = Path(path).resolve()
-        rel = p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else p.as_posix()
-        files[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
-    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
-    if digest not in known:
-        known[digest] = files
-        SOURCES.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    dirty = bool(git("status", "--porcelain", "--", "src"))
-    return {"commit": git("rev-parse", "HEAD"), "src_dirty": dirty, "files": digest}
-
-
-def model_path(regime: str, seed: int, lr: float) -> Path:
-    return CACHE / f"ce-{regime.replace(' ', '_')}-s{seed}-lr{lr:.6g}.pt"
+    """Train one cell (``study_cells.train_cell``): validation curve every EVAL_EVERY rounds, the
+    final model's validation and test metrics."""
+    if two_stage and not (pretrained_path(regime, seed) / "model.pt").exists():
+        raise RuntimeError(
+            f"two-stage {regime} seed {seed}: the CE run {pretrained_path(regime, seed)} is missing"
+        )
+    cfg = run_config(regime, method, lr, seed, two_stage)
+    cell = train_cell(cfg, run_dir(regime, method, two_stage, lr, seed))
+    for extra in ("scores", "labels", "round"):  # the final model (selection = last); no paired score tests
+        cell.pop(extra, None)
+    cell["test"].pop("acc", None)
+    return {"regime": regime, "method": method, "two_stage": two_stage, "lr": lr, "seed": seed,
+            "steps": cfg.rounds * LOCAL_STEPS, **cell,
+            "source": source_fingerprint(SOURCES)}  # fmt: skip
 
 
 # -- the study -------------------------------------------------------------------------------
@@ -329,47 +215,38 @@ def lr_grid(method: str) -> list[float]:
 
 def target(record: dict[str, Any]) -> float:
     """The validation value a method is selected on (NaN / failed runs rank last)."""
-    value = record["val"][METHODS[record["method"]][3]]
-    return -math.inf if value is None or math.isnan(value) else value
+    return objective(record, METHODS[record["method"]][3])
 
 
-def extra_lr(results, source: str, method: str, two_stage: bool) -> float | None:
-    """One more learning rate, a factor 3 beyond the grid's edge, when the best of the grid sits
-    on that edge (the same rule for every method; an lr the algorithm refuses counts as failed)."""
-    grid = lr_grid(method)
-    runs = [results.get(key(source, method, two_stage, lr, 0)) for lr in grid]
-    if any(r is None for r in runs):
-        return None
-    best = grid.index(max(runs, key=target)["lr"])
-    if target(runs[best]) == -math.inf:
-        return None
-    if best == 0:
-        return float(f"{grid[0] / 3:.4g}")
-    return float(f"{grid[-1] * 3:.4g}") if best == len(grid) - 1 else None
+def _lr_choice(results, source: str, method: str, two_stage: bool) -> tuple[list[float], float | None]:
+    def lookup(lr: float):
+        return results.get(key(source, method, two_stage, lr, 0))
+
+    return select_lr(lr_grid(method), lookup, METHODS[method][3])
 
 
 def candidates(results, source: str, method: str, two_stage: bool) -> list[float]:
-    extra = extra_lr(results, source, method, two_stage)
-    return lr_grid(method) + ([extra] if extra is not None else [])
+    """The grid, plus one learning rate a factor 3 beyond its edge when the best sits on that edge."""
+    return _lr_choice(results, source, method, two_stage)[0]
+
+
+def extra_lr(results, source: str, method: str, two_stage: bool) -> float | None:
+    """The edge extension of :func:`candidates`, if any."""
+    extra = candidates(results, source, method, two_stage)[len(lr_grid(method)) :]
+    return extra[0] if extra else None
 
 
 def selected_lr(results, regime: str, method: str, two_stage: bool) -> float | None:
     """The candidate learning rate with the best validation target on seed 0; None until all ran."""
-    source = REGIMES[regime].get("select_on", regime)
-    runs = [
-        results.get(key(source, method, two_stage, lr, 0))
-        for lr in candidates(results, source, method, two_stage)
-    ]
-    if any(r is None for r in runs):
-        return None
-    return max(runs, key=target)["lr"]
+    return _lr_choice(results, REGIMES[regime].get("select_on", regime), method, two_stage)[1]
 
 
 def pretrained_path(regime: str, seed: int) -> Path:
+    """The run folder of the CE FedAvg cell a two-stage cell starts from (its model.pt)."""
     lr = selected_lr(load_results(), regime, "ce", False)
     if lr is None:
         raise RuntimeError(f"two-stage on {regime} needs CE's selected learning rate first")
-    return model_path(regime, seed, lr)
+    return run_dir(regime, "ce", False, lr, seed)
 
 
 def ensure(results, regime, method, two_stage, lr, seed) -> None:
@@ -381,7 +258,7 @@ def ensure(results, regime, method, two_stage, lr, seed) -> None:
         return
     if two_stage:
         ce_lr = selected_lr(results, regime, "ce", False)
-        if not model_path(regime, seed, ce_lr).exists():  # (re)train the CE model it starts from
+        if not (run_dir(regime, "ce", False, ce_lr, seed) / "model.pt").exists():  # (re)train the CE run
             ce = run_cell(regime, "ce", ce_lr, seed, False)
             ce["part"] = PART["name"]
             results[key(regime, "ce", False, ce_lr, seed)] = ce
@@ -514,13 +391,13 @@ def record_provenance(results, note: str = "") -> None:
     print(f"recorded the source of {len(results)} cells ({len(entry['files'])} files) in {provenance.RECORD}")
 
 
-def verify(results, regime: str) -> None:
+def verify(results, regime: str, methods: tuple[str, ...] = tuple(METHODS)) -> None:
     """Rerun seed 0 of every row of ``regime`` that has it (CE first: the two-stage start) and
     require bit-for-bit equal validation and test metrics and curves; only then record the
     current source as the study's (after a refactor that should not change behaviour)."""
     import provenance
 
-    cells = [(m, t, selected_lr(results, regime, m, t)) for m, t in variants(regime)]
+    cells = [(m, t, selected_lr(results, regime, m, t)) for m, t in variants(regime) if m in methods]
     cells = [(m, t, lr) for m, t, lr in cells if lr is not None and key(regime, m, t, lr, 0) in results]
     if not cells:
         raise SystemExit(f"evidence --verify: no finished seed-0 cell of {regime!r}")
@@ -528,11 +405,17 @@ def verify(results, regime: str) -> None:
     for method, two, lr in cells:
         old, new = results[key(regime, method, two, lr, 0)], run_cell(regime, method, lr, 0, two)
         same = all(json.dumps(old[f]) == json.dumps(new[f]) for f in ("val", "test", "curve", "status"))
-        print(f"{key(regime, method, two, lr, 0)}: {'bit-for-bit equal' if same else 'DIFFERS'}", flush=True)
+        print(f"{key(regime, method, two, lr, 0)}: {'bit-for-bit equal' if same else 'DIFFERS'} (validation "
+              f"{METHODS[method][3]} {old['val'][METHODS[method][3]]!r} → {new['val'][METHODS[method][3]]!r}, test AUROC "
+              f"{old['test']['auroc']!r} → {new['test']['auroc']!r})", flush=True)  # fmt: skip
         if not same:
             differ.append(key(regime, method, two, lr, 0))
     if differ:
         raise SystemExit(f"evidence --verify: {len(differ)} cells differ; rerun the study: {differ}")
+    if set(methods) != set(METHODS):
+        raise SystemExit(
+            "evidence --verify: equal, but only some rows were rerun (--methods); nothing recorded"
+        )
     provenance.record("evidence", provenance.fingerprint(), note=f"verified: {len(cells)} seed-0 cells of "
                       f"{regime} reran bit for bit at {provenance.git('rev-parse', 'HEAD')[:10]}")  # fmt: skip
     print(f"recorded the current source for evidence ({len(cells)} cells equal)")
@@ -560,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(1)
-        verify(load_results(), args.verify)
+        verify(load_results(), args.verify, tuple(m.strip() for m in args.methods.split(",")))
         return
     if not args.render_only and not args.merge and not args.record_provenance:
         import torch

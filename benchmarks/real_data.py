@@ -6,25 +6,32 @@ Fed-Heart-Disease (4 hospitals, FLamby's preprocessing and split), BreastMNIST
 table as prepared by ADBench (16 clients, two partitions). ``REGIMES`` holds the
 set-ups, ``METHODS`` the methods, ``SETTINGS`` how a method is trained.
 
-Protocol, the same for every method (benchmarks/evidence.py's, on real data):
+Protocol, the same for every method, run by the library's run layer (``fedxrisk run``'s
+build and training loop, through ``study_cells.train_cell``; each cell is a run folder in
+``runs/real_data/``):
 
-1. Validation: the library's ``data.validation`` (``fedxrisk.data.validation``):
-   BreastMNIST's official val split; elsewhere 20 % of each client's training
-   shard per class (seeded), the clients train on the rest. The test set is
-   never used to choose anything.
-2. Selection on seed 0: each method runs the three learning rates of its grid
-   (``LR_GRIDS``, a factor 3 apart), plus one more a factor 3 beyond the edge
-   when the best sits on an edge, and keeps the best on its own validation
-   target (AUROC; FeDXL2 pAUC(FPR ≤ 0.3); FCSG-M AP). A NaN run ranks last.
-3. Final: the selected lr on every seed of the regime; test AUROC, AP,
-   pAUC₀.₃, accuracy at 0.5 (logit > 0); test scores are kept for the paired
-   tests (DeLong for AUROC, paired bootstrap for AP/pAUC) against CE FedAvg
+1. Validation: ``data.validation`` (``fedxrisk.data.validation``): BreastMNIST's
+   official val split; elsewhere 20 % of each client's training shard per class
+   (seeded), the clients train on the rest. The test set never chooses anything.
+2. Round: ``selection = "best"`` on the algorithm's own validation target (the
+   product default: AUROC; FeDXL2 pAUC(FPR ≤ 0.3); FCSG-M AP), evaluated every
+   5 rounds; ``model.pt`` is that round's model, for CE FedAvg exactly as for the
+   AUC methods.
+3. Learning rate on seed 0: the three of the method's grid (``LR_GRIDS``, a factor
+   3 apart), plus one more a factor 3 beyond the edge when the best sits on an
+   edge; the best selected validation value wins (``fedxrisk tune``'s objective).
+   A NaN run ranks last.
+4. Final: the selected lr on every seed of the regime; test AUROC, AP, pAUC₀.₃,
+   accuracy at 0.5 (logit > 0) of ``model.pt``; its test scores are kept for the
+   paired tests (DeLong for AUROC, paired bootstrap for AP/pAUC) against CE FedAvg
    and, for two-stage rows, against CE → CE.
-4. Settings: ``scratch`` (federated); ``two`` (starts from the CE FedAvg model of
-   the same seed at CE's selected lr, then half the rounds with a fresh
-   schedule: CE → CE is the control); ``central`` (K = 1 on the union of the
-   training parts, batch K·B, the same steps: the upper line); ``local<h>``
-   (client h alone on its training part: the lower line, heart only).
+5. Settings: ``scratch`` (federated); ``two`` (``model.init_from`` the CE FedAvg
+   model of the same seed at CE's selected lr, then half the rounds with a fresh
+   schedule; its round 0, the CE model, may be the one selected: CE → CE is the
+   control); ``central`` (K = 1 on the union of the federated training parts, batch
+   K·B, the same steps, validated on the union of the clients' validation parts:
+   the upper line); ``local<h>`` (client h alone on its training part, validated on
+   its own part: the lower line, heart only).
 
 Results go to ``benchmarks/results/real_data.json`` after every cell
 (resumable, finished cells are skipped); each cell records the commit and a
@@ -37,12 +44,9 @@ digest of the fedxrisk source it ran (``real_data_sources.json``).
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
+import dataclasses
 import json
-import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,17 +55,19 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evidence import load_pretrained  # noqa: E402  (the evidence study's loader of the CE model)
+from study_cells import objective as objective_of  # noqa: E402
+from study_cells import select_lr, source_fingerprint, train_cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "real_data.json"
 SOURCES = RESULTS / "real_data_sources.json"
-CACHE = ROOT / "runs" / "real_data_cache"  # CE models the two-stage cells start from (not committed)
+RUNS = ROOT / "runs" / "real_data"  # a run folder per cell (not committed); two-stage cells start from CE's
 DATA = {"root": ROOT.parent / "shared" / "data"}
 
 LOCAL_STEPS, STAGES, LR_DECAY, EVAL_EVERY = 8, 3, 3.0, 5
 VALIDATION = 0.2  # data.validation: per client and class, carved from the training shard
+SELECTION = "best"  # the model of the best validation evaluation, every method alike
 
 LR_GRIDS: dict[str, tuple[float, ...]] = {
     "ce": (0.1, 0.3, 1.0),
@@ -122,69 +128,30 @@ REGIMES: dict[str, dict[str, Any]] = {
 }
 HOSPITALS = ("Cleveland", "Hungarian", "Switzerland", "VA")
 
-# (regime, setting, methods), in the order run: a study cut short keeps the most informative cells
+# (regime, setting, methods), in the order run: a study cut short keeps the most informative cells.
+# Every row reruns with selection = best (issue 22); then the rows issue 21 left missing.
 PLAN: list[tuple[str, str, tuple[str, ...]]] = [
     ("heart", "scratch", ("ce", "codasca", "codaplus", "fedxl2", "fcsg_m")),
     ("heart", "two", ("ce", "codasca")),
     ("heart", "central", ("ce", "codasca")),
+    ("campaign class", "scratch", ("ce", "codasca")),
+    ("campaign dirichlet", "scratch", ("ce", "codasca")),
+    ("breast", "scratch", ("ce", "codasca")),
+    ("breast", "two", ("ce", "codasca")),
+    ("campaign class", "two", ("ce", "codasca")),
+    ("campaign dirichlet", "two", ("ce", "codasca")),
+    ("campaign class", "central", ("ce", "codasca")),
+    ("breast", "central", ("ce",)),
     ("heart", "local0", ("ce",)),
     ("heart", "local1", ("ce",)),
     ("heart", "local2", ("ce",)),
     ("heart", "local3", ("ce",)),
-    ("campaign class", "scratch", ("ce", "codasca")),
-    ("campaign dirichlet", "scratch", ("ce", "codasca")),
-    ("heart draw2", "scratch", ("ce", "codasca", "codaplus")),
-    ("breast", "scratch", ("ce", "codasca", "fedxl2")),
-    ("breast", "two", ("ce", "codasca")),
-    ("campaign class", "two", ("ce", "codasca")),
-    ("campaign dirichlet", "two", ("ce", "codasca")),
     ("heart", "scratch", ("localscgdam",)),
-    ("campaign class", "central", ("ce", "codasca")),
-    ("breast", "central", ("ce",)),
     ("heart mlp", "scratch", ("ce", "codasca")),
     ("heart mlp", "two", ("ce", "codasca")),
+    ("breast", "scratch", ("fedxl2",)),
+    ("heart draw2", "scratch", ("ce", "codasca", "codaplus")),
 ]
-
-
-# -- data ------------------------------------------------------------------------------------
-_DATA: dict[tuple, Any] = {}
-
-
-def regime_data(regime: str, seed: int):
-    """(FederatedData on the training parts, validation x, y, per-client validation positions),
-    the validation split made by the library's ``data.validation`` (``with_validation``)."""
-    from fedxrisk.data import make_federated
-    from fedxrisk.data.validation import with_validation
-
-    key = (regime, seed)
-    if key not in _DATA:
-        r = REGIMES[regime]
-        fed = make_federated(
-            r["dataset"], r["clients"], r["partition"], None, seed, positive_classes=r.get("positive_classes"),
-            allow_missing_class=True, data_dir=str(DATA["root"] / r["path"]),
-        )  # fmt: skip
-        fed = with_validation(
-            fed, VALIDATION if r["val"] == "carve" else "official", seed + r.get("val_seed", 0)
-        )
-        _DATA.clear()
-        _DATA[key] = (fed, fed.data.x_val, fed.data.y_val, fed.val_shards)
-    return _DATA[key]
-
-
-def setting_data(regime: str, setting: str, seed: int):
-    """The data a setting trains on: all clients, their union (central) or one client (local<h>)."""
-    import torch
-
-    from fedxrisk.data import FederatedData
-
-    fed, x_val, y_val, per_client = regime_data(regime, seed)
-    if setting == "central":
-        return FederatedData(fed.data, [np.sort(np.concatenate(fed.shards))]), x_val, y_val
-    if setting.startswith("local"):
-        h = int(setting[5:])
-        rows = torch.from_numpy(per_client[h])
-        return FederatedData(fed.data, [fed.shards[h]]), x_val[rows], y_val[rows]
-    return fed, x_val, y_val
 
 
 # -- one cell --------------------------------------------------------------------------------
@@ -193,116 +160,78 @@ def positives_per_batch(pos_ratio: float, batch: int) -> int:
     return max(1, round(batch * max(pos_ratio, 0.25)))
 
 
-def evaluate(problem, params, buffers, x, y) -> tuple[dict[str, float], np.ndarray]:
-    from fedxrisk.metrics import auroc, average_precision, partial_auroc, predict
-
-    s = predict(problem, params, buffers, x).reshape(-1)
-    y = y.numpy().reshape(-1)
-    both = 0 < y.sum() < len(y)
-    m = {
-        "auroc": auroc(y, s) if both else math.nan,
-        "ap": average_precision(y, s) if both else math.nan,
-        "pauc": partial_auroc(y, s, 0.3) if both else math.nan,
-        "acc": float(np.mean((s > 0) == (y > 0.5))),
-    }
-    return m, s
-
-
-def model_path(regime: str, seed: int, lr: float) -> Path:
-    return CACHE / f"ce-{regime.replace(' ', '_')}-s{seed}-lr{lr:.6g}.pt"
-
-
 def rounds_of(regime: str, setting: str) -> int:
     return REGIMES[regime]["rounds"] // (2 if setting == "two" else 1)
+
+
+def run_config(regime: str, method: str, lr: float, seed: int):
+    """The federated RunConfig of a scratch cell (the data every setting of the regime starts from)."""
+    from fedxrisk.run.spec import RunConfig
+
+    r = REGIMES[regime]
+    return RunConfig(
+        algorithm=METHODS[method][0], dataset=r["dataset"], clients=r["clients"], imratio=None,
+        partition=r["partition"], positive_classes=r.get("positive_classes"), model=r["model"],
+        rounds=r["rounds"], local_steps=LOCAL_STEPS, batch_size=r["batch"], lr=lr, stages=STAGES,
+        lr_decay=LR_DECAY, seed=seed, engine="vmap", eval_every=EVAL_EVERY, allow_missing_class=True,
+        data_dir=str(DATA["root"] / r["path"]), validation=VALIDATION if r["val"] == "carve" else "official",
+        selection=SELECTION, checkpoint_every=0, tensorboard=False,
+    )  # fmt: skip
+
+
+def pooled(data):
+    """Central: one client holding the union of the training parts and of the validation parts."""
+    from fedxrisk.data import FederatedData
+
+    shards, val = [np.sort(np.concatenate(data.shards))], [np.concatenate(data.val_shards)]
+    return FederatedData(data.data, shards, data.augment, data.stream, val)
+
+
+def one_site(h: int):
+    """Local: client ``h`` alone, validated on its own validation part."""
+    from fedxrisk.data import FederatedData
+
+    return lambda data: FederatedData(
+        data.data, [data.shards[h]], data.augment, data.stream, [data.val_shards[h]]
+    )
+
+
+def run_dir(regime: str, method: str, setting: str, lr: float, seed: int) -> Path:
+    return RUNS / key(regime, method, setting, lr, seed).replace("|", "__").replace(" ", "_")
 
 
 def run_cell(
     regime: str, method: str, setting: str, lr: float, seed: int, init: Path | None
 ) -> dict[str, Any]:
-    import torch
-
-    from fedxrisk.algorithms import ALGORITHMS, Schedule
-    from fedxrisk.classaware import use_class_aware_batches
-    from fedxrisk.engines import NonFiniteLoss, Simulation
-    from fedxrisk.models import build_model
-    from fedxrisk.problem import Problem
-
+    """Train one cell through the run layer (``study_cells.train_cell``)."""
     r = REGIMES[regime]
-    fed, x_val, y_val = setting_data(regime, setting, seed)
-    scale = r["clients"] if setting == "central" else 1  # central: the K clients' samples per step
-    batch = r["batch"] * scale
-    rounds = rounds_of(regime, setting)
-    start = time.perf_counter()
-    model = build_model(r["model"], fed.data.input_shape, seed)
-    if init is not None:
-        load_pretrained(model, init)
-    problem = Problem(model, fed.data.pos_ratio)
-    alg, class_aware, _ = METHODS[method]
-    nan = {"auroc": math.nan, "ap": math.nan, "pauc": math.nan, "acc": math.nan}
+    fed_cfg = run_config(regime, method, lr, seed)
+    cfg = dataclasses.replace(
+        fed_cfg, rounds=rounds_of(regime, setting), init_from=str(init) if init else None
+    )
+    reshape = None
+    if setting == "central":
+        cfg = dataclasses.replace(cfg, clients=1, partition="iid", batch_size=r["batch"] * r["clients"])
+        reshape = pooled
+    elif setting.startswith("local"):
+        cfg = dataclasses.replace(cfg, clients=1, partition="iid")
+        reshape = one_site(int(setting[5:]))
+    data_cfg = dataclasses.replace(fed_cfg, seed=seed + r.get("val_seed", 0))  # draw2: another carving
+    batch = cfg.batch_size
+
+    def adjust(c, data):  # class-aware batches from the training data's positive ratio
+        if not METHODS[method][1]:
+            return c
+        return dataclasses.replace(
+            c, positives_per_batch=positives_per_batch(float(data.data.pos_ratio), batch)
+        )
+
     out = {"regime": regime, "method": method, "setting": setting, "lr": lr, "seed": seed,
-           "steps": rounds * LOCAL_STEPS, "batch": batch, "status": "ok", "curve": []}  # fmt: skip
-    try:
-        algorithm = ALGORITHMS[alg](problem)
-        if class_aware:
-            use_class_aware_batches(algorithm, positives_per_batch(float(fed.data.pos_ratio), batch), batch)
-        schedule = Schedule.build(rounds, LOCAL_STEPS, lr, STAGES, LR_DECAY, 1.0)
-        sim = Simulation(algorithm, fed, schedule, batch, seed, "vmap")
-    except ValueError as e:  # e.g. LocalSCGDAM's αη < 1 refuses this lr
-        return {**out, "status": f"refused: {e}", "val": nan, "test": nan, "seconds": 0.0, "source": source()}
-    out["positives_per_batch"] = int(algorithm.positives_per_batch)
-    torch.manual_seed(seed)
-    try:
-        while not sim.done:
-            plan = sim.run_round()
-            if sim.round % EVAL_EVERY == 0 or sim.done:
-                m, _ = evaluate(problem, *sim.global_model(), x_val, y_val)
-                out["curve"].append([plan.first_step + plan.window, m["auroc"], m["ap"], m["pauc"]])
-    except NonFiniteLoss:
-        out["status"] = "nan"
-    params, buffers = sim.global_model()
-    if out["status"] == "ok":
-        out["val"], _ = evaluate(problem, params, buffers, x_val, y_val)
-        out["test"], scores = evaluate(problem, params, buffers, fed.data.x_test, fed.data.y_test)
-        out["scores"] = base64.b64encode(scores.astype(np.float32).tobytes()).decode()
-    else:
-        out["val"], out["test"] = nan, nan
-    out["seconds"] = round(time.perf_counter() - start, 1)
-    out["source"] = source()
-    if method == "ce" and setting == "scratch" and out["status"] == "ok":
-        CACHE.mkdir(parents=True, exist_ok=True)
-        blob = {"params": {k: v.detach().cpu() for k, v in params.items()},
-                "buffers": {k: v.detach().cpu() for k, v in buffers.items()}}  # fmt: skip
-        torch.save(blob, model_path(regime, seed, lr))
+           "steps": cfg.rounds * LOCAL_STEPS, "batch": batch, "selection": SELECTION}  # fmt: skip
+    cell = train_cell(cfg, run_dir(regime, method, setting, lr, seed), reshape, data_cfg, adjust)
+    out.update(cell)
+    out["source"] = source_fingerprint(SOURCES)
     return out
-
-
-def test_labels(regime: str, seed: int) -> list[int]:
-    fed, *_ = regime_data(regime, seed)
-    return [int(v) for v in fed.data.y_test.numpy().reshape(-1)]
-
-
-def source() -> dict[str, Any]:
-    """The commit and a digest of every fedxrisk source file this process imported (the per-file
-    sha256 go to SOURCES under that digest, the layout of evidence.py's evidence_v2_sources.json)."""
-    files = {}
-    for name, mod in sorted(sys.modules.items()):
-        path = getattr(mod, "__file__", None)
-        if name.split(".")[0] != "fedxrisk" or not path:
-            continue
-        p = Path(path).resolve()
-        rel = p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else p.as_posix()
-        files[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
-    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
-    if digest not in known:
-        known[digest] = files
-        SOURCES.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-    dirty = bool(git("status", "--porcelain", "--", "src"))
-    return {"commit": git("rev-parse", "HEAD"), "src_dirty": dirty, "files": digest}
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 # -- the study -------------------------------------------------------------------------------
@@ -322,41 +251,24 @@ def save_results(results: dict[str, Any]) -> None:
 
 
 def target(record: dict[str, Any]) -> float:
-    value = record["val"][METHODS[record["method"]][2]]
-    return -math.inf if value is None or math.isnan(value) else value
+    return objective_of(record, METHODS[record["method"]][2])
 
 
-def extra_lr(results, regime: str, method: str, setting: str) -> float | None:
-    """evidence.py's rule: one more lr a factor 3 beyond the grid's edge when the best sits there."""
-    grid = list(LR_GRIDS[method])
-    runs = [results.get(key(regime, method, setting, lr, 0)) for lr in grid]
-    if any(r is None for r in runs):
-        return None
-    best = max(range(len(grid)), key=lambda i: target(runs[i]))
-    if target(runs[best]) == -math.inf or len({target(r) for r in runs}) == 1:
-        return None
-    if best == 0:
-        return float(f"{grid[0] / 3:.4g}")
-    return float(f"{grid[-1] * 3:.4g}") if best == len(grid) - 1 else None
+def _lr_choice(results, regime: str, method: str, setting: str) -> tuple[list[float], float | None]:
+    def lookup(lr: float):
+        return results.get(key(regime, method, setting, lr, 0))
+
+    return select_lr(LR_GRIDS[method], lookup, METHODS[method][2])
 
 
 def candidates(results, regime: str, method: str, setting: str) -> list[float]:
-    extra = extra_lr(results, regime, method, setting)
-    return list(LR_GRIDS[method]) + ([extra] if extra is not None else [])
+    """The grid, plus one more lr a factor 3 beyond the edge when the best sits there."""
+    return _lr_choice(results, regime, method, setting)[0]
 
 
 def selected_lr(results, regime: str, method: str, setting: str) -> float | None:
-    """Best validation target on seed 0; None until every candidate ran. When validation cannot
-    rank the runs (one class in it, e.g. Switzerland alone), the grid's middle lr."""
-    runs = [
-        results.get(key(regime, method, setting, lr, 0))
-        for lr in candidates(results, regime, method, setting)
-    ]
-    if any(r is None for r in runs):
-        return None
-    if all(target(r) == -math.inf for r in runs):
-        return LR_GRIDS[method][1]
-    return max(runs, key=target)["lr"]
+    """Best validation target on seed 0 (``study_cells.select_lr``); None until every candidate ran."""
+    return _lr_choice(results, regime, method, setting)[1]
 
 
 def ensure(results, regime: str, method: str, setting: str, lr: float, seed: int) -> None:
@@ -368,19 +280,20 @@ def ensure(results, regime: str, method: str, setting: str, lr: float, seed: int
         ce_lr = selected_lr(results, regime, "ce", "scratch")
         if ce_lr is None:
             raise RuntimeError(f"two-stage {regime}: CE's selection must run first")
-        init = model_path(regime, seed, ce_lr)
-        if not init.exists():  # (re)train the CE model it starts from (the cache is not committed)
+        init = run_dir(regime, "ce", "scratch", ce_lr, seed)
+        if not (init / "model.pt").exists():  # (re)train the CE run it starts from (runs/ is not committed)
             rec = run_cell(regime, "ce", "scratch", ce_lr, seed, None)
+            rec.pop("labels", None)
             results[key(regime, "ce", "scratch", ce_lr, seed)] = rec
     rec = run_cell(regime, method, setting, lr, seed, init)
+    labels = rec.pop("labels", None)
     results[k] = rec
-    labels = test_labels(regime, seed)
-    if results.setdefault("_labels", {}).setdefault(regime, labels) != labels:
+    if labels is not None and results.setdefault("_labels", {}).setdefault(regime, labels) != labels:
         raise RuntimeError(f"{regime}: the test set differs between seeds; the paired tests assume one")
     save_results(results)
     print(f"{time.strftime('%H:%M:%S')} {regime:18s} {method:11s} {setting:8s} lr={lr:<6g} seed={seed} "
-          f"{rec['status']:4s} val={target(rec):.4f} test AUROC={rec['test']['auroc']:.4f} ({rec['seconds']:.0f}s)",
-          flush=True)  # fmt: skip
+          f"{rec['status'][:4]:4s} val={target(rec):.4f} round={rec['round']} test AUROC={rec['test']['auroc']:.4f} "
+          f"({rec['seconds']:.0f}s)", flush=True)  # fmt: skip
 
 
 def run_study(regimes: list[str]) -> None:
@@ -391,9 +304,8 @@ def run_study(regimes: list[str]) -> None:
         for method in methods:
             for lr in LR_GRIDS[method]:
                 ensure(results, regime, method, setting, lr, 0)
-            extra = extra_lr(results, regime, method, setting)
-            if extra is not None:
-                ensure(results, regime, method, setting, extra, 0)
+            for lr in candidates(results, regime, method, setting):  # the edge extension, if any
+                ensure(results, regime, method, setting, lr, 0)
         for seed in REGIMES[regime]["seeds"]:
             for method in methods:
                 ensure(results, regime, method, setting, selected_lr(results, regime, method, setting), seed)

@@ -18,6 +18,7 @@ import numpy as np
 from real_data import (
     HOSPITALS,
     LABELS,
+    LOCAL_STEPS,
     LR_GRIDS,
     METHODS,
     PLAN,
@@ -152,8 +153,8 @@ def comparison_rows(results, regime: str) -> list[tuple[str, str, dict[str, Any]
 # -- tables ----------------------------------------------------------------------------------
 def metrics_table(results, regime: str) -> str:
     lines = [
-        "| method | lr | test AUROC | test AP | test pAUC₀.₃ | accuracy at 0.5 | seeds |",
-        "|---|---|---|---|---|---|---|",
+        "| method | lr | test AUROC | test AP | test pAUC₀.₃ | accuracy at 0.5 | seeds | selected round per seed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for method, setting in rows_of(regime):
         runs = final_runs(results, regime, method, setting)
@@ -163,8 +164,10 @@ def metrics_table(results, regime: str) -> str:
         cols = [ms([r["test"][m] for r in ok]) for m in ("auroc", "ap", "pauc", "acc")]
         failed = len(runs) - len(ok)
         seeds = f"{len(ok)}" + (f" (+{failed} NaN)" if failed else "")
+        rounds = ", ".join("–" if r.get("round") is None else str(r["round"]) for r in runs)
         lines.append(
-            f"| {row_label(method, setting)} | {runs[0]['lr']:g} | " + " | ".join(cols) + f" | {seeds} |"
+            f"| {row_label(method, setting)} | {runs[0]['lr']:g} | " + " | ".join(cols) + f" | {seeds} | "
+            f"{rounds} of {runs[0]['steps'] // LOCAL_STEPS} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -227,14 +230,16 @@ def selection_table(results) -> str:
                     bad = "one class" if rec["status"] == "ok" else rec["status"][:7]  # ok but NaN: undefined
                     test = rec["test"]["auroc"]
                     shown = f"{t:.3f}" if t > -math.inf else bad
-                    cells.append(f"{lr:g}: {shown}" + ("" if math.isnan(test) else f" / {test:.3f}"))
+                    cells.append(f"{lr:g}: {shown}" + ("" if math.isnan(test) else f" / {test:.3f}")
+                                 + ("" if rec.get("round") is None else f" (r{rec['round']})"))  # fmt: skip
             if all(c.endswith("–") for c in cells):
                 continue
             sel = selected_lr(results, regime, method, setting)
             lines.append(f"| {regime} | {row_label(method, setting)} | {METHODS[method][2]} | "
                          + "; ".join(cells) + f" | {sel if sel is not None else '–'} |")  # fmt: skip
     head = ("Every selection run (seed 0): its validation target, the value the learning rate is chosen on, "
-            "and, after the slash, its test AUROC, shown after the fact to expose how much the choice matters "
+            "and, after the slash, its test AUROC (rN: the round of the model selected on validation, "
+            "`selection = \"best\"`; 0 in a two-stage row is the CE model it started from), shown after the fact to expose how much the choice matters "
             "(the test value is never used to choose). nan: the loss diverged; one class: the validation set "
             "holds one class, the target is undefined.\n\n")  # fmt: skip
     return head + "\n".join(lines) + "\n"

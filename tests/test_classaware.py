@@ -7,7 +7,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -143,36 +142,47 @@ def test_fcsg_scores_a_plain_batch_once_with_the_same_gradient():
     assert abs(float(f1 - f2)) < 1e-6 and max_abs_diff(g1, g2) < 1e-6
 
 
-def test_two_stage_starts_from_exactly_the_pretrained_model(tmp_path):
+def _evidence():
     spec = importlib.util.spec_from_file_location("evidence", ROOT / "benchmarks" / "evidence.py")
     evidence = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(evidence)
+    return evidence
+
+
+def test_two_stage_starts_from_exactly_the_pretrained_model(tmp_path, monkeypatch):
+    """benchmarks/evidence.py: a two-stage cell's config starts (model.init_from) from CE's run folder."""
+    from fedxrisk.run.build import build
+
+    evidence = _evidence()
     pre = build_model("mlp", (1, 8, 8), 7)  # weights the AUC run's own seed would not draw
     blob = {"params": dict(pre.named_parameters()), "buffers": dict(pre.named_buffers())}
-    torch.save({k: {n: t.detach() for n, t in v.items()} for k, v in blob.items()}, tmp_path / "ce.pt")
-    sim, *_ = evidence.build_simulation("digits", "codasca_code", 1.0, 0, 3, tmp_path / "ce.pt")
+    torch.save({k: {n: t.detach() for n, t in v.items()} for k, v in blob.items()}, tmp_path / "model.pt")
+    monkeypatch.setattr(evidence, "pretrained_path", lambda regime, seed: tmp_path)
+    cfg = evidence.run_config("digits", "codasca_code", 1.0, 0, True)
+    assert cfg.init_from == str(tmp_path) and cfg.rounds == evidence.REGIMES["digits"]["rounds"] // 2
+    sim = build(cfg).simulation
     params, _ = sim.global_model()
     for name, t in pre.named_parameters():
         assert torch.equal(params[name], t.detach())
         assert all(torch.equal(sim.states["w"][name][k], t.detach()) for k in range(sim.num_clients))
         assert torch.equal(sim.states["ref"]["w"][name][0], t.detach())  # the stage's reference point too
-    scratch, *_ = evidence.build_simulation("digits", "codasca_code", 1.0, 0, 3, None)
+    scratch = build(evidence.run_config("digits", "codasca_code", 1.0, 0, False)).simulation
     assert max_abs_diff(scratch.global_model()[0], params) > 1e-2
     assert json.dumps(evidence.lr_grid("ce")) == "[0.1, 0.3, 1.0]"
 
 
-def test_study_validation_comes_from_the_clients_training_shards(tmp_path):
-    """benchmarks/evidence.py: validation ⊂ training shards, disjoint from what trains, 20 % per class."""
-    spec = importlib.util.spec_from_file_location("evidence", ROOT / "benchmarks" / "evidence.py")
-    evidence = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evidence)
-    fed = make_federated("digits", 4, "iid", 0.3, 0)
-    train, val = evidence.split_validation(fed, 0)
-    whole = set(np.concatenate(fed.shards).tolist())
-    assert set(val.tolist()) <= whole and not set(val.tolist()) & set(np.concatenate(train).tolist())
-    assert sum(map(len, train)) + len(val) == len(whole)
-    y = fed.data.y_train.numpy()
-    for shard, kept in zip(fed.shards, train):
+def test_study_validation_is_the_run_layers_20_percent_per_client_and_class():
+    """benchmarks/evidence.py carves validation with data.validation (no code of its own)."""
+    from fedxrisk.run.build import build_data
+
+    evidence = _evidence()
+    cfg = evidence.run_config("digits", "ce", 0.3, 0, False)
+    assert (cfg.validation, cfg.selection, cfg.monitor) == (0.2, "last", "val_auroc")
+    assert evidence.run_config("digits", "fedxl2", 1.5, 0, False).monitor == "val_pauc30_norm"
+    whole = make_federated("digits", cfg.clients, cfg.partition, cfg.imratio, 0, allow_missing_class=True)
+    fed, _ = build_data(cfg)
+    y, yv = whole.data.y_train.numpy(), fed.data.y_val.numpy()
+    for shard, val in zip(whole.shards, fed.val_shards):
         for c in (0, 1):
             n = int((y[shard] == c).sum())
-            assert n - int((y[kept] == c).sum()) == max(1, round(0.2 * n))
+            assert int((yv[val] == c).sum()) == (min(max(1, round(0.2 * n)), n - 1) if n >= 2 else 0)

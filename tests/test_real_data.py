@@ -36,7 +36,7 @@ def test_selection_takes_the_best_validation_value_and_extends_at_an_edge() -> N
     results: dict = {}
     for lr, v in zip(rd.LR_GRIDS["ce"], (0.80, 0.85, 0.90)):  # best on the upper edge
         put(results, "heart", cell("ce", lr, v))
-    extra = rd.extra_lr(results, "heart", "ce", "scratch")
+    extra = rd.candidates(results, "heart", "ce", "scratch")[-1]
     assert extra == pytest.approx(3.0)
     assert rd.selected_lr(results, "heart", "ce", "scratch") is None  # the extension has not run
     put(results, "heart", cell("ce", extra, 0.88))
@@ -47,7 +47,7 @@ def test_selection_ranks_nan_last_and_falls_back_to_the_middle_when_validation_c
     results: dict = {}
     for lr, v in zip(rd.LR_GRIDS["codasca"], (0.87, 0.88, math.nan)):  # the top lr diverged
         put(results, "heart", cell("codasca", lr, v))
-    assert rd.extra_lr(results, "heart", "codasca", "scratch") is None
+    assert rd.candidates(results, "heart", "codasca", "scratch") == list(rd.LR_GRIDS["codasca"])
     assert rd.selected_lr(results, "heart", "codasca", "scratch") == 1.0
     for lr in rd.LR_GRIDS["ce"]:  # Switzerland alone: validation holds one class, every value NaN
         put(results, "heart", cell("ce", lr, math.nan, setting="local2"))

@@ -49,13 +49,34 @@ def test_carved_validation_is_per_client_per_class_and_disjoint():
         assert train_ids[k] | val_ids[k] == set(fed.data.x_train[shard, 0].long().tolist())  # nothing lost
         assert not train_ids[k] & val_ids[k] and not val_ids[k] & test_ids
         y = fed.data.y_train[shard].numpy()
-        for c in (0, 1):  # each class of the client's shard: round(0.25 n) held out
+        for c in (0, 1):  # each class of the client's shard: round(0.25 n) held out (≥ 1 for n ≥ 2, ≤ n − 1)
             held = sum(int(fed.data.y_train[int(i)]) == c for i in val_ids[k])
-            assert held == round(0.25 * int((y == c).sum()))
+            n = int((y == c).sum())
+            assert held == (min(max(1, round(0.25 * n)), n - 1) if n >= 2 else 0)
     assert not set().union(*train_ids) & set().union(*val_ids)
     assert len(b.x_train) == sum(len(s) for s in carved.shards)  # validation left the training set
     again = carve_validation(fed, 0.25, seed=3)  # seeded
     assert all(np.array_equal(a, c) for a, c in zip(again.val_shards, carved.val_shards))  # type: ignore[arg-type]
+
+
+def test_carving_is_the_evidence_studys_split_and_each_clients_own():
+    """The split benchmarks/evidence.py made itself before issue 22 (its cells reproduce bit for bit):
+    the sha256 of its validation ids here was computed by that code (evidence.split_validation at
+    6f6917a); a client's part does not depend on the other clients' shards."""
+    import hashlib
+    import json
+
+    fed = make_federated(_ids(), 4, "iid", None, seed=0)
+    ids = sorted(carve_validation(fed, 0.2, 5).data.x_val[:, 0].long().tolist())  # type: ignore[index]
+    assert hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16] == "770c1f92a9e15473"
+    carved = carve_validation(fed, 0.2, 5)
+    alone = carve_validation(type(fed)(fed.data, [fed.shards[0], fed.shards[0][:3]]), 0.2, 5)
+    first = lambda c: set(c.data.x_val[c.val_shards[0], 0].long().tolist())  # noqa: E731
+    assert first(alone) == first(carved)
+    y = fed.data.y_train.numpy()
+    shard = np.sort(np.concatenate([np.flatnonzero(y == 1)[:2], np.flatnonzero(y == 0)[:10]]))
+    small = carve_validation(type(fed)(fed.data, [shard]), 0.2, 0).data
+    assert sorted(small.y_val.tolist()) == [0.0, 0.0, 1.0]  # type: ignore[union-attr]  # 2 positives: one held out
 
 
 def test_official_split_is_dealt_to_clients_and_auto_picks_it():
@@ -243,7 +264,8 @@ def test_predict_matches_the_module_forward_used_for_model_pt():
 def test_distributed_engine_validates_from_histograms_and_stops_with_the_loop_engine(tmp_path):
     """Two real ranks (two clients each): val_* from summed histograms near the loop engine's exact
     values (this model's logits span about 0.5, i.e. ~70 of the 4096 bins: the stated bound is then
-    ~0.006 for AUROC, ~0.03 for AP; the in-process test above checks the bound itself); the early stop and the selection follow the histogram values (a near-tie
+    ~0.006 for AUROC, ~0.03 for AP, and for pAUC₀.₃ at most 2 × AUROC's / 0.3 ≈ 0.04, since a bin's
+    pAUC term is at most twice its AUROC term over max_fpr; the in-process test above checks the bound itself); the early stop and the selection follow the histogram values (a near-tie
     may fall differently from the exact values, so they are checked against the rule)."""
     import os
     import subprocess
@@ -276,7 +298,7 @@ def test_distributed_engine_validates_from_histograms_and_stops_with_the_loop_en
     dist = load_run(tmp_path / "dist")
     for a, b in zip(dist.history, loop.history):
         assert a["test_auroc"] == pytest.approx(b["test_auroc"], abs=1e-5)  # the same models
-        for key, tol in (("val_auroc", 0.01), ("val_ap", 0.05), ("val_pauc30_norm", 0.01)):
+        for key, tol in (("val_auroc", 0.01), ("val_ap", 0.05), ("val_pauc30_norm", 0.04)):
             assert abs(a[key] - b[key]) <= tol, (key, a["round"])
     vals = [r["val_auroc"] for r in dist.history]
     stop = _expected_stop(vals, 2)

@@ -58,25 +58,31 @@ def _strata(y: torch.Tensor) -> np.ndarray:
     return (y.reshape(len(y), -1).max(1) > 0).astype(np.int64)
 
 
+CARVE_TAG = 15  # seeds each client's generator with (seed, CARVE_TAG, k): the evidence study's (issue 15)
+
+
 def carve_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
-    """Per client and per class, ``round(fraction · n)`` of the client's samples (at most n − 1, so
-    a class a client holds stays in its training data) become its validation data.
+    """Per client and per class, ``round(fraction · n)`` of the client's n samples of the class become
+    its validation data: at least one when n ≥ 2, at most n − 1 (a class a client holds stays in its
+    training data), none when n = 1.
 
     The result trains on the rest: the held samples leave ``x_train`` (shards re-indexed) and form
     ``x_val``/``y_val``; ``val_shards[k]`` are client k's positions in ``x_val``. The test set is
-    untouched. Seeded by ``(seed, 97)``.
+    untouched. Client k draws from its own generator, seeded by ``(seed, CARVE_TAG, k)``, so its
+    split depends on its own shard only (a site can carve it alone); this is the split
+    ``benchmarks/evidence.py`` made before the run layer had one, so its results reproduce.
     """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"data.validation must lie in (0, 1) (or be {OFFICIAL!r}/{AUTO!r}), got {fraction}")
-    rng = np.random.default_rng([seed, 97])
     strata = _strata(data.data.y_train)
     kept, held = [], []
-    for shard in data.shards:
+    for k, shard in enumerate(data.shards):
+        rng = np.random.default_rng([seed, CARVE_TAG, k])
         out = []
         for c in (0, 1):
-            members = shard[strata[shard] == c]
-            cut = min(int(round(len(members) * fraction)), max(len(members) - 1, 0))
-            out.append(rng.permutation(members)[:cut])
+            members = rng.permutation(shard[strata[shard] == c])
+            n = len(members)
+            out.append(members[: min(max(1, round(n * fraction)), n - 1) if n >= 2 else 0])
         val = np.sort(np.concatenate(out))
         held.append(val)
         kept.append(np.setdiff1d(shard, val))
