@@ -207,3 +207,12 @@ def test_a_cached_source_pickles_without_its_mapping(folder, tmp_path):
     copy = pickle.loads(pickle.dumps(source))  # what a spawned worker receives
     assert copy._map is None  # noqa: SLF001 - the worker maps the file itself
     assert np.array_equal(copy.decode(int(x.rows[0])), source.decode(int(x.rows[0])))
+
+
+def test_a_batch_read_at_once_equals_the_samples_one_by_one(folder, tmp_path):
+    source = build(_cfg(folder, cache=str(tmp_path / "cache"))).data.data.x_train.source
+    rows = np.array([[5, 0, 5], [47, 12, 3]])
+    one_by_one = np.stack([np.stack([source.decode(int(r)) for r in row]) for row in rows])
+    assert np.array_equal(source.decode_many(rows), one_by_one) and one_by_one.shape == (2, 3, 3, 32, 32)
+    source.bad = {12: "broken"}  # a row that could not be decoded: the caller's bad-file policy decides
+    assert source.decode_many(rows) is None and source.decode_many(rows[:1]) is not None

@@ -112,6 +112,14 @@ class CachedImages:
             raise DataFileError(self.bad[i])
         return self.pixels()[i].astype(np.float32) / np.float32(255.0)
 
+    def decode_many(self, rows: np.ndarray) -> np.ndarray | None:
+        """Samples at ``rows`` (any shape) in one read, as :meth:`decode` gives them; None when one
+        of them is a file that could not be decoded (the caller then applies ``on_bad_file``)."""
+        if self.bad and np.isin(rows, list(self.bad)).any():
+            return None
+        flat = self.pixels()[np.asarray(rows, dtype=np.int64).ravel()]
+        return (flat.astype(np.float32) / np.float32(255.0)).reshape(*np.shape(rows), *self.sample_shape)
+
     def identifier(self, i: int) -> str:
         return self.paths[i]
 

@@ -273,6 +273,10 @@ def decode_rows(
     identifiers of the files replaced.
     """
     on_bad = on_bad or samples.options.get("on_bad_file", "error")
+    many = getattr(samples.source, "decode_many", None)  # a cached source reads a batch at once
+    out = many(samples.rows[positions]) if many is not None else None
+    if out is not None:
+        return out, []
     out = np.empty((*positions.shape, *samples.sample_shape), dtype=np.float32)
     bad: list[str] = []
     for k, row in enumerate(positions):
