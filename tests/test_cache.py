@@ -216,3 +216,20 @@ def test_a_batch_read_at_once_equals_the_samples_one_by_one(folder, tmp_path):
     assert np.array_equal(source.decode_many(rows), one_by_one) and one_by_one.shape == (2, 3, 3, 32, 32)
     source.bad = {12: "broken"}  # a row that could not be decoded: the caller's bad-file policy decides
     assert source.decode_many(rows) is None and source.decode_many(rows[:1]) is not None
+
+
+def _open_in_process(args) -> bool:
+    paths, where = args
+    from fedxrisk.data.cache import open_cache
+    from fedxrisk.data.lazy import ImageFiles
+
+    return open_cache(ImageFiles(paths, 16), Path(where))[1]["built"]
+
+
+def test_concurrent_runs_build_one_cache_between_them(folder, tmp_path):
+    import multiprocessing
+
+    paths = sorted(str(p) for p in folder.rglob("*.png"))
+    with multiprocessing.get_context("fork").Pool(3) as pool:  # as torchrun ranks opening the same data
+        built = pool.map(_open_in_process, [(paths, str(tmp_path / "cache"))] * 3)
+    assert sorted(built) == [False, False, True] and len(_cache_files(tmp_path / "cache")) == 1
