@@ -16,7 +16,7 @@
    seconds of ``run_round``, evaluation excluded) for the small CNN and ResNet20 on the
    first ``--sizes`` set, in memory, streamed with 0, 1 and 2 workers, and streamed from
    the decoded-image cache (``data.cache``, built once before the timed runs) with 0 and
-   1 workers; median of ``--repeats`` runs, each in its own subprocess, the modes
+   1 workers (``--models``: cnn, resnet20); median of ``--repeats`` runs, each in its own subprocess, the modes
    interleaved in one invocation, the load average recorded before every run.
 
 3. ``--large``: real image sizes. Folders of 64×64 PNGs (1k, 5k, … files) read at
@@ -210,13 +210,17 @@ def prepare_cache(folder: Path, where: Path) -> dict:
     return {**info, "seconds": time.perf_counter() - start}
 
 
-def measure_speed(work: Path, files: int, repeats: int) -> dict:
+MODEL_STEPS = {"cnn": 10, "resnet20": 3}  # local steps per timed round
+
+
+def measure_speed(work: Path, files: int, repeats: int, models: list[str]) -> dict:
     folder = make_images(work / "images", files)
     where = work / "cache"
     cache = prepare_cache(folder, where)
     print(cache, flush=True)
     speed, loads = [], []
-    for model, steps in (("cnn", 10), ("resnet20", 3)):
+    for model in models:
+        steps = MODEL_STEPS[model]
         runs: dict[str, list[float]] = {m[0]: [] for m in SPEED_MODES}
         for _ in range(repeats):  # interleaved: every mode sees the same load over time
             for name, stream, workers, cached in SPEED_MODES:
@@ -310,6 +314,9 @@ def main() -> None:
     parser.add_argument(
         "--throughput", action="store_true", help="training throughput only, on the first --sizes set"
     )
+    parser.add_argument(
+        "--models", default="cnn,resnet20", help="--throughput: models to time (cnn, resnet20)"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -335,7 +342,7 @@ def main() -> None:
     speed_path = RESULTS / "streaming_throughput.json"
     if args.throughput:
         if not args.render_only:
-            results = measure_speed(Path(args.work), sizes[0], args.repeats)
+            results = measure_speed(Path(args.work), sizes[0], args.repeats, args.models.split(","))
             speed_path.write_text(json.dumps(results, indent=2) + "\n")
         render_speed(json.loads(speed_path.read_text()))
         return
