@@ -149,6 +149,30 @@ def render_224(results: dict) -> None:
     (RESULTS / "streaming_memory_224.md").write_text("\n".join(lines) + note)
 
 
+def child_paired(data_dir: Path, cache: str, model: str, steps: int, repeats: int) -> dict:
+    """The modes that decode nothing in the background, in ONE process, each timed for two rounds in
+    turn, ``repeats`` turns: every mode sees the same load within seconds (uncached streams with
+    workers are left out: their workers decode ahead while the other modes are timed)."""
+    import torch
+
+    from fedxrisk.experiment import build
+
+    torch.set_num_threads(1)
+    sims = {}
+    for name, stream, workers, cached in PAIRED:
+        cfg = _config(data_dir, stream, workers, model, 2 * repeats + 1, steps, cache if cached else False)
+        sims[name] = build(cfg).simulation
+        sims[name].run_round()  # warm-up
+    runs: dict[str, list[float]] = {name: [] for name in sims}
+    for _ in range(repeats):
+        for name, sim in sims.items():
+            start = time.perf_counter()
+            sim.run_round()
+            sim.run_round()
+            runs[name].append(2 * steps * CLIENTS * BATCH / (time.perf_counter() - start))
+    return {"runs": runs}
+
+
 def child_speed(data_dir: Path, stream: bool, workers: int, model: str, steps: int, cache: str = "-") -> dict:
     import torch
 
@@ -210,7 +234,27 @@ def prepare_cache(folder: Path, where: Path) -> dict:
     return {**info, "seconds": time.perf_counter() - start}
 
 
+PAIRED = [m for m in SPEED_MODES if m[3] or m[2] == 0]  # in memory, streamed 0 workers, + cache 0/1 workers
 MODEL_STEPS = {"cnn": 10, "resnet20": 3}  # local steps per timed round
+PAIRED_REPEATS = 9
+
+
+def measure_paired(work: Path, files: int, models: list[str]) -> dict:
+    folder = make_images(work / "images", files)
+    where = work / "cache"
+    prepare_cache(folder, where)
+    paired, loads = [], [os.getloadavg()[0]]
+    for model in models:
+        args = [str(folder), "1", str(where), model, str(MODEL_STEPS[model]), str(PAIRED_REPEATS)]
+        runs = _run_child(["paired", *args])["runs"]
+        loads.append(os.getloadavg()[0])
+        base = runs["in memory"]
+        for name, values in runs.items():
+            ratios = [v / b for v, b in zip(values, base)]  # against in memory in the same turn
+            paired.append({"model": model, "mode": name, "samples_per_s": statistics.median(values),
+                           "ratio": statistics.median(ratios), "ratios": ratios, "runs": values})  # fmt: skip
+            print(paired[-1], flush=True)
+    return {"paired": paired, "paired_load": loads, "paired_repeats": PAIRED_REPEATS}
 
 
 def measure_speed(work: Path, files: int, repeats: int, models: list[str]) -> dict:
@@ -274,6 +318,19 @@ def render_speed(results: dict) -> None:
         f"runs. {results['machine']} (1-minute load average {min(load):.1f}–{max(load):.1f} "
         f"before the runs); median of {results['repeats']} interleaved runs, {results['date']}.\n"
     )
+    if "paired" in results:
+        lines = ["| model | data | samples/s (median) | × in memory, same turn (median) | ratios |",
+                 "|---|---|---:|---:|---|"]  # fmt: skip
+        for r in results["paired"]:
+            ratios = ", ".join(f"{v:.2f}" for v in r["ratios"])
+            lines.append(
+                f"| {r['model']} | {r['mode']} | {r['samples_per_s']:.0f} | {r['ratio']:.2f} | {ratios} |"
+            )
+        load = results["paired_load"]
+        note += (
+            f"\nOne process, every mode timed for two rounds in turn, {results['paired_repeats']} turns (load "
+            f"average {min(load):.1f}–{max(load):.1f}):\n\n" + "\n".join(lines) + "\n"
+        )
     (RESULTS / "streaming_throughput.md").write_text("\n".join(speed) + note)
 
 
@@ -315,6 +372,11 @@ def main() -> None:
         "--throughput", action="store_true", help="training throughput only, on the first --sizes set"
     )
     parser.add_argument(
+        "--paired-only",
+        action="store_true",
+        help="--throughput's one-process measurement only (the rest kept)",
+    )
+    parser.add_argument(
         "--models", default="cnn,resnet20", help="--throughput: models to time (cnn, resnet20)"
     )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -325,6 +387,8 @@ def main() -> None:
             out = child_memory_224(Path(folder), Path(rest[0]))
         elif kind == "memory":
             out = child_memory(Path(folder), bool(int(stream)), Path(rest[0]))
+        elif kind == "paired":
+            out = child_paired(Path(folder), rest[0], rest[1], int(rest[2]), int(rest[3]))
         else:
             out = child_speed(Path(folder), bool(int(stream)), int(rest[0]), rest[1], int(rest[2]), rest[3])
         print(json.dumps(out))
@@ -340,9 +404,17 @@ def main() -> None:
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     speed_path = RESULTS / "streaming_throughput.json"
-    if args.throughput:
-        if not args.render_only:
-            results = measure_speed(Path(args.work), sizes[0], args.repeats, args.models.split(","))
+    if args.throughput or args.paired_only:
+        models = args.models.split(",")
+        if args.paired_only:  # the one-process measurement again, the separate-process one kept
+            results = {
+                **json.loads(speed_path.read_text()),
+                **measure_paired(Path(args.work), sizes[0], models),
+            }
+            speed_path.write_text(json.dumps(results, indent=2) + "\n")
+        elif not args.render_only:
+            results = measure_speed(Path(args.work), sizes[0], args.repeats, models)
+            results |= measure_paired(Path(args.work), sizes[0], models)
             speed_path.write_text(json.dumps(results, indent=2) + "\n")
         render_speed(json.loads(speed_path.read_text()))
         return
