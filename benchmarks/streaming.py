@@ -1,6 +1,7 @@
 """Streaming vs in-memory training data: peak resident memory and training throughput.
 
-    python benchmarks/streaming.py                  # generate the images in /tmp, measure, render
+    python benchmarks/streaming.py                  # memory: generate the images in /tmp, measure, render
+    python benchmarks/streaming.py --throughput --sizes 10000   # throughput, with and without data.cache
     python benchmarks/streaming.py --render-only    # re-render the tables from the committed JSON
     python benchmarks/streaming.py --large          # the 224×224 case (--sizes 1000,5000,20000)
 
@@ -11,10 +12,12 @@
    training process and the largest peak RSS of its worker children
    (``resource.getrusage``: ``RUSAGE_SELF`` / ``RUSAGE_CHILDREN``), and their sum
    with one term per worker (an upper bound of the total).
-2. Throughput: training samples per second (K × B × local steps / seconds of
-   ``run_round``, evaluation excluded) for the small CNN and ResNet20 on the
-   10k set, in memory and streamed with 0, 1 and 2 workers; median of
-   ``--repeats`` runs, each in its own subprocess, all in one invocation.
+2. Throughput (``--throughput``): training samples per second (K × B × local steps /
+   seconds of ``run_round``, evaluation excluded) for the small CNN and ResNet20 on the
+   first ``--sizes`` set, in memory, streamed with 0, 1 and 2 workers, and streamed from
+   the decoded-image cache (``data.cache``, built once before the timed runs) with 0 and
+   1 workers (``--models``: cnn, resnet20); median of ``--repeats`` runs, each in its own subprocess, the modes
+   interleaved in one invocation, the load average recorded before every run.
 
 3. ``--large``: real image sizes. Folders of 64×64 PNGs (1k, 5k, … files) read at
    ``data.image_size = 224`` (resized by the reader), streamed with 1 worker and
@@ -23,9 +26,10 @@
    the training process and of its worker, and the evaluation batch the budget chose.
    Results: ``streaming_224.json`` and ``streaming_memory_224.md``.
 
-Results: ``benchmarks/results/streaming.json`` and the tables
-``streaming_memory.md`` and ``streaming_throughput.md`` (shown in docs/data.md),
-figure ``docs/figures/streaming_memory.png``.
+Results: ``benchmarks/results/streaming.json`` (memory; its ``speed`` list is the
+throughput measured before ``--throughput`` existed, no longer shown) with the table
+``streaming_memory.md`` and figure ``docs/figures/streaming_memory.png``;
+``streaming_throughput.json`` with the table ``streaming_throughput.md`` (shown in docs/data.md).
 """
 
 from __future__ import annotations
@@ -68,14 +72,16 @@ def make_images(root: Path, count: int, seed: int = 0, size: int = 32) -> Path:
     return folder
 
 
-def _config(data_dir: Path, stream: bool, workers: int, model: str, rounds: int, steps: int):
+def _config(
+    data_dir: Path, stream: bool, workers: int, model: str, rounds: int, steps: int, cache: str | bool = False
+):
     from fedxrisk.experiment import RunConfig
 
     return RunConfig(
         algorithm="codasca", dataset="folder", data_dir=str(data_dir), clients=CLIENTS, imratio=None,
         partition="iid", model=model, rounds=rounds, stages=1, local_steps=steps, batch_size=BATCH,
         engine="loop", stream=stream, workers=workers, eval_every=rounds, checkpoint_every=0,
-        tensorboard=False, positive_classes=["b"],
+        tensorboard=False, cache=cache, positive_classes=["b"],
     )  # fmt: skip
 
 
@@ -143,13 +149,39 @@ def render_224(results: dict) -> None:
     (RESULTS / "streaming_memory_224.md").write_text("\n".join(lines) + note)
 
 
-def child_speed(data_dir: Path, stream: bool, workers: int, model: str, steps: int) -> dict:
+def child_paired(data_dir: Path, cache: str, model: str, steps: int, repeats: int) -> dict:
+    """The modes that decode nothing in the background, in ONE process, each timed for two rounds in
+    turn, ``repeats`` turns: every mode sees the same load within seconds (uncached streams with
+    workers are left out: their workers decode ahead while the other modes are timed)."""
     import torch
 
     from fedxrisk.experiment import build
 
     torch.set_num_threads(1)
-    setup = build(_config(data_dir, stream, workers, model, 3, steps))
+    sims = {}
+    for name, stream, workers, cached in PAIRED:
+        cfg = _config(data_dir, stream, workers, model, 2 * repeats + 1, steps, cache if cached else False)
+        sims[name] = build(cfg).simulation
+        sims[name].run_round()  # warm-up
+    runs: dict[str, list[float]] = {name: [] for name in sims}
+    for _ in range(repeats):
+        for name, sim in sims.items():
+            start = time.perf_counter()
+            sim.run_round()
+            sim.run_round()
+            runs[name].append(2 * steps * CLIENTS * BATCH / (time.perf_counter() - start))
+    return {"runs": runs}
+
+
+def child_speed(data_dir: Path, stream: bool, workers: int, model: str, steps: int, cache: str = "-") -> dict:
+    import torch
+
+    from fedxrisk.experiment import build
+
+    torch.set_num_threads(1)
+    setup = build(_config(data_dir, stream, workers, model, 3, steps, False if cache == "-" else cache))
+    if cache != "-":
+        assert not any(c["built"] for c in setup.stream.cache), "the cache is built before the timed runs"
     sim = setup.simulation
     sim.run_round()  # warm-up: first batches, allocator, worker start
     start = time.perf_counter()
@@ -169,7 +201,7 @@ def _run_child(args: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(work: Path, sizes: list[int], repeats: int) -> dict:
+def measure(work: Path, sizes: list[int]) -> dict:
     memory = []
     for n in sizes:
         folder = make_images(work / "images", n)
@@ -179,25 +211,79 @@ def measure(work: Path, sizes: list[int], repeats: int) -> dict:
             )
             memory.append({"files": n, "streamed": stream, **r})
             print(memory[-1], flush=True)
-    folder = make_images(work / "images", sizes[0])
-    speed = []
-    for model, steps in (("cnn", 10), ("resnet20", 3)):
-        modes = [("in memory", False, 0)] + [(f"streamed, {w} workers", True, w) for w in (0, 1, 2)]
-        runs: dict[str, list[float]] = {m[0]: [] for m in modes}
+    return {
+        "memory": memory,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other jobs while measured",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+SPEED_MODES = (
+    [("in memory", False, 0, False)]
+    + [(f"streamed, {w} workers", True, w, False) for w in (0, 1, 2)]
+    + [(f"streamed + cache, {w} workers", True, w, True) for w in (0, 1)]
+)
+
+
+def prepare_cache(folder: Path, where: Path) -> dict:
+    """Build (or check) the decoded-image cache of ``folder`` once, in this process, before any timing."""
+    from fedxrisk.experiment import build
+
+    start = time.perf_counter()
+    [info] = build(_config(folder, True, 1, "cnn", 1, 1, str(where))).stream.cache
+    return {**info, "seconds": time.perf_counter() - start}
+
+
+PAIRED = [m for m in SPEED_MODES if m[3] or m[2] == 0]  # in memory, streamed 0 workers, + cache 0/1 workers
+MODEL_STEPS = {"cnn": 10, "resnet20": 3}  # local steps per timed round
+PAIRED_REPEATS = 9
+
+
+def measure_paired(work: Path, files: int, models: list[str]) -> dict:
+    folder = make_images(work / "images", files)
+    where = work / "cache"
+    prepare_cache(folder, where)
+    paired, loads = [], [os.getloadavg()[0]]
+    for model in models:
+        args = [str(folder), "1", str(where), model, str(MODEL_STEPS[model]), str(PAIRED_REPEATS)]
+        runs = _run_child(["paired", *args])["runs"]
+        loads.append(os.getloadavg()[0])
+        base = runs["in memory"]
+        for name, values in runs.items():
+            ratios = [v / b for v, b in zip(values, base)]  # against in memory in the same turn
+            paired.append({"model": model, "mode": name, "samples_per_s": statistics.median(values),
+                           "ratio": statistics.median(ratios), "ratios": ratios, "runs": values})  # fmt: skip
+            print(paired[-1], flush=True)
+    return {"paired": paired, "paired_load": loads, "paired_repeats": PAIRED_REPEATS}
+
+
+def measure_speed(work: Path, files: int, repeats: int, models: list[str]) -> dict:
+    folder = make_images(work / "images", files)
+    where = work / "cache"
+    cache = prepare_cache(folder, where)
+    print(cache, flush=True)
+    speed, loads = [], []
+    for model in models:
+        steps = MODEL_STEPS[model]
+        runs: dict[str, list[float]] = {m[0]: [] for m in SPEED_MODES}
         for _ in range(repeats):  # interleaved: every mode sees the same load over time
-            for name, stream, workers in modes:
-                r = _run_child(["speed", str(folder), str(int(stream)), str(workers), model, str(steps)])
+            for name, stream, workers, cached in SPEED_MODES:
+                loads.append(os.getloadavg()[0])
+                args = [str(folder), str(int(stream)), str(workers), model, str(steps)]
+                r = _run_child(["speed", *args, str(where) if cached else "-"])
                 runs[name].append(r["samples_per_s"])
         base = statistics.median(runs["in memory"])
-        for name, _, _ in modes:
+        for name, *_ in SPEED_MODES:
             med = statistics.median(runs[name])
             speed.append(
                 {"model": model, "mode": name, "samples_per_s": med, "ratio": med / base, "runs": runs[name]}
             )
             print(speed[-1], flush=True)
     return {
-        "memory": memory,
+        "files": files,
         "speed": speed,
+        "cache": cache,
+        "load": loads,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other jobs while measured",
         "repeats": repeats,
         "date": time.strftime("%Y-%m-%d"),
@@ -213,16 +299,39 @@ def render(results: dict) -> None:
         mode = "streamed (2 workers)" if r["streamed"] else "in memory"
         mem.append(f"| {r['files']:,} | {mode} | {r['main_mb']:.0f} | {r['worker_mb'] if workers else 0:.0f} "
                    f"| {total:.0f} | {r['seconds']:.0f} |")  # fmt: skip
-    speed = ["| model | data | samples/s (median) | × in memory |", "|---|---|---:|---:|"]
-    for r in results["speed"]:
-        speed.append(f"| {r['model']} | {r['mode']} | {r['samples_per_s']:.0f} | {r['ratio']:.2f} |")
     machine, date = results["machine"], results["date"]
     (RESULTS / "streaming_memory.md").write_text(
         "\n".join(mem) + f"\n\n{machine}; one run per row, {date}.\n"
     )
-    note = f"\n\n{machine}; median of {results['repeats']} interleaved runs, {date}.\n"
-    (RESULTS / "streaming_throughput.md").write_text("\n".join(speed) + note)
     _figure(results)
+
+
+def render_speed(results: dict) -> None:
+    speed = ["| model | data | samples/s (median) | runs | × in memory |", "|---|---|---:|---|---:|"]
+    for r in results["speed"]:
+        runs = ", ".join(f"{v:.0f}" for v in r["runs"])
+        speed.append(f"| {r['model']} | {r['mode']} | {r['samples_per_s']:.0f} | {runs} | {r['ratio']:.2f} |")
+    c, load = results["cache"], results["load"]
+    note = (
+        f"\n\n{results['files']:,} files; cache: {c['bytes'] / 1e6:.1f} MB, "
+        f"{'built' if c['built'] else 'found complete and current'} in {c['seconds']:.0f} s before the timed "
+        f"runs. {results['machine']} (1-minute load average {min(load):.1f}–{max(load):.1f} "
+        f"before the runs); median of {results['repeats']} interleaved runs, {results['date']}.\n"
+    )
+    if "paired" in results:
+        lines = ["| model | data | samples/s (median) | × in memory, same turn (median) | ratios |",
+                 "|---|---|---:|---:|---|"]  # fmt: skip
+        for r in results["paired"]:
+            ratios = ", ".join(f"{v:.2f}" for v in r["ratios"])
+            lines.append(
+                f"| {r['model']} | {r['mode']} | {r['samples_per_s']:.0f} | {r['ratio']:.2f} | {ratios} |"
+            )
+        load = results["paired_load"]
+        note += (
+            f"\nOne process, every mode timed for two rounds in turn, {results['paired_repeats']} turns (load "
+            f"average {min(load):.1f}–{max(load):.1f}):\n\n" + "\n".join(lines) + "\n"
+        )
+    (RESULTS / "streaming_throughput.md").write_text("\n".join(speed) + note)
 
 
 def _figure(results: dict) -> None:
@@ -259,6 +368,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", default="/tmp/fedxrisk-streaming", help="where the images are generated")
     parser.add_argument("--large", action="store_true", help="the 224×224 memory case only (--sizes: files)")
+    parser.add_argument(
+        "--throughput", action="store_true", help="training throughput only, on the first --sizes set"
+    )
+    parser.add_argument(
+        "--paired-only",
+        action="store_true",
+        help="--throughput's one-process measurement only (the rest kept)",
+    )
+    parser.add_argument(
+        "--models", default="cnn,resnet20", help="--throughput: models to time (cnn, resnet20)"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -267,8 +387,10 @@ def main() -> None:
             out = child_memory_224(Path(folder), Path(rest[0]))
         elif kind == "memory":
             out = child_memory(Path(folder), bool(int(stream)), Path(rest[0]))
+        elif kind == "paired":
+            out = child_paired(Path(folder), rest[0], rest[1], int(rest[2]), int(rest[3]))
         else:
-            out = child_speed(Path(folder), bool(int(stream)), int(rest[0]), rest[1], int(rest[2]))
+            out = child_speed(Path(folder), bool(int(stream)), int(rest[0]), rest[1], int(rest[2]), rest[3])
         print(json.dumps(out))
         return
     if args.large:
@@ -280,11 +402,30 @@ def main() -> None:
             )
         render_224(json.loads(path.read_text()))
         return
+    sizes = [int(s) for s in args.sizes.split(",")]
+    speed_path = RESULTS / "streaming_throughput.json"
+    if args.throughput or args.paired_only:
+        models = args.models.split(",")
+        if args.paired_only:  # the one-process measurement again, the separate-process one kept
+            results = {
+                **json.loads(speed_path.read_text()),
+                **measure_paired(Path(args.work), sizes[0], models),
+            }
+            speed_path.write_text(json.dumps(results, indent=2) + "\n")
+        elif not args.render_only:
+            results = measure_speed(Path(args.work), sizes[0], args.repeats, models)
+            results |= measure_paired(Path(args.work), sizes[0], models)
+            speed_path.write_text(json.dumps(results, indent=2) + "\n")
+        render_speed(json.loads(speed_path.read_text()))
+        return
     path = RESULTS / "streaming.json"
     if not args.render_only:
-        results = measure(Path(args.work), [int(s) for s in args.sizes.split(",")], args.repeats)
-        path.write_text(json.dumps(results, indent=2) + "\n")
+        old = json.loads(path.read_text()) if path.exists() else {}
+        results = measure(Path(args.work), sizes)
+        path.write_text(json.dumps({**results, "speed": old.get("speed", [])}, indent=2) + "\n")
     render(json.loads(path.read_text()))
+    if speed_path.exists():
+        render_speed(json.loads(speed_path.read_text()))
 
 
 if __name__ == "__main__":

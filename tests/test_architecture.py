@@ -52,7 +52,7 @@ DATA_LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.data.types", "fedxrisk.data.stream_choice", "fedxrisk.data.decode", "fedxrisk.data.preprocessing",
     )),
     ("checks", ("fedxrisk.data.checks",)),
-    ("lazy samples", ("fedxrisk.data.lazy",)),
+    ("lazy samples", ("fedxrisk.data.lazy", "fedxrisk.data.cache")),
     ("registry", ("fedxrisk.data.registry",)),
     ("datasets and readers", ("fedxrisk.data.bundled", "fedxrisk.data.mnist1d", "fedxrisk.data.readers")),
     ("loading", ("fedxrisk.data.loading",)),

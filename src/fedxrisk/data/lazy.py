@@ -84,14 +84,18 @@ class ImageFiles:
     def _read(self, i: int) -> np.ndarray:
         return load_image(Path(self.paths[i]), self.image_size, self.mode)
 
-    def decode(self, i: int) -> np.ndarray:
+    def pixels(self, i: int) -> np.ndarray:
+        """Image ``i`` as uint8 ``sample_shape`` (what :mod:`fedxrisk.data.cache` stores)."""
         raw = self._read(i)
         if raw.shape != self.sample_shape:
             raise DataFileError(
                 f"{self.paths[i]}: image of shape {raw.shape}, the others {self.sample_shape}; "
                 "pass image_size to resize them"
             )
-        return raw.astype(np.float32) / np.float32(255.0)
+        return raw
+
+    def decode(self, i: int) -> np.ndarray:
+        return self.pixels(i).astype(np.float32) / np.float32(255.0)
 
     def identifier(self, i: int) -> str:
         return self.paths[i]
@@ -269,6 +273,10 @@ def decode_rows(
     identifiers of the files replaced.
     """
     on_bad = on_bad or samples.options.get("on_bad_file", "error")
+    many = getattr(samples.source, "decode_many", None)  # a cached source reads a batch at once
+    out = many(samples.rows[positions]) if many is not None else None
+    if out is not None:
+        return out, []
     out = np.empty((*positions.shape, *samples.sample_shape), dtype=np.float32)
     bad: list[str] = []
     for k, row in enumerate(positions):

@@ -76,6 +76,28 @@ def eval_batch_size(
     return int(min(MAX_EVAL_BATCH, max(1, share // per_sample)))
 
 
+CACHE_WORDS = ("none", "auto", "true", "false", "off", "on", "yes", "no", "")
+
+
+def check_cache(setting: Any, dataset: str, stream: bool | str, image_datasets: tuple[str, ...]) -> None:
+    """``data.cache``: false, true or a folder path, for an image dataset that may be streamed."""
+    word = isinstance(setting, str) and setting.strip().lower() in CACHE_WORDS
+    if word or not isinstance(setting, (bool, str)):
+        raise ValueError(
+            "data.cache must be false (decode every time), true (the user cache folder) or a folder path, "
+            f"got {setting!r}"
+        )
+    if setting is False:
+        return
+    if dataset not in image_datasets:
+        raise ValueError(f"data.cache keeps decoded images of {list(image_datasets)}, not of {dataset!r}")
+    if stream is False:
+        raise ValueError(
+            "data.cache serves streamed runs; with data.stream = false the images are decoded into memory "
+            'anyway: set data.stream = true or "auto", or data.cache = false'
+        )
+
+
 def _fmt(nbytes: int) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
 
@@ -91,8 +113,10 @@ class StreamChoice:
     workers: int = 0
     on_bad_file: str = "error"
     bad_log: list[str] = field(default_factory=list)  # every replaced sample's file (skip)
+    cache: list[dict[str, Any]] = field(default_factory=list)  # data.cache files used (data/cache.py)
 
     def summary(self) -> dict[str, Any]:
+        cache = {"cache": self.cache} if self.cache else {}
         return {
             "streamed": self.streamed,
             "reason": self.reason,
@@ -102,7 +126,7 @@ class StreamChoice:
             "on_bad_file": self.on_bad_file,
             "bad_samples_skipped": len(self.bad_log),
             "bad_files": sorted(set(self.bad_log))[:MAX_NAMED],
-        }
+        } | cache
 
 
 def choose(setting: bool | str, decoded_bytes: int, budget: int, workers: int) -> StreamChoice:

@@ -136,7 +136,13 @@ def _check_selection(cfg: RunConfig) -> None:
 
 def _check_stream_settings(cfg: RunConfig) -> None:
     from fedxrisk.data.preprocessing import AUGMENTATIONS, IMAGE_DATASETS, normalization
-    from fedxrisk.data.stream_choice import ON_BAD_FILE, STREAM_CHOICES, eval_batch_size, parse_bytes
+    from fedxrisk.data.stream_choice import (
+        ON_BAD_FILE,
+        STREAM_CHOICES,
+        check_cache,
+        eval_batch_size,
+        parse_bytes,
+    )
 
     if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
         raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
@@ -151,6 +157,7 @@ def _check_stream_settings(cfg: RunConfig) -> None:
         parse_bytes(cfg.memory_budget)
         eval_batch_size((1,), 1, cfg.eval_batch_size)
         normalization(cfg.normalize)
+        check_cache(getattr(cfg, "cache", False), cfg.dataset, cfg.stream, IMAGE_DATASETS)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     size = cfg.image_size

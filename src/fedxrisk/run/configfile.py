@@ -61,7 +61,7 @@ _DATA = (
     "dataset", "data_dir", "imratio", "partition", "clients", "dirichlet_alpha", "positive_classes", "test_imratio",
 )  # fmt: skip
 _READING = ("stream", "workers", "memory_budget", "eval_batch_size", "on_bad_file", "validation",
-            "image_size", "normalize", "augment")  # fmt: skip
+            "image_size", "normalize", "augment", "cache")  # fmt: skip
 SECTIONS: dict[str, tuple[str, ...]] = {
     "experiment": (*_EXPERIMENT, "early_stopping"),
     "data": (

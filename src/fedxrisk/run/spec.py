@@ -61,6 +61,9 @@ class RunConfig:
     augment: str = "none"  # training images: "none", "flip" or "crop_flip" (data/augment.py)
     eval_batch_size: int | None = None  # samples per evaluation forward pass; None: from memory_budget
     on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
+    cache: bool | str = (
+        False  # streamed images: decode once into a file; true: the user cache folder, or a path
+    )
     clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
     dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
     checkpoint_every: int = 10  # rounds between checkpoints; 0: none
