@@ -21,7 +21,8 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -294,17 +295,35 @@ def load_records(
 
 
 def write_outputs(study: Any, out: Path, monitor: str) -> list[TrialRecord]:
-    """trials.csv, best_config.toml, best.json and the two plots, from the study as it stands."""
+    """trials.csv, best_config.toml, best.json and the two plots, from the study as it stands;
+    one process at a time (several processes on one study share the files and their ``.tmp``)."""
     optuna = require_optuna()
-    records = [
-        _record(t, optuna) for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("skipped")
-    ]
-    write_trials_csv(out / "trials.csv", records)
-    best = best_record(records)
-    if best is not None:
-        write_best(out, best, monitor)
-    _plots(optuna, study, out)
+    with _one_writer(out):
+        records = [
+            _record(t, optuna) for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("skipped")
+        ]
+        write_trials_csv(out / "trials.csv", records)
+        best = best_record(records)
+        if best is not None:
+            write_best(out, best, monitor)
+        _plots(optuna, study, out)
     return records
+
+
+@contextmanager
+def _one_writer(out: Path) -> Iterator[None]:
+    """An exclusive lock on the folder ``out`` (POSIX ``flock``; elsewhere no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _plots(optuna: Any, study: Any, out: Path) -> None:
