@@ -43,6 +43,16 @@ DP = {"privacy-clip": 0.5, "privacy-noise-multiplier": 0.8, "privacy-noise-seed"
 MODEL_TOL = 1e-5  # 3 rounds; one secure mean is off by < 2R/levels = 1.2e-7 (R = 64, 2 sites)
 
 
+def loop_model_with_dp(rc: dict, algorithm: str, clients: int, dp: ClientDP) -> dict:
+    """The loop engine's global parameters for the Flower run config ``rc`` (trial sites) under ``dp``."""
+    base = make_sim(
+        algorithm, "loop", clients=clients, rounds=rc["rounds"], local_steps=rc["local-steps"],
+        batch_size=rc["batch-size"], lr=rc["lr"], stages=rc["stages"], partition="iid", imratio=0.3, seed=0,
+    )  # fmt: skip
+    sim = Simulation(base.algorithm, base.data, base.schedule, base.batch_size, base.seed, "loop", privacy=dp)
+    return run_all(sim).global_model()[0]
+
+
 def run_secure(rc: dict, nodes: dict[int, dict]) -> tuple[dict, InProcessGrid]:
     cfg = FlowerConfig.from_run_config(rc)
     grid = InProcessGrid(client_app, rc, nodes)
@@ -138,13 +148,7 @@ def test_client_dp_under_secagg_clips_on_the_sites_and_equals_the_loop_engine(
     summary, _ = run_secure(rc, trial_nodes())
     assert summary["status"] == "completed", summary["error"]
     assert summary["privacy"]["clipped_by"] == "sites"
-    base = make_sim(
-        algorithm, "loop", clients=2, rounds=rc["rounds"], local_steps=rc["local-steps"],
-        batch_size=rc["batch-size"], lr=rc["lr"], stages=rc["stages"], partition="iid", imratio=0.3, seed=0,
-    )  # fmt: skip
-    sim = Simulation(base.algorithm, base.data, base.schedule, base.batch_size, base.seed, "loop",
-                     privacy=ClientDP(0.5, 0.8, noise_seed=7))  # fmt: skip
-    params, _ = run_all(sim).global_model()
+    params = loop_model_with_dp(rc, algorithm, 2, ClientDP(0.5, 0.8, noise_seed=7))
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-5
     sent = [n for n in norms if n > 0]  # what each site handed to the mod: its clipped update
     assert len(sent) == 2 * rc["rounds"] and max(sent) <= 0.5 * (1 + 1e-6)
@@ -212,14 +216,8 @@ def test_client_sampling_under_secagg_equals_the_loop_engine(kind, rate, tmp_pat
     rc = {**run_config("codasca", tmp_path, lr=0.05), **SECURE, **DP, **sampling}
     summary, _ = run_secure(rc, trial_nodes(3))
     assert summary["status"] == "completed", summary["error"]
-    base = make_sim(
-        "codasca", "loop", clients=3, rounds=rc["rounds"], local_steps=rc["local-steps"],
-        batch_size=rc["batch-size"], lr=rc["lr"], stages=rc["stages"], partition="iid", imratio=0.3, seed=0,
-    )  # fmt: skip
-    dp = ClientDP(0.5, 0.8, ClientSampling(rate, kind), noise_seed=7)
-    sim = run_all(
-        Simulation(base.algorithm, base.data, base.schedule, base.batch_size, base.seed, "loop", privacy=dp)
+    params = loop_model_with_dp(
+        rc, "codasca", 3, ClientDP(0.5, 0.8, ClientSampling(rate, kind), noise_seed=7)
     )
-    params, _ = sim.global_model()
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < MODEL_TOL
     assert summary["privacy"]["sampling_rate"] == rate and summary["privacy"]["clipped_by"] == "sites"
