@@ -23,6 +23,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.algorithms", "fedxrisk.classaware", "fedxrisk.data", "fedxrisk.engines", "fedxrisk.metrics",
         "fedxrisk.stats", "fedxrisk.tasks", "fedxrisk.tables", "fedxrisk.catalog", "fedxrisk.schedule",
         "fedxrisk.outfiles", "fedxrisk.textsafe",
+        # pieces for one's own loop: wrap objectives/, the CODA+ step and data.sampler; no run setting
+        "fedxrisk.losses", "fedxrisk.optim", "fedxrisk.samplers",
     )),
     ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec", "fedxrisk.run.identity", "fedxrisk.run.readback")),  # run/__init__ imports nothing
     ("run.privacy", ("fedxrisk.run.privacy",)),

@@ -35,6 +35,14 @@ _WHERE = {
     "Problem": "fedxrisk.problem",
     "evaluate": "fedxrisk.evaluation",
     "predict": "fedxrisk.prediction",
+    # pieces for one's own training loop (README "Pieces for your own loop")
+    "AUCMLoss": "fedxrisk.losses",
+    "AUCSquareLoss": "fedxrisk.losses",
+    "APLoss": "fedxrisk.losses",
+    "PartialAUCLoss": "fedxrisk.losses",
+    "PESG": "fedxrisk.optim",
+    "DualSampler": "fedxrisk.samplers",
+    "ShuffleSampler": "fedxrisk.samplers",
 }
 
 __all__ = sorted(_WHERE)

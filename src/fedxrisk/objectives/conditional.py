@@ -206,8 +206,12 @@ class APSurrogate(ConditionalObjective):
             flat = torch.cat([x_pos, x_in.reshape(b * m, *x_in.shape[2:])])
             s = torch.sigmoid(problem.logits(params, buffers, flat)[0])
             s_pos, s_in = s[:b], s[b:].reshape(b, m)
+        return self.pair_terms(s_pos, s_in, eta["y"])
+
+    def pair_terms(self, s_pos: torch.Tensor, s_in: torch.Tensor, y_in: torch.Tensor) -> torch.Tensor:
+        """g on scores: ``[ℓ·1[y = 1], ℓ]`` for positives ``s_pos`` ``[b]`` against ``s_in`` ``[b, m]``."""
         loss = torch.clamp(self.margin - s_pos[:, None] + s_in, min=0) ** 2
-        return torch.stack([loss * eta["y"], loss], dim=-1)  # [b, m, 2]
+        return torch.stack([loss * y_in, loss], dim=-1)  # [b, m, 2]
 
     def updated_buffers(self, problem, params, buffers, sample):
         """Running statistics from the positives and the first row of inner samples (every

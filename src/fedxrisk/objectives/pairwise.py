@@ -64,7 +64,7 @@ def check_scores(scores: torch.Tensor, bounds: tuple[float, float] | None, what:
     if not bool(torch.isfinite(scores).all()):
         raise ValueError(f"{what} contain NaN or inf")
     if bounds is not None:
-        lo, hi = float(scores.min()), float(scores.max())
+        lo, hi = float(scores.detach().min()), float(scores.detach().max())
         if lo < bounds[0] or hi > bounds[1]:
             raise ValueError(
                 f"{what} must lie in [{bounds[0]}, {bounds[1]}] (apply a sigmoid to the logits); "
