@@ -43,7 +43,7 @@ def readme_run():
     assert len(blocks) >= 3
     ns: dict = {}
     for block in blocks[:3]:
-        assert len(block.strip().splitlines()) <= 10, block
+        assert sum(1 for line in block.splitlines() if line.strip()) <= 10, block
         exec(compile(block, "README.md", "exec"), ns)
     return ns
 

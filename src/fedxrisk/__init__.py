@@ -43,6 +43,8 @@ _WHERE = {
     "PESG": "fedxrisk.optim",
     "DualSampler": "fedxrisk.samplers",
     "ShuffleSampler": "fedxrisk.samplers",
+    "make_client_app": "fedxrisk.flower.api",  # these two need the extra fedxrisk[flower]
+    "make_server_app": "fedxrisk.flower.api",
 }
 
 __all__ = sorted(_WHERE)

@@ -18,6 +18,7 @@ A :class:`~fedxrisk.flower.wire.Packet` maps onto a RecordDict as
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,7 +36,8 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
 from fedxrisk.flower.secagg import secure_exchange, secure_step_handler  # noqa: E402
-from fedxrisk.flower.site import site_setup, site_step  # noqa: E402
+from fedxrisk.flower.site import SiteLoader, site_setup, site_step  # noqa: E402
+from fedxrisk.flower.sitedata import SiteData, load_site  # noqa: E402
 from fedxrisk.flower.wire import Packet  # noqa: E402
 
 ARRAYS = "arrays."
@@ -67,36 +69,58 @@ def from_records(records: RecordDict, prefix: str = "") -> Packet:
 
 # -- ClientApp -----------------------------------------------------------------------
 
-client_app = ClientApp()
+SiteSource = Callable[[Context, FlowerConfig], SiteData]  # the site's data, from its context
 
 
-@client_app.query()
-def setup(msg: Message, context: Context) -> Message:
-    """Load and check this site's data; report its size and class counts."""
-    return Message(to_records(site_setup(context.node_config, context.run_config)), reply_to=msg)
+def _from_node_config(context: Context, cfg: FlowerConfig) -> SiteData:
+    return load_site(context.node_config, cfg)
 
 
-def _run_step(context: Context, request: Packet) -> Packet:
-    """The site's step on ``request``, its state kept in ``context.state`` (never sent)."""
-    saved = from_records(context.state, SITE) if f"{SITE}config" in context.state else None
-    reply, new = site_step(context.node_config, context.run_config, saved, request)
-    if new is not None and new is not saved:
-        for key in [k for k in context.state if k.startswith(SITE)]:
-            del context.state[key]
-        for key, record in to_records(new, SITE).items():
-            context.state[key] = record
-    return reply
+def build_client_app(
+    load: SiteSource = _from_node_config, view: Callable[[Context], Context] = lambda context: context
+) -> ClientApp:
+    """The site's ClientApp. ``load``: where a site's data comes from (default: its node config);
+    ``view``: the context the handlers see (:mod:`fedxrisk.flower.api` fills in its run config)."""
+    app = ClientApp()
+
+    def loader(context: Context) -> SiteLoader:
+        return lambda node_config, cfg: load(context, cfg)
+
+    @app.query()
+    def setup(msg: Message, context: Context) -> Message:
+        """Load and check this site's data; report its size and class counts."""
+        context = view(context)
+        reply = site_setup(context.node_config, context.run_config, loader(context))
+        return Message(to_records(reply), reply_to=msg)
+
+    def run_step(context: Context, request: Packet) -> Packet:
+        """The site's step on ``request``, its state kept in ``context.state`` (never sent)."""
+        saved = from_records(context.state, SITE) if f"{SITE}config" in context.state else None
+        reply, new = site_step(context.node_config, context.run_config, saved, request, loader(context))
+        if new is not None and new is not saved:
+            for key in [k for k in context.state if k.startswith(SITE)]:
+                del context.state[key]
+            for key, record in to_records(new, SITE).items():
+                context.state[key] = record
+        return reply
+
+    @app.train("step")
+    def step(msg: Message, context: Context) -> Message:
+        """One protocol step on this site's data (message type ``train.step``)."""
+        return Message(to_records(run_step(view(context), from_records(msg.content))), reply_to=msg)
+
+    # ``train`` messages are SecAgg+'s (secure-aggregation = true): the mod runs the key exchange and
+    # masks the mean payload the handler returns (flower/secagg.py)
+    secure = secure_step_handler(run_step)
+
+    @app.train(mods=[secaggplus_mod])
+    def secure_step(msg: Message, context: Context) -> Message:
+        return secure(msg, view(context))
+
+    return app
 
 
-@client_app.train("step")
-def step(msg: Message, context: Context) -> Message:
-    """One protocol step on this site's data (message type ``train.step``)."""
-    return Message(to_records(_run_step(context, from_records(msg.content))), reply_to=msg)
-
-
-# ``train`` messages are SecAgg+'s (secure-aggregation = true): the mod runs the key exchange and
-# masks the mean payload the handler returns (flower/secagg.py)
-client_app.train(mods=[secaggplus_mod])(secure_step_handler(_run_step))
+client_app = build_client_app()
 
 
 # -- ServerApp -----------------------------------------------------------------------

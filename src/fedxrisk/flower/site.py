@@ -346,12 +346,18 @@ def _guard(fn: Callable[[], Packet]) -> Packet:
         return Packet(config={"error": f"{type(e).__name__}: {e}"})
 
 
-def site_setup(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> Packet:
-    """Load and check the site's data; report its size and class counts (nothing else)."""
+SiteLoader = Callable[[Mapping[str, Any], FlowerConfig], SiteData]  # (node config, run config) → data
+
+
+def site_setup(
+    node_config: Mapping[str, Any], run_config: Mapping[str, Any], load: SiteLoader = load_site
+) -> Packet:
+    """Load and check the site's data (``load``: from the node config by default); report its size
+    and class counts (nothing else)."""
 
     def go() -> Packet:
         cfg = FlowerConfig.from_run_config(run_config)
-        site = load_site(node_config, cfg)
+        site = load(node_config, cfg)
         runner = SiteRunner(cfg, site)
         config = {"input-shape": json.dumps(list(site.input_shape))}
         if site.order is not None:
@@ -362,14 +368,18 @@ def site_setup(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) ->
 
 
 def site_step(
-    node_config: Mapping[str, Any], run_config: Mapping[str, Any], saved: Packet | None, request: Packet
+    node_config: Mapping[str, Any],
+    run_config: Mapping[str, Any],
+    saved: Packet | None,
+    request: Packet,
+    load: SiteLoader = load_site,
 ) -> tuple[Packet, Packet | None]:
     """One step message: restore the site from ``saved``, run, return (reply, new saved state)."""
     out: list[Packet] = []
 
     def go() -> Packet:
         cfg = FlowerConfig.from_run_config(run_config)
-        runner = SiteRunner(cfg, load_site(node_config, cfg))
+        runner = SiteRunner(cfg, load(node_config, cfg))
         c = request.config
         if saved is not None:
             runner.restore(saved)
