@@ -183,3 +183,44 @@ def test_pesg_refuses_bad_settings_in_one_line():
         PESG(model.parameters(), loss_fn=torch.nn.BCELoss(), lr=0.1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="exactly one"):
         DualSampler(np.array([0, 1, 0]), batch_size=2)
+
+
+def test_pesg_resumes_from_its_state_dict_as_if_never_stopped():
+    """Everything PESG keeps (v0, stage sums, momentum) is in its state_dict: 4 steps, save, load into a
+    fresh optimizer, 4 more and a stage end equal 8 steps and a stage end in one go."""
+    torch.manual_seed(1)
+    x, y = torch.randn(64, 6), (torch.arange(64) % 4 == 0).float()
+
+    def steps(net, loss_fn, opt, rows):
+        for i in rows:
+            value = loss_fn(torch.sigmoid(net(x[8 * i : 8 * i + 8])).squeeze(-1), y[8 * i : 8 * i + 8])
+            opt.zero_grad()
+            value.backward()
+            opt.step()
+
+    def fresh(seed=0):
+        torch.manual_seed(seed)
+        net, loss_fn = torch.nn.Linear(6, 1), AUCMLoss(imratio=0.25)
+        groups = [{"params": [net.weight]}, {"params": [net.bias], "lr": 0.05}]  # parameter groups work
+        return net, loss_fn, PESG(groups, loss_fn=loss_fn, lr=0.1, momentum=0.5, epoch_decay=0.1)
+
+    whole = fresh()
+    steps(*whole, range(8))
+    whole[2].update_regularizer(2)
+    first = fresh()
+    steps(*first, range(4))
+    saved = (first[0].state_dict(), first[1].state_dict(), first[2].state_dict())
+    second = fresh(seed=5)  # other weights: everything must come from the saved state
+    for obj, state in zip(second, saved):
+        obj.load_state_dict(state)
+    steps(*second, range(4, 8))
+    second[2].update_regularizer(2)
+    for a, b in zip(whole[:2], second[:2]):
+        assert (
+            max_abs_diff(
+                {k: v.detach() for k, v in a.named_parameters()},
+                {k: v.detach() for k, v in b.named_parameters()},
+            )
+            == 0
+        )
+    assert [g["lr"] for g in second[2].param_groups] == [0.05, 0.025, 0.05, 0.05]

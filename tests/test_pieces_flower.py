@@ -104,3 +104,34 @@ def test_bad_settings_and_bad_site_data_are_named():
         site_data((torch.zeros(3, 2), torch.tensor([0.0, 2.0, 1.0])), cfg, {})
     with pytest.raises(ValueError, match="no positive"):
         site_data((torch.zeros(3, 2), torch.zeros(3)), cfg, {})
+
+
+def test_validation_data_from_data_fn_feeds_selection(tmp_path):
+    """(x, y, x_val, y_val) from data_fn: the server's val_auroc is the AUROC of the sites' pooled
+    validation scores under the saved model (from their histograms, within its bound)."""
+    from fedxrisk.metrics import auroc, predict
+
+    def small():
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 1))
+
+    def split(k):
+        x, y = make_federated("digits", 2, "iid", 0.3, 0).client_view(k)
+        return x[:-40], y[:-40], x[-40:], y[-40:]
+
+    settings = dict(algorithm="codaplus", rounds=4, local_steps=2, batch_size=8, lr=0.3, selection="best")
+    apps = (
+        make_client_app(small, lambda c: split(c.node_config["partition-id"]), **settings),
+        make_server_app(small, out_dir=str(tmp_path), **settings),
+    )
+    model, summary = run_apps(*apps, tmp_path)
+    rows = (tmp_path / "history.csv").read_text().splitlines()
+    header, chosen = rows[0].split(","), summary["selected"]
+    assert chosen["monitor"] == "val_auroc" and 1 <= chosen["round"] <= 4
+    row = dict(zip(header, rows[chosen["round"]].split(",")))
+    net = small()
+    net.load_state_dict(model["params"])
+    problem = Problem(net, 0.3)
+    x_val = torch.cat([split(k)[2] for k in range(2)])
+    y_val = torch.cat([split(k)[3] for k in range(2)])
+    exact = auroc(y_val.numpy(), predict(problem, model["params"], model["buffers"], x_val))
+    assert abs(float(row["val_auroc"]) - exact) <= float(row["val_auroc_bound"]) + 1e-9

@@ -34,7 +34,7 @@ class PESG(torch.optim.Optimizer):
     """Proximal stochastic gradient descent on (w, a, b), ascent on α (CODA+ with one client).
 
     Args:
-        params: the model's parameters.
+        params: the model's parameters (or its parameter groups; a, b and α form two more groups).
         loss_fn: an :class:`~fedxrisk.losses.AUCSquareLoss` or :class:`~fedxrisk.losses.AUCMLoss`.
         lr: step size η.
         momentum: heavy-ball μ on the primal direction (0: none, as CODA+).
@@ -74,8 +74,13 @@ class PESG(torch.optim.Optimizer):
             lr=lr, momentum=momentum, weight_decay=weight_decay, epoch_decay=epoch_decay,
             clip_grad=clip_grad, dual_step=dual_step, dual_order=dual_order,
         )  # fmt: skip
+        given = list(params)
+        if given and isinstance(given[0], dict):  # the model's own parameter groups (e.g. per-layer lr)
+            model_groups = [{**g, "role": "model"} for g in given]
+        else:
+            model_groups = [{"params": given, "role": "model"}]
         groups = [
-            {"params": list(params), "role": "model"},
+            *model_groups,
             {"params": loss_fn.primal, "role": "primal"},
             {"params": loss_fn.dual, "role": "dual"},
         ]
@@ -91,7 +96,8 @@ class PESG(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        primal, dual = self.param_groups[:2], self.param_groups[2]
+        primal = [g for g in self.param_groups if g["role"] != "dual"]
+        dual = next(g for g in self.param_groups if g["role"] == "dual")
         new_a_b = {}
         for group in primal:
             for p in group["params"]:
