@@ -17,24 +17,25 @@ from fedxrisk.algorithms import ALGORITHMS, Schedule  # noqa: E402
 from fedxrisk.data import make_federated  # noqa: E402
 from fedxrisk.engines import Simulation  # noqa: E402
 from fedxrisk.errors import ConfigError  # noqa: E402
-from fedxrisk.flower.api import make_client_app, make_server_app, site_data  # noqa: E402
+from fedxrisk.flower.api import make_client_app, make_server_app, register_model, site_data  # noqa: E402
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.models import MODELS  # noqa: E402
 from fedxrisk.problem import Problem  # noqa: E402
+from fedxrisk.run.folder import load_model  # noqa: E402
 from flower_grid import InProcessGrid  # noqa: E402
 from helpers import max_abs_diff, run_all  # noqa: E402
 from test_pieces import readme_blocks  # noqa: E402
 
 NODES = {1000 + i: {"partition-id": i} for i in range(2)}
+SHIPPED = dict(MODELS)
 
 
 @pytest.fixture(autouse=True)
 def _registry_restored():
     """The apps register their model in MODELS; later tests (the catalogue's) see the registry as shipped."""
-    saved = dict(MODELS)
     yield
     MODELS.clear()
-    MODELS.update(saved)
+    MODELS.update(SHIPPED)
 
 
 def loop_reference(model_fn, algorithm: str, rounds: int, local_steps: int, lr: float, stages: int, **opt):
@@ -67,6 +68,11 @@ def test_the_readme_flower_apps_train_the_loop_engines_model(tmp_path, monkeypat
     reference = loop_reference(ns["model_fn"], "codasca", rounds=3, local_steps=2, lr=0.1, stages=2)
     assert summary["status"] == "completed" and summary["rounds"] == 3
     assert model["model"].startswith("custom.") and max_abs_diff(model["params"], reference) < 1e-6
+    MODELS.clear()  # a fresh process reading the run: registering model_fn again is enough
+    MODELS.update(SHIPPED)
+    register_model(ns["model_fn"])
+    loaded = load_model(tmp_path / "runs" / "flower-own")
+    assert max_abs_diff({k: v.detach() for k, v in loaded.named_parameters()}, model["params"]) == 0
 
 
 def test_own_apps_take_run_config_overrides_and_options(tmp_path):

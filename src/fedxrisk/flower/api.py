@@ -41,7 +41,7 @@ from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
 from fedxrisk.flower.sitedata import SiteData, SiteDataError  # noqa: E402
 from fedxrisk.models import MODELS  # noqa: E402
 
-__all__ = ["make_client_app", "make_server_app", "run_config", "serve", "site_data"]
+__all__ = ["make_client_app", "make_server_app", "register_model", "run_config", "serve", "site_data"]
 
 KEYS = {f.name.replace("_", "-") for f in fields(FlowerConfig)}
 ModelFn = Callable[[], nn.Module]
@@ -93,7 +93,9 @@ def site_data(value: Any, cfg: FlowerConfig, node_config: Mapping[str, Any]) -> 
 def make_client_app(
     model_fn: ModelFn, data_fn: DataFn, algorithm: str = "codasca", **settings: Any
 ) -> ClientApp:
-    """A ClientApp training ``model_fn()`` on ``data_fn(context)`` with ``algorithm``."""
+    """A ClientApp training ``model_fn()`` on ``data_fn(context)`` with ``algorithm``. Like a data
+    folder, ``data_fn`` is read at every message (a site keeps no tensors between messages): keep it
+    cheap or cache it, and return the same data every time."""
     settings = {"algorithm": algorithm, **settings}
     run_config(model_fn, settings)  # fail now on a bad setting
 
