@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedxrisk import PESG, AUCMLoss, AUCSquareLoss, DualSampler, RunConfig, ShuffleSampler, run_experiment
+from fedxrisk import (
+    PESG,
+    APLoss,
+    AUCMLoss,
+    AUCSquareLoss,
+    DualSampler,
+    RunConfig,
+    ShuffleSampler,
+    run_experiment,
+)
 from fedxrisk.data import make_federated
 from fedxrisk.data.sampler import make_samplers
 from fedxrisk.models import build_model
@@ -224,3 +233,39 @@ def test_pesg_resumes_from_its_state_dict_as_if_never_stopped():
             == 0
         )
     assert [g["lr"] for g in second[2].param_groups] == [0.05, 0.025, 0.05, 0.05]
+
+
+@pytest.mark.parametrize(
+    "algorithm, options, sgd",
+    [
+        ("fcsg", {}, {}),
+        # FCSG-M's u ← (1 − β)u + β·est, u_1 = est: torch's momentum 1 − β with dampening 1 − β
+        ("fcsg_m", {"beta": 0.3}, {"momentum": 0.7, "dampening": 0.7}),
+    ],
+)
+def test_aploss_with_sgd_on_plain_batches_equals_the_fcsg_run_with_one_client(
+    algorithm, options, sgd, tmp_path
+):
+    """APLoss + torch SGD over ShuffleSampler batches = the FCSG (FCSG-M) run with K = 1: the same AP
+    objective, the same plain batches, the same steps."""
+    x, y = make_federated("digits", 1, "iid", 0.1, seed=0).client_view(0)
+    sampler = ShuffleSampler(len(y), batch_size=32, seed=0)
+    model, loss_fn = build_model("mlp", (1, 8, 8), seed=0), APLoss(margin=0.6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, **sgd)
+    steps = 0
+    for batch in itertools.islice((b for _ in range(3) for b in sampler), 60):
+        value = loss_fn(torch.sigmoid(model(x[batch])).squeeze(-1), y[batch])
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        steps += 1
+    cfg = RunConfig(
+        algorithm=algorithm, clients=1, partition="iid", rounds=steps, local_steps=1, stages=1, lr=0.5,
+        batch_size=32, engine="loop", eval_every=steps, checkpoint_every=0, tensorboard=False, options=options,
+    )  # fmt: skip
+    run_experiment(cfg, tmp_path / "run")
+    reference = torch.load(tmp_path / "run" / "model.pt")["params"]
+    mine = {k: v.detach() for k, v in model.named_parameters()}
+    start = {k: v.detach() for k, v in build_model("mlp", (1, 8, 8), seed=0).named_parameters()}
+    assert max_abs_diff(mine, start) > 1e-2
+    assert max_abs_diff(mine, reference) < 1e-5
