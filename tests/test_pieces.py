@@ -20,6 +20,7 @@ from fedxrisk import (
     AUCMLoss,
     AUCSquareLoss,
     DualSampler,
+    PartialAUCLoss,
     RunConfig,
     ShuffleSampler,
     run_experiment,
@@ -269,3 +270,41 @@ def test_aploss_with_sgd_on_plain_batches_equals_the_fcsg_run_with_one_client(
     start = {k: v.detach() for k, v in build_model("mlp", (1, 8, 8), seed=0).named_parameters()}
     assert max_abs_diff(mine, start) > 1e-2
     assert max_abs_diff(mine, reference) < 1e-5
+
+
+def test_partial_auc_loss_with_its_u_estimates_equals_the_local_pair_run_with_one_client(tmp_path):
+    """PartialAUCLoss(data_len) + torch SGD over DualSampler batches = localpair (objective = "pauc")
+    with K = 1: the same u per positive (moving average, in-order duplicates), the same weighted pairs."""
+    x, y = make_federated("digits", 1, "iid", 0.1, seed=0).client_view(0)
+    sampler = DualSampler(y, batch_size=32, positives=8, seed=0)
+    model = build_model("mlp", (1, 8, 8), seed=0)
+    loss_fn = PartialAUCLoss(lam=0.5, data_len=len(y), gamma=0.2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    steps = 0
+    for batch in itertools.islice((b for _ in range(3) for b in sampler), 40):
+        value = loss_fn(torch.sigmoid(model(x[batch])).squeeze(-1), y[batch], torch.tensor(batch))
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        steps += 1
+    options = {"objective": "pauc", "positives_per_batch": 8, "lam": 0.5, "gamma": 0.2}
+    cfg = RunConfig(
+        algorithm="localpair", clients=1, partition="iid", rounds=steps, local_steps=1, stages=1, lr=0.5,
+        batch_size=32, engine="loop", eval_every=steps, checkpoint_every=0, tensorboard=False, options=options,
+    )  # fmt: skip
+    result = run_experiment(cfg, tmp_path / "run")
+    reference = torch.load(tmp_path / "run" / "model.pt")["params"]
+    mine = {k: v.detach() for k, v in model.named_parameters()}
+    start = {k: v.detach() for k, v in build_model("mlp", (1, 8, 8), seed=0).named_parameters()}
+    assert max_abs_diff(mine, start) > 1e-2
+    assert max_abs_diff(mine, reference) < 1e-5
+    assert float(value.detach()) == pytest.approx(result.history[-1]["train_loss"], rel=1e-4)  # λ·mean log u
+    assert float(loss_fn.log_u.abs().max()) > 0  # the u estimates moved
+
+
+def test_partial_auc_loss_needs_the_index_once_it_keeps_u():
+    loss_fn = PartialAUCLoss(data_len=10)
+    with pytest.raises(ValueError, match="index"):
+        loss_fn(torch.rand(4), torch.tensor([1.0, 0, 0, 1]))
+    with pytest.raises(ValueError, match="gamma"):
+        PartialAUCLoss(gamma=0.0)

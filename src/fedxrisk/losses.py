@@ -7,8 +7,9 @@ module owns its auxiliary variables and wraps the function the federated algorit
   and ``α`` (dual, unconstrained) as parameters; :func:`fedxrisk.objectives.auc_square_loss`.
 - :class:`AUCMLoss` — the AUC-margin loss of Yuan et al. (2021), α ≥ 0;
   :func:`fedxrisk.objectives.aucm_loss`.
-- :class:`PartialAUCLoss` — one-way pAUC in KL-DRO form (FeDXL2's objective, ALGORITHMS.md §1.5),
-  the mini-batch estimate :func:`fedxrisk.objectives.pairwise.pauc_kl_loss`.
+- :class:`PartialAUCLoss` — one-way pAUC in KL-DRO form (FeDXL2's objective, ALGORITHMS.md §1.5):
+  the mini-batch value :func:`fedxrisk.objectives.pairwise.pauc_kl_loss`, or with ``data_len`` the
+  estimator with a moving average u per positive (Local Pair's, ``objective="pauc"``).
 - :class:`APLoss` — the average-precision surrogate of the FCSG paper (§5.3), the biased
   mini-batch estimator of :class:`fedxrisk.objectives.conditional.APSurrogate` (LibAUC's online form).
 
@@ -19,13 +20,16 @@ from :attr:`AUCLoss.primal` and :attr:`AUCLoss.dual`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from fedxrisk.algorithms.coda import ALPHA_MAX
+from fedxrisk.algorithms.pairwise_base import log_u_in_order
 from fedxrisk.objectives import auc_square_loss, aucm_alpha_direction, aucm_loss
 from fedxrisk.objectives.conditional import APSurrogate
-from fedxrisk.objectives.pairwise import pauc_kl_loss
+from fedxrisk.objectives.pairwise import pairwise_surrogate, pauc_kl_loss
 
 __all__ = ["APLoss", "AUCLoss", "AUCMLoss", "AUCSquareLoss", "PartialAUCLoss"]
 
@@ -110,16 +114,51 @@ class PartialAUCLoss(nn.Module):
 
     Small λ focuses on the hardest negatives (low false-positive rates); λ → ∞ is the pairwise
     AUROC loss. ``surrogate``: ``squared_hinge`` (default), ``square`` or ``logistic``.
+
+    Without ``data_len``: the mini-batch value :func:`~fedxrisk.objectives.pairwise.pauc_kl_loss`.
+    With ``data_len`` (the size of the data set; call ``loss(scores, labels, index)`` with each
+    sample's position): FeDXL2's / Local Pair's estimator, which keeps u_i ≈ mean_j exp(ℓ_ij/λ) per
+    positive in the buffer ``log_u`` (u starts at 1), moves it by u ← (1 − γ)u + γ·(batch mean) at
+    every call, and weighs each pair's gradient by exp(ℓ_ij/λ)/u_i; the value returned is the
+    objective's estimate λ·mean_i log u_i, its gradient that of the estimator.
     """
 
-    def __init__(self, lam: float = 1.0, surrogate: str = "squared_hinge", margin: float = 1.0):
+    def __init__(
+        self,
+        lam: float = 1.0,
+        surrogate: str = "squared_hinge",
+        margin: float = 1.0,
+        data_len: int | None = None,
+        gamma: float = 0.1,
+    ):
         super().__init__()
-        self.lam, self.surrogate, self.margin = lam, surrogate, margin
+        self.lam, self.surrogate, self.margin, self.gamma = lam, surrogate, margin, gamma
         pauc_kl_loss(torch.ones(1), torch.zeros(1), lam, surrogate, margin)  # checks λ and the name now
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {gamma}")
+        self.register_buffer("log_u", torch.zeros(data_len) if data_len else None)
 
-    def forward(self, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, scores: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None = None
+    ) -> torch.Tensor:
         s, y = _flat(scores, labels)
-        return pauc_kl_loss(s[y == 1], s[y == 0], self.lam, self.surrogate, self.margin)
+        if self.log_u is None:
+            return pauc_kl_loss(s[y == 1], s[y == 0], self.lam, self.surrogate, self.margin)
+        if index is None:
+            raise ValueError(
+                "PartialAUCLoss(data_len=...) needs each sample's index: loss(scores, labels, index)"
+            )
+        pos, neg, idx = s[y == 1], s[y == 0], torch.as_tensor(index).reshape(-1)[y == 1]
+        if not len(pos) or not len(neg):
+            return s.sum() * 0.0  # no pair in this batch: no step
+        z = pairwise_surrogate(pos, neg, self.surrogate, self.margin) / self.lam
+        log_inner = torch.logsumexp(z.detach(), 1) - math.log(len(neg))
+        log_u = log_u_in_order(self.log_u[idx], log_inner, idx, torch.ones_like(pos), self.gamma)
+        with torch.no_grad():
+            self.log_u[idx] = log_u
+        weighted = self.lam * (torch.exp(z.detach() - log_u[:, None]) * z).sum(1).mean() / len(neg)
+        estimate = self.lam * log_u.mean()
+        return weighted - weighted.detach() + estimate  # the estimator's gradient, the objective's value
 
 
 class APLoss(nn.Module):
