@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,14 +36,14 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from fedxrisk.algorithms import ALGORITHMS  # noqa: E402
 from fedxrisk.errors import ConfigError  # noqa: E402
 from fedxrisk.flower.app import GridTransport, build_client_app  # noqa: E402
-from fedxrisk.flower.config import FlowerConfig  # noqa: E402
+from fedxrisk.flower.config import FlowerConfig, default_run_config  # noqa: E402
 from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
 from fedxrisk.flower.sitedata import SiteData, SiteDataError  # noqa: E402
 from fedxrisk.models import MODELS  # noqa: E402
 
 __all__ = ["make_client_app", "make_server_app", "register_model", "run_config", "serve", "site_data"]
 
-KEYS = {f.name.replace("_", "-") for f in fields(FlowerConfig)}
+KEYS = set(default_run_config())  # every fedxrisk run-config key
 ModelFn = Callable[[], nn.Module]
 DataFn = Callable[[Context], Any]  # (x, y), (x, y, x_val, y_val) or a SiteData
 logger = logging.getLogger("fedxrisk.flower")
@@ -86,7 +86,8 @@ def site_data(value: Any, cfg: FlowerConfig, node_config: Mapping[str, Any]) -> 
                 raise SiteDataError(f"data_fn: {what} data needs one binary 0/1 label per input")
         order = node_config.get("partition-id")
         site = SiteData(x, y, torch.arange(len(y)), x_val, y_val, order, source="data_fn")
-    site.check_classes(cfg.allow_missing_class or not ALGORITHMS[cfg.algorithm].needs_both_classes)
+    run = getattr(cfg, "run", cfg)  # the run's settings (a RunConfig once Flower's config is a view of it)
+    site.check_classes(run.allow_missing_class or not ALGORITHMS[run.algorithm].needs_both_classes)
     return site
 
 
