@@ -86,7 +86,7 @@ def test_own_apps_take_run_config_overrides_and_options(tmp_path):
         return shard[0].numpy(), shard[1].numpy()  # arrays work too
 
     settings = dict(
-        algorithm="codaplus", rounds=5, local_steps=1, batch_size=8, lr=0.2, options={"prox": 0.01}
+        algorithm="codaplus", rounds=5, stages=1, local_steps=1, batch_size=8, lr=0.2, options={"prox": 0.01}
     )
     apps = make_client_app(small, data, **settings), make_server_app(small, out_dir=str(tmp_path), **settings)
     model, summary = run_apps(*apps, tmp_path, {"rounds": 2, "my-own-key": "ignored"})
@@ -124,7 +124,16 @@ def test_validation_data_from_data_fn_feeds_selection(tmp_path):
         x, y = make_federated("digits", 2, "iid", 0.3, 0).client_view(k)
         return x[:-40], y[:-40], x[-40:], y[-40:]
 
-    settings = dict(algorithm="codaplus", rounds=4, local_steps=2, batch_size=8, lr=0.3, selection="best")
+    settings = dict(
+        algorithm="codaplus",
+        rounds=4,
+        stages=1,
+        eval_every=1,
+        local_steps=2,
+        batch_size=8,
+        lr=0.3,
+        selection="best",
+    )
     apps = (
         make_client_app(small, lambda c: split(c.node_config["partition-id"]), **settings),
         make_server_app(small, out_dir=str(tmp_path), **settings),
