@@ -31,6 +31,7 @@ require_flwr()
 
 from flwr.app import Context  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.common.logger import log as flwr_log  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedxrisk.algorithms import ALGORITHMS  # noqa: E402
@@ -46,7 +47,6 @@ __all__ = ["make_client_app", "make_server_app", "register_model", "run_config",
 KEYS = set(default_run_config())  # every fedxrisk run-config key
 ModelFn = Callable[[], nn.Module]
 DataFn = Callable[[Context], Any]  # (x, y), (x, y, x_val, y_val) or a SiteData
-logger = logging.getLogger("fedxrisk.flower")
 
 
 def register_model(model_fn: ModelFn) -> str:
@@ -115,7 +115,10 @@ def serve(
     """Run the federated training over ``grid`` (a ServerApp's ``main``); return the run summary.
     Outputs (``history.csv``, ``model.pt``, ``summary.json``) go to ``out_dir``."""
     cfg = FlowerConfig.from_run_config(run_config(model_fn, {"algorithm": algorithm, **settings}, context))
-    log = lambda text: logger.info("[fedxrisk] %s", text)  # noqa: E731
+
+    def log(text: str) -> None:  # Flower's logger, as the fedxrisk ServerApp: `flwr log` shows it
+        flwr_log(logging.INFO, "[fedxrisk] %s", text)
+
     return Coordinator(cfg, GridTransport(grid, cfg), log=log).run()
 
 
