@@ -30,7 +30,7 @@ from fedxrisk.data.sampler import make_samplers
 from fedxrisk.models import build_model
 from fedxrisk.objectives import auc_square_loss, aucm_loss
 from fedxrisk.objectives.conditional import APSurrogate, csg_objective
-from fedxrisk.objectives.pairwise import pauc_kl_loss
+from fedxrisk.objectives.pairwise import pairwise_surrogate, pauc_kl_loss
 from fedxrisk.problem import Problem
 from helpers import max_abs_diff
 
@@ -90,6 +90,11 @@ def test_the_readme_pauc_and_ap_losses_are_the_librarys_objectives(readme_run):
     expected = csg_objective(surrogate, problem, params, buffers, surrogate.from_batch({"x": x, "y": y}))
     assert float(ns["ap"].detach()) == pytest.approx(float(expected), rel=1e-5)
     assert -1 < float(ns["ap"].detach()) < 0
+    ell = pairwise_surrogate(s[y == 1], s[y == 0], "squared_hinge", 1.0)  # u: 1 → 0.9 + 0.1·mean exp(ℓ)
+    u = 0.9 + 0.1 * torch.exp(ell).mean(1)
+    assert float(ns["value"].detach()) == pytest.approx(float(torch.log(u).mean()), rel=1e-5)
+    assert torch.allclose(ns["tracked"].log_u[y == 1], torch.log(u), atol=1e-6)
+    assert float(ns["tracked"].log_u[y == 0].abs().max()) == 0  # negatives keep no u
 
 
 def test_the_sampler_gives_the_runs_class_aware_batches():
@@ -308,3 +313,13 @@ def test_partial_auc_loss_needs_the_index_once_it_keeps_u():
         loss_fn(torch.rand(4), torch.tensor([1.0, 0, 0, 1]))
     with pytest.raises(ValueError, match="gamma"):
         PartialAUCLoss(gamma=0.0)
+
+
+def test_aucm_loss_keeps_one_a_b_alpha_per_label():
+    torch.manual_seed(2)
+    s, y = torch.rand(16, 3), (torch.rand(16, 3) < 0.3).float()
+    loss = AUCMLoss(margin=0.5, num_labels=3)
+    with torch.no_grad():
+        loss.a.copy_(torch.tensor([0.1, 0.2, 0.3])), loss.alpha.copy_(torch.tensor([1.0, 0.0, 2.0]))
+    expected = aucm_loss(s, y, loss.a.detach(), loss.b.detach(), loss.alpha.detach(), y.mean(0), 0.5)
+    assert loss.a.shape == (3,) and float(loss(s, y).detach()) == pytest.approx(float(expected), rel=1e-6)
