@@ -104,9 +104,12 @@ class AUCMLoss(AUCLoss):
     def project_alpha(self, alpha: torch.Tensor) -> torch.Tensor:
         return alpha.clamp(0.0, ALPHA_MAX)
 
-    def alpha_direction(self) -> torch.Tensor:
-        """The closed-form ascent direction 2(m + b − a) − 2α (the authors' code, PESG's α step)."""
-        return aucm_alpha_direction(self.a.detach(), self.b.detach(), self.alpha.detach(), self.margin)
+    def alpha_direction(self, a: torch.Tensor | None = None, b: torch.Tensor | None = None) -> torch.Tensor:
+        """The closed-form ascent direction 2(m + b − a) − 2α (the authors' code, PESG's α step),
+        at this loss's a, b or at given ones (after the primal step, ``dual_order="sequential"``)."""
+        a = self.a.detach() if a is None else a
+        b = self.b.detach() if b is None else b
+        return aucm_alpha_direction(a, b, self.alpha.detach(), self.margin)
 
 
 class PartialAUCLoss(nn.Module):

@@ -119,7 +119,7 @@ class PESG(torch.optim.Optimizer):
             a, b = self.loss_fn.a, self.loss_fn.b
             if dual["dual_order"] == "sequential":
                 a, b = new_a_b.get(a, a), new_a_b.get(b, b)
-            direction = 2 * (self.loss_fn.margin + b - a) - 2 * alpha  # type: ignore[attr-defined]
+            direction = self.loss_fn.alpha_direction(a, b)  # type: ignore[attr-defined]  (AUCMLoss)
         else:
             direction = alpha.grad if alpha.grad is not None else torch.zeros_like(alpha)
         new_alpha = self.loss_fn.project_alpha(alpha + dual["lr"] * direction)
@@ -148,6 +148,6 @@ class PESG(torch.optim.Optimizer):
                     average = state["sum"] / state["count"]
                     if restart == "average":
                         p.copy_(average)
-                    state["ref"] = average.clone() if restart == "average" else average
+                    state["ref"] = average  # a new tensor: p's later steps leave it as it is
                 state["sum"].zero_()
                 state["count"] = 0
