@@ -9,8 +9,9 @@ under ``custom.<model_fn's name>`` so every party builds it from the run's seed,
 ``data_fn(context)`` replaces the node config's data folder. The protocol is the fedxrisk app's
 (:mod:`fedxrisk.flower.app`): same messages, same model as the ``loop`` engine.
 
-Keys of ``context.run_config`` that are fedxrisk settings (``flwr run --run-config 'rounds=50'``)
-override the ones given here; other keys (the app's own) are left to the app.
+Keys of ``context.run_config`` that are fedxrisk settings (declared in the app's
+``[tool.flwr.app.config]``, which ``flwr run --run-config`` may then override) override the ones
+given here; other keys (the app's own) are left to the app.
 """
 
 from __future__ import annotations
