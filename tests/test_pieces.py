@@ -26,13 +26,12 @@ from fedxrisk import (
     run_experiment,
 )
 from fedxrisk.data import make_federated
-from fedxrisk.data.sampler import make_samplers
 from fedxrisk.models import build_model
 from fedxrisk.objectives import auc_square_loss, aucm_loss
 from fedxrisk.objectives.conditional import APSurrogate, csg_objective
 from fedxrisk.objectives.pairwise import pairwise_surrogate, pauc_kl_loss
 from fedxrisk.problem import Problem
-from helpers import max_abs_diff
+from helpers import make_sim, max_abs_diff
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -98,18 +97,19 @@ def test_the_readme_pauc_and_ap_losses_are_the_librarys_objectives(readme_run):
 
 
 def test_the_sampler_gives_the_runs_class_aware_batches():
-    """DualSampler(client k) = the run's ClassSampler row k; ShuffleSampler = its plain batches."""
-    data = make_federated("digits", 3, "iid", 0.2, seed=5)
-    labels = [data.client_view(k)[1].numpy() for k in range(3)]
-    run_batches, _ = make_samplers(data.shard_sizes, 16, 5, positives=4, shard_labels=labels)
-    plain, _ = make_samplers(data.shard_sizes, 16, 5)
-    mine = DualSampler(labels[2], batch_size=16, sampling_rate=0.25, seed=5, client=2)
-    shuffled = ShuffleSampler(data.shard_sizes[1], 16, seed=5, client=1)
+    """DualSampler(client k) draws what client k of a class-aware run (positives_per_batch = 4) draws,
+    epoch after epoch; ShuffleSampler what a plain run draws. Same positions, same inputs."""
+    run = make_sim("codaplus", clients=3, batch_size=16, imratio=0.2, seed=5, positives=4)
+    plain = make_sim("codaplus", clients=3, batch_size=16, imratio=0.2, seed=5)
+    x, y = run.data.client_view(2)
+    mine = DualSampler(y, batch_size=16, sampling_rate=0.25, seed=5, client=2)
+    shuffled = ShuffleSampler(run.data.shard_sizes[1], 16, seed=5, client=1)
     drawn = [b for _ in range(3) for b in mine]  # three epochs: the stream goes on
-    expected = [run_batches.next()[2].tolist() for _ in drawn]
-    assert drawn == expected and len(drawn) == 3 * len(mine)
-    assert all(labels[2][b[:4]].tolist() == [1] * 4 and labels[2][b[4:]].sum() == 0 for b in drawn)
-    assert [b for b in shuffled] == [plain.next()[1].tolist() for _ in range(len(shuffled))]
+    positions = [run.sampler.next() for _ in drawn]
+    assert drawn == [p[2].tolist() for p in positions] and len(drawn) == 3 * len(mine)
+    assert torch.equal(run.data.batch(positions[-1])["x"][2], x[drawn[-1]])
+    assert all(y[b[:4]].tolist() == [1] * 4 and y[b[4:]].sum() == 0 for b in drawn)
+    assert [b for b in shuffled] == [plain.sampler.next()[1].tolist() for _ in range(len(shuffled))]
     assert mine.sampling_rate == 0.25
 
 
