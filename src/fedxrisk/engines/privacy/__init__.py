@@ -12,6 +12,7 @@ from fedxrisk.engines.privacy.collective import (
     unsupported_reason,
 )
 from fedxrisk.engines.privacy.instance import check_instance_dp, instance_private, unsupported_instance_reason
+from fedxrisk.engines.privacy.noise import NoiseSource
 from fedxrisk.engines.privacy.sampling import (
     ClientSampling,
     after_communicate,
@@ -22,5 +23,5 @@ from fedxrisk.engines.privacy.sampling import (
 __all__ = [
     "ClientDP", "ClientSampling", "PrivateAggregator", "PrivateCollective", "after_communicate",
     "before_communicate", "check_client_dp", "check_instance_dp", "epsilon", "fixed_count",
-    "instance_private", "keep_idle", "noise_for_epsilon", "unsupported_instance_reason", "unsupported_reason",
+    "instance_private", "keep_idle", "NoiseSource", "noise_for_epsilon", "unsupported_instance_reason", "unsupported_reason",
 ]  # fmt: skip
