@@ -11,7 +11,7 @@ import torch
 
 from fedxrisk.engines import DistributedSimulation
 from fedxrisk.engines.dist_collective import DistGroup
-from fedxrisk.engines.privacy import ClientDP, ClientSampling, instance_private
+from fedxrisk.engines.privacy import ClientDP, ClientSampling, NoiseSource, instance_private
 from helpers import make_sim
 
 # (algorithm, clients, clients_per_rank, Poisson sampling rate): every run has C = 0.5, σ = 0.8
@@ -36,7 +36,7 @@ def build_instance(alg: str, clients: int, per_rank) -> DistributedSimulation:
     base = make_sim(alg, "loop", clients=clients, rounds=3, local_steps=2, lr=0.05)
     return DistributedSimulation(
         instance_private(base.algorithm, 0.5, 1.0), base.data, base.schedule, base.batch_size,
-        base.seed, clients_per_rank=per_rank, timeout=60,
+        base.seed, clients_per_rank=per_rank, timeout=60, noise=NoiseSource.reproducible(0),
     )  # fmt: skip
 
 

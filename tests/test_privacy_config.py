@@ -127,7 +127,7 @@ def test_instance_level_accounts_local_steps_with_batch_sampling_rate():
     steps = sum(p.window for p in setup.simulation.plans)
     q = setup.simulation.batch_size / min(data.shard_sizes)
     assert plan.epsilon(4) == pytest.approx(epsilon(1.1, steps, 1.0 / len(data.data.y_train), q), rel=1e-12)
-    assert setup.simulation.algorithm.dp_noise_multiplier == 1.1
+    assert setup.simulation.algorithm.gradient_estimator.noise_multiplier == 1.1
 
 
 # -- the distributed engine ------------------------------------------------------------------
@@ -176,14 +176,17 @@ def test_loop_vmap_and_distributed_agree_with_client_dp(dist_results):
 
 def test_loop_vmap_and_distributed_agree_with_instance_dp(dist_results):
     from dist_dp_worker import INSTANCE
-    from fedxrisk.engines.privacy import instance_private
+    from fedxrisk.engines.privacy import NoiseSource, instance_private
 
     for spec, got in zip(INSTANCE, dist_results["instance"], strict=True):
         alg, clients, _ = spec
         for engine in ("loop", "vmap"):
             base = make_sim(alg, engine, clients=clients, rounds=3, local_steps=2, lr=0.05)
             private = instance_private(base.algorithm, 0.5, 1.0)
-            sim = run_all(Simulation(private, base.data, base.schedule, base.batch_size, base.seed, engine))
+            noise = NoiseSource.reproducible(0)  # the worker's: the same batches and noise per (step, client)
+            sim = run_all(
+                Simulation(private, base.data, base.schedule, base.batch_size, base.seed, engine, noise=noise)
+            )
             assert max_abs_diff(sim.states, got["state"]["states"]) < 1e-5, (spec, engine)
             assert abs(sim.train_loss() - got["train_loss"]) < 1e-5, spec
         plain = run_all(make_sim(alg, "loop", clients=clients, rounds=3, local_steps=2, lr=0.05))

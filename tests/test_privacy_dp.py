@@ -14,6 +14,7 @@ from fedxrisk.engines import Simulation
 from fedxrisk.engines.privacy import (
     ClientDP,
     ClientSampling,
+    NoiseSource,
     PrivateAggregator,
     check_client_dp,
     epsilon,
@@ -34,7 +35,10 @@ def dp_sim(
     """make_sim's run with client-level DP ``dp`` and/or instance-level DP ``instance`` = (C, σ)."""
     base = make_sim(alg, engine, **kw)
     algorithm = base.algorithm if instance is None else instance_private(base.algorithm, *instance)
-    return Simulation(algorithm, base.data, base.schedule, base.batch_size, base.seed, engine, privacy=dp)
+    noise = NoiseSource.reproducible(0)  # equal batches and noise on every engine
+    return Simulation(
+        algorithm, base.data, base.schedule, base.batch_size, base.seed, engine, privacy=dp, noise=noise
+    )
 
 
 class _Algo:
@@ -316,19 +320,23 @@ def test_resume_continues_with_the_same_references():
 # -- instance-level DP-SGD --------------------------------------------------------
 
 
-def test_per_sample_clipping_and_noise():
-    per_sample = {"w": torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 10.0]]), "alpha": torch.zeros(3)}
-    uniform = torch.full((3,), 0.5 - 2.0**-25)  # the quantile's centre: z = 0
-    out = privatize(per_sample, uniform, 1.0, 5.0)
+def test_per_sample_clipping_masking_and_noise():
+    per_sample = {
+        "w": torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 10.0], [7.0, 7.0]]),
+        "alpha": torch.zeros(4),
+    }
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last slot is padding
+    out = privatize(per_sample, mask, torch.zeros(3, dtype=torch.float64), 3.0, 1.0, 5.0)
     assert torch.allclose(out["w"], torch.tensor([0.6 + 0.3, 0.8 + 0.4 + 1.0]) / 3)
-    u = torch.rand(200_000)
-    z = privatize({"w": torch.zeros(1, 200_000)}, u, 2.0, 0.5)["w"] / (0.5 * 2.0)
-    assert stats.kstest(z.double().numpy(), "norm").pvalue > 1e-3
+    z = NoiseSource.reproducible(1).spawn(0).standard_normal(200_000)
+    noisy = privatize({"w": torch.zeros(1, 200_000)}, torch.ones(1), torch.from_numpy(z), 4.0, 2.0, 0.5)
+    assert torch.allclose(noisy["w"].double(), torch.from_numpy(z) * 0.5 * 2.0 / 4.0)
 
 
 @pytest.mark.parametrize("alg", ["localsgdm", "codaplus", "codasca"])
 def test_instance_dp_without_noise_or_clipping_is_the_plain_algorithm(alg):
-    kw = dict(clients=3, rounds=3, stages=2)
+    """With B ≥ every shard, q = 1: every record in every batch, the denominator n_k, as full-batch steps."""
+    kw = dict(clients=3, rounds=3, stages=2, batch_size=300)  # the shards: 300 records each
     plain = run_all(make_sim(alg, "loop", **kw))
     private = run_all(dp_sim(alg, "loop", instance=(1e9, 0.0), **kw))
     assert max_abs_diff(plain.states["w"], private.states["w"]) < 1e-5

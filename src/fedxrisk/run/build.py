@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
-from fedxrisk.classaware import use_class_aware_batches
+from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.data.preprocessing import normalization
 from fedxrisk.engines import DistributedSimulation, Simulation
@@ -21,7 +21,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.run.checks import CheckedConfig, check
-from fedxrisk.run.privacy import PrivacyPlan, plan_privacy
+from fedxrisk.run.privacy import PrivacyPlan, instance_pos_ratio, plan_privacy
 from fedxrisk.run.spec import RunConfig
 
 
@@ -83,7 +83,7 @@ def build(
             padding = max(1, data.data.input_shape[-1] // 8) if cfg.augment == "crop_flip" else 0
             data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
         batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
-        cfg = with_data_lr(cfg, data.data.pos_ratio)
+        cfg = with_data_lr(cfg, instance_pos_ratio(cfg) or data.data.pos_ratio)  # DP: the public p
         labels = data.data.num_labels
         norm = normalization(cfg.normalize, data.data.input_shape[0])
         if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
@@ -105,7 +105,7 @@ def build(
             ),
         )
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
-        use_class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
+        algorithm = class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
         schedule = Schedule.build(
             cfg.rounds,
             cfg.resolved_local_steps(),
@@ -126,7 +126,7 @@ def build(
             )
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim, choice, source, privacy)
+    return Setup(cfg, data, algorithm.problem, algorithm, sim, choice, source, privacy)
 
 
 def with_data_lr(cfg: RunConfig, pos_ratio: Any) -> RunConfig:

@@ -42,11 +42,13 @@ KEYS: dict[str, tuple[type, ...]] = {
     "sampling_rate": (float,),
     "sampling": (str,),
     "noise_seed": (int, type(None)),
+    "pos_ratio": (float, type(None)),
 }
 DEFAULTS: dict[str, Any] = {
     "level": "client", "noise_multiplier": None, "target_epsilon": None, "delta": None,
     "sampling_rate": 1.0, "sampling": "poisson", "noise_seed": None,
 }  # fmt: skip
+DEFAULTS["pos_ratio"] = None  # instance level: the public p of the AUC losses (None: data.imratio)
 
 
 def _value(key: str, value: Any) -> Any:
@@ -86,7 +88,22 @@ def _algorithm_stub(cfg: Any) -> Any:
     problem = types.SimpleNamespace(
         pos_ratio_mode=cfg.pos_ratio_mode, buffer_policy="average", init_model=lambda: ({}, {})
     )  # BatchNorm refusals need the model: build() runs the full check
-    return types.SimpleNamespace(name=cfg.algorithm, begin_batch=cls.begin_batch, problem=problem, **attrs)
+    declared = {k: getattr(cls, k) for k in ("couples_samples", "uses_pos_ratio", "declares_sample_loss")}
+    positives = cfg.positives_per_batch or cfg.options.get("positives_per_batch", 0)
+    return types.SimpleNamespace(
+        name=cfg.algorithm, begin_batch=cls.begin_batch, problem=problem, positives_per_batch=positives,
+        **declared, **attrs,
+    )  # fmt: skip
+
+
+def instance_pos_ratio(cfg: Any) -> float | None:
+    """The public p of the AUC losses at instance level: ``privacy.pos_ratio``, else the ratio the
+    data were resampled to (``data.imratio``, the user's choice); None when neither is set or the
+    run is not instance-level DP (docs/privacy.md, "The prior p")."""
+    if cfg.privacy is None or privacy_from_table(cfg.privacy)["level"] != "instance":
+        return None
+    p = privacy_from_table(cfg.privacy)["pos_ratio"]
+    return p if p is not None else cfg.imratio
 
 
 def check_privacy(cfg: Any) -> None:
@@ -120,6 +137,10 @@ def check_privacy(cfg: Any) -> None:
         raise ConfigError(f"privacy.noise_seed must be ≥ 0, got {p['noise_seed']}")
     ClientDP(p["clip"], p["noise_multiplier"] or 0.0, ClientSampling(p["sampling_rate"], p["sampling"]))
     stub = _algorithm_stub(cfg)
+    if p["pos_ratio"] is not None and p["level"] != "instance":
+        raise ConfigError(
+            "privacy.pos_ratio is the public p of instance-level DP: set it with level = 'instance'"
+        )
     if p["level"] == "client":
         reason = unsupported_reason(stub)
         if reason is not None:
@@ -133,6 +154,13 @@ def check_privacy(cfg: Any) -> None:
     reason = unsupported_instance_reason(stub)
     if reason is not None:
         raise ConfigError(f"privacy.level = 'instance': {reason}")
+    if p["pos_ratio"] is not None and not 0.0 < p["pos_ratio"] < 1.0:
+        raise ConfigError(f"privacy.pos_ratio must lie in (0, 1), got {p['pos_ratio']}")
+    if stub.uses_pos_ratio and instance_pos_ratio(cfg) is None:
+        raise ConfigError(
+            f"privacy.level = 'instance': {cfg.algorithm}'s AUC loss needs a public class prior p, not "
+            "one counted from the records; set privacy.pos_ratio (e.g. 0.1) or data.imratio"
+        )
     if p["sampling_rate"] < 1.0:
         raise ConfigError("privacy.sampling_rate < 1 is client sampling: it applies to level = 'client' only")
     if cfg.engine == "compile":
@@ -211,5 +239,5 @@ def plan_privacy(cfg: Any, algorithm: Any, data: Any, schedule: Any, batch_size:
         p["level"], p["clip"], sigma, delta, q, sampling, data.num_clients, steps, p["target_epsilon"]
     )
     if p["level"] == "instance":
-        return instance_private(algorithm, p["clip"], sigma), None, plan
+        return instance_private(algorithm, p["clip"], sigma, instance_pos_ratio(cfg)), None, plan
     return algorithm, ClientDP(p["clip"], sigma, ClientSampling(q, sampling), p["noise_seed"]), plan
