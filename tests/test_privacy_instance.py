@@ -1,0 +1,221 @@
+"""Instance-level DP-SGD (issue 30 items 1–3, 6; issue 31 item 3): secret float64 noise the run
+folder cannot regenerate, true Poisson batches at the accounted rate, the refusals, and DP-SGD as
+a wrapper of an unchanged algorithm, equal to a brute-force per-sample reference."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedxrisk.algorithms import ALGORITHMS
+from fedxrisk.algorithms.base import MeanGradient, StepContext
+from fedxrisk.classaware import class_aware_batches
+from fedxrisk.data.sampler import ClientSampler, PoissonSampler, poisson_capacity, unpad
+from fedxrisk.engines import Simulation
+from fedxrisk.engines.privacy import NoiseSource, instance_private, private_batch
+from fedxrisk.errors import ConfigError
+from fedxrisk.run.build import build
+from fedxrisk.run.configfile import load_config
+from fedxrisk.run.privacy import check_privacy
+from fedxrisk.run.recipes import run_experiment
+from fedxrisk.tree import index, leaves
+from helpers import make_sim
+
+pytest.importorskip("dp_accounting")
+SRC = Path(__file__).resolve().parents[1] / "src" / "fedxrisk"
+
+
+def _flat(tree) -> torch.Tensor:
+    return torch.cat([t.reshape(-1).double() for _, t in leaves(tree)])
+
+
+# -- 1. the noise: secret, never from the data streams ------------------------------------------
+def test_the_run_folder_does_not_regenerate_the_noise(tmp_path):
+    """The attack of issue 30 item 1 at instance level: one client whose whole shard is the batch
+    (q = 1), one local step of LocalSGDM, so model.pt = w0 − η(S + σC·z/n) with S the noise-free
+    clipped mean. With everything the folder holds (config.toml with the seed, model.pt,
+    summary.json, checkpoints) the attacker tries every way to regenerate z: the old per-client
+    uniform stream, a reproducible source from the seed, and rerunning the config itself."""
+    clip, sigma, lr = 0.5, 1.0, 1.0
+    sets = [
+        "algorithm.algorithm=localsgdm", "data.clients=1", "experiment.rounds=1", "algorithm.local_steps=1",
+        "algorithm.stages=1", "data.batch_size=100000", f"algorithm.lr={lr}", "model.model=linear",
+        "experiment.eval_every=1", "experiment.tensorboard=false", "algorithm.momentum=0.0",
+        f"privacy.clip={clip}", f"privacy.noise_multiplier={sigma}", "privacy.level='instance'",
+    ]  # fmt: skip
+    run_experiment(load_config(None, sets), tmp_path / "run")
+
+    def update(folder: Path) -> torch.Tensor:
+        """(w0 − w1)/η from a run folder's model.pt and the seed's initial model."""
+        released = torch.load(folder / "model.pt", weights_only=True)["params"]
+        w0, _ = build(load_config(folder / "config.toml", [])).simulation.global_model()
+        return (_flat(w0) - _flat(released)) / lr
+
+    cfg = load_config(tmp_path / "run" / "config.toml", [])
+    n = build(cfg).data.shard_sizes[0]
+    quiet = build(load_config(tmp_path / "run" / "config.toml", ["privacy.noise_multiplier=0.0"])).simulation
+    w0 = _flat(quiet.global_model()[0])
+    quiet.run_round()  # the tester's truth: q = 1, so the noise-free S is deterministic
+    released, noise_free = update(tmp_path / "run"), (w0 - _flat(quiet.global_model()[0])) / lr
+    noise = released - noise_free  # σC·z/n
+    assert noise.norm() > 0.5 * sigma * clip / n * len(noise) ** 0.5  # the noise is there
+
+    d = len(noise)
+    old = ClientSampler([n], n, cfg.seed)  # main's stream: uniforms after each batch's positions
+    old.next()
+    z_old = torch.special.ndtri(torch.from_numpy(old.uniforms(d)[0]).double() + 2.0**-25)
+    z_seed = torch.from_numpy(NoiseSource.reproducible(cfg.seed).spawn(1 << 21, 0, 0).standard_normal(d))
+    run_experiment(cfg, tmp_path / "again")  # rerun the folder's own config
+    guesses = {
+        "old uniform stream": sigma * clip * z_old / n,
+        "reproducible source from the seed": sigma * clip * z_seed / n,
+        "rerun of config.toml": update(tmp_path / "again") - noise_free,
+    }
+    for how, guess in guesses.items():
+        recovered = released - guess  # the attacker's estimate of the noise-free statistic S
+        assert (recovered - noise_free).norm() > 0.5 * noise.norm(), how
+
+
+# -- 2. Poisson sampling at the accounted rate ----------------------------------------------------
+def test_poisson_batches_hold_each_record_at_most_once_at_rate_q():
+    sizes, b, steps = [40, 200], 16, 3000
+    sampler = PoissonSampler(sizes, b, NoiseSource.reproducible(5))
+    counts = [np.zeros(n) for n in sizes]
+    realised = [[], []]
+    for _ in range(steps):
+        positions, mask = unpad(sampler.next())
+        for k, n in enumerate(sizes):
+            chosen = positions[k][mask[k] > 0]
+            assert len(np.unique(chosen)) == len(chosen)  # never twice in a batch
+            assert chosen.min(initial=0) >= 0 and chosen.max(initial=0) < n
+            counts[k][chosen] += 1
+            realised[k].append(len(chosen))
+    for k, n in enumerate(sizes):
+        q = min(1.0, b / n)
+        assert sampler.rates[k] == q and sampler.expected[k] == q * n  # the fixed denominator
+        if q == 1.0:
+            assert (counts[k] == steps).all()
+            continue
+        sd = (steps * q * (1 - q)) ** 0.5  # each record's count is Binomial(steps, q)
+        assert np.abs(counts[k] - steps * q).max() < 5.5 * sd  # Bonferroni over the records
+        assert np.std(realised[k]) > 1.0  # a Poisson batch's size varies (not a fixed-size batch)
+    assert sampler.capacity == poisson_capacity(sizes, b) >= max(max(r) for r in realised)
+
+
+def test_poisson_batches_and_noise_are_secret_by_default():
+    base = make_sim("localsgdm", clients=2)
+    private = instance_private(base.algorithm, 1.0, 1.0)
+    a, b = (Simulation(private, base.data, base.schedule, 8, 0) for _ in range(2))
+    assert a.sampler.source.private and b.sampler.source.private
+    assert not np.array_equal(a.sampler.next(), b.sampler.next())  # same seed, other batches
+    na = private_batch(a, a.sampler.next(), 0)["noise"]
+    nb = private_batch(b, b.sampler.next(), 0)["noise"]
+    assert na.dtype == torch.float64 and not torch.equal(na, nb)
+
+
+# -- 4. DP-SGD wraps the declared per-sample loss: equal to a brute-force reference -----------------
+@pytest.mark.parametrize("alg", ["localsgdm", "codasca"])
+def test_dp_sgd_equals_autograd_per_sample_clip_sum_noise_over_qn(alg):
+    clip, sigma = 0.05, 1.3
+    base = make_sim(alg, clients=2, batch_size=8)
+    private = instance_private(base.algorithm, clip, sigma, pos_ratio=0.3)
+    sim = Simulation(private, base.data, base.schedule, 8, 0, noise=NoiseSource.reproducible(3))
+    batch = private_batch(sim, sim.sampler.next(), 0)
+    # the realised size is not q·n: dividing by it instead (a mutation) fails this test
+    assert (batch["mask"].sum(1) != batch["denominator"]).any()
+    for k in range(2):
+        state, one = index(sim.states, k), index(batch, k)
+        got, (value, _) = private.gradient(state, one)
+        params = private.sample_params(state)
+        total, values = torch.zeros(len(_flat(params)), dtype=torch.float64), 0.0
+        for i in np.flatnonzero(one["mask"].numpy()):
+            flat = [t.detach().clone().requires_grad_() for _, t in leaves(params)]
+            tree = _rebuild_like(params, flat)
+            loss, _ = private.sample_loss(tree, state, {"x": one["x"][i : i + 1], "y": one["y"][i : i + 1]})
+            g = torch.cat([t.reshape(-1).double() for t in torch.autograd.grad(loss, flat)])
+            total += g * min(1.0, clip / float(g.norm()))
+            values += float(loss.detach())
+        reference = (total + sigma * clip * one["noise"][: len(total)]) / one["denominator"]
+        assert torch.allclose(_flat(got), reference, atol=1e-6, rtol=1e-5)
+        assert float(value) == pytest.approx(values / float(one["denominator"]), rel=1e-5)
+    if alg == "localsgdm":  # the local step moves by exactly the private gradient
+        ctx = StepContext(0, 0, 0, 0, 0.1, 2)
+        state = index(sim.states, 0)
+        stepped = private.local_step(state, index(batch, 0), ctx)
+        moved = (_flat(state["w"]) - _flat(stepped["w"])) / 0.1
+        assert torch.allclose(moved, _flat(private.gradient(state, index(batch, 0))[0]), atol=1e-6)
+
+
+def _rebuild_like(tree, flat: list[torch.Tensor]):
+    it = iter(flat)
+
+    def walk(t):
+        return {k: walk(v) for k, v in t.items()} if isinstance(t, dict) else next(it)
+
+    return walk(tree)
+
+
+def test_wrappers_leave_the_algorithm_and_its_problem_unchanged():
+    alg = make_sim("codasca", clients=2).algorithm
+    p = alg.problem.pos_ratio
+    private = instance_private(alg, 1.0, 1.0, pos_ratio=0.25)
+    assert private is not alg and type(private) is type(alg)
+    assert isinstance(alg.gradient_estimator, MeanGradient) and not alg.poisson_batches
+    assert alg.noise_per_step == 0 and alg.problem.pos_ratio == p and private.problem.pos_ratio == 0.25
+    aware = class_aware_batches(alg, 3, 8)
+    assert aware.positives_per_batch == 3 and aware.problem.sampled_pos_ratio == 3 / 8
+    assert alg.positives_per_batch == 0 and alg.problem.sampled_pos_ratio is None
+
+
+def test_engines_hold_no_class_swap_and_no_algorithm_name():
+    """Wrappers, not surgery (issue 31 item 3): nothing under engines/ assigns ``__class__`` or
+    names an algorithm; what DP covers comes from what the algorithm declares."""
+    names = set(ALGORITHMS)
+    for path in sorted((SRC / "engines").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(n)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "__class__":
+                assert not isinstance(node.ctx, ast.Store), f"{path.name}:{node.lineno} swaps __class__"
+            if isinstance(node, ast.Constant) and id(node) not in docstrings:
+                assert node.value not in names, f"{path.name}:{node.lineno} names algorithm {node.value!r}"
+
+
+# -- 3. refusals -------------------------------------------------------------------------------
+def _cfg(*sets: str, algorithm: str = "codasca"):
+    base = ["experiment.rounds=2", "data.clients=2", f"algorithm.algorithm={algorithm}"]
+    return load_config(None, [*base, "privacy.clip=1", "privacy.noise_multiplier=1", *sets])
+
+
+@pytest.mark.parametrize(
+    "sets, words",
+    [
+        (("privacy.level='instance'", "data.positives_per_batch=4"), "class-aware batches"),
+        (("privacy.level='instance'", "algorithm.pos_ratio_mode='local'"), "pos_ratio_mode 'local'"),
+        (("privacy.level='instance'", "algorithm.pos_ratio_mode='batch'"), "pos_ratio_mode 'batch'"),
+        (("privacy.level='instance'", "data.imratio='none'"), "public class prior"),
+        (("privacy.level='instance'", "privacy.pos_ratio=1.5"), "privacy.pos_ratio must lie in (0, 1)"),
+        (("privacy.level='client'", "privacy.pos_ratio=0.2"), "level = 'instance'"),
+    ],
+)
+def test_instance_dp_refuses_in_one_line(sets, words):
+    with pytest.raises(ConfigError) as e:
+        check_privacy(_cfg(*sets))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_auc_losses_use_the_public_p():
+    check_privacy(_cfg("privacy.level='instance'", "data.imratio='none'", algorithm="localsgdm"))  # CE: no p
+    setup = build(_cfg("privacy.level='instance'", "privacy.pos_ratio=0.2", "data.imratio=0.1"))
+    assert setup.simulation.states["p"].tolist() == pytest.approx([0.2, 0.2])
+    default = build(_cfg("privacy.level='instance'", "data.imratio=0.15"))
+    assert default.simulation.states["p"].tolist() == pytest.approx([0.15, 0.15])
+    assert default.data.data.pos_ratio != 0.15  # the counted ratio is not what the loss sees
