@@ -10,14 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sklearn.metrics import roc_auc_score
+from torch.func import grad, vmap
 
 from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.algorithms.base import MeanGradient, StepContext
+from fedxrisk.algorithms.base import ClientInfo, MeanGradient, StepContext
 from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data.sampler import ClientSampler, PoissonSampler, poisson_capacity, unpad
 from fedxrisk.engines import Simulation
 from fedxrisk.engines.privacy import NoiseSource, instance_private, private_batch
 from fedxrisk.errors import ConfigError
+from fedxrisk.problem import Problem
 from fedxrisk.run.build import build
 from fedxrisk.run.configfile import load_config
 from fedxrisk.run.privacy import check_privacy
@@ -219,3 +222,59 @@ def test_the_auc_losses_use_the_public_p():
     default = build(_cfg("privacy.level='instance'", "data.imratio=0.15"))
     assert default.simulation.states["p"].tolist() == pytest.approx([0.15, 0.15])
     assert default.data.data.pos_ratio != 0.15  # the counted ratio is not what the loss sees
+
+
+# -- 5. per-sample clipping of the AUC loss with minority and majority positives ---------------------
+def _separable(n: int, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    y = (torch.rand(n, generator=g) < p).float()
+    x = 0.5 * torch.randn(n, 2, generator=g)
+    x[:, 0] += 2 * y - 1  # separable along the first feature
+    return x, y
+
+
+@pytest.mark.parametrize("p", [0.1, 0.9])
+def test_clipped_auc_gradient_still_ranks_positives_first(p):
+    """Issue 34's inverted model under instance DP: is it the per-sample clipping of the AUC loss?
+    From an inverted linear model (AUROC ≈ 0.15), CODA+'s square loss with every sample's gradient
+    clipped (C far below the per-sample norms, σ = 0) still turns the model around, with positives
+    a minority (p = 0.1) or a majority (p = 0.9), as the unclipped loss does. Clipping bounds the
+    step (C·η), it does not flip the AUC direction; see docs/privacy.md for what does."""
+    x, y = _separable(400, p)
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight[:] = torch.tensor([[np.cos(2.0), np.sin(2.0)]])
+        model.bias.zero_()
+    problem = Problem(model, p)
+    plain = ALGORITHMS["codaplus"](problem)
+    state = plain.init(ClientInfo(0, len(y), p, len(y)))
+
+    def loss(params, xi, yi):
+        return plain.sample_loss(params, state, {"x": xi[None], "y": yi[None]})[0]
+
+    grads = vmap(grad(loss), in_dims=(None, 0, 0))(plain.sample_params(state), x, y)
+    norms = torch.stack([t.reshape(len(y), -1).norm(dim=1) for _, t in leaves(grads)]).norm(dim=0)
+    clipped = {c: float((norms[y == c] > 0.1).float().mean()) for c in (0, 1)}
+    result = {}
+    for clip in (0.1, None):
+        alg = ALGORITHMS["codaplus"](problem)
+        alg = alg if clip is None else instance_private(alg, clip, 0.0, pos_ratio=p)
+        state = alg.init(ClientInfo(0, len(y), p, len(y)))
+        batch = {"x": x, "y": y}
+        if clip is not None:
+            zeros = torch.zeros(alg.noise_per_step, dtype=torch.float64)
+            batch.update(
+                mask=torch.ones(len(y)), denominator=torch.tensor(400.0, dtype=torch.float64), noise=zeros
+            )
+        aurocs = []
+        for t in range(150):
+            state = alg.local_step(state, batch, StepContext(t, t, 0, 0, 0.5, 150))
+            if t % 50 == 49:
+                scores = problem.logits(state["w"], state["buffers"], x)[0].detach()
+                aurocs.append(roc_auc_score(y.numpy(), scores.numpy()))
+        result[clip] = aurocs
+    start = roc_auc_score(y.numpy(), (x @ torch.tensor([np.cos(2.0), np.sin(2.0)]).float()).numpy())
+    assert start < 0.2
+    assert result[None][-1] > 0.95 and result[0.1][-1] > 0.95
+    assert result[0.1] == sorted(result[0.1])  # AUROC rises step after step
+    assert min(clipped.values()) > 0.75  # at the start, most samples of both classes are clipped
