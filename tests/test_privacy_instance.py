@@ -278,3 +278,11 @@ def test_clipped_auc_gradient_still_ranks_positives_first(p):
     assert result[None][-1] > 0.95 and result[0.1][-1] > 0.95
     assert result[0.1] == sorted(result[0.1])  # AUROC rises step after step
     assert min(clipped.values()) > 0.75  # at the start, most samples of both classes are clipped
+
+
+def test_the_accountant_uses_the_worst_clients_sampling_rate():
+    setup = build(_cfg("privacy.level='instance'", "data.partition='dirichlet'", "data.clients=3"))
+    sampler, plan = setup.simulation.sampler, setup.privacy
+    assert len(set(setup.data.shard_sizes)) > 1  # unequal shards: one rate per client
+    assert sampler.rates == [min(1.0, sampler.batch_size / n) for n in setup.data.shard_sizes]
+    assert plan.q == max(sampler.rates)
