@@ -286,3 +286,18 @@ def test_the_accountant_uses_the_worst_clients_sampling_rate():
     assert len(set(setup.data.shard_sizes)) > 1  # unequal shards: one rate per client
     assert sampler.rates == [min(1.0, sampler.batch_size / n) for n in setup.data.shard_sizes]
     assert plan.q == max(sampler.rates)
+
+
+def test_a_streamed_run_prefetches_the_poisson_batches(tmp_path):
+    """The stream replays the engine's batch order on a copy of the sampler (data/prefetch.py): with
+    Poisson batches from the secret source the copy shares the source and draws the same batches."""
+    from fedxrisk.data.lazy import LazySamples
+    from helpers import image_folder_config, run_all, write_image_folder
+
+    write_image_folder(tmp_path)
+    privacy = {"level": "instance", "clip": 1.0, "noise_multiplier": 1.0}
+    cfg = image_folder_config(tmp_path, algorithm="localsgdm", stream=True, rounds=2, privacy=privacy)
+    setup = build(cfg)
+    assert isinstance(setup.data.data.x_train, LazySamples)
+    run_all(setup.simulation)
+    assert setup.data.stream.misses == 0  # every Poisson batch came from the prefetching loader
