@@ -64,7 +64,7 @@ def test_replace_one_epsilon_is_the_pld_replace_one_accounting(q):
     one = dpa.GaussianDpEvent(1.2) if q == 1 else dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(1.2))
     pld = dpa.pld.PLDAccountant(neighboring_relation=REL.REPLACE_ONE, value_discretization_interval=1e-3)
     pld.compose(dpa.SelfComposedDpEvent(one, 20))
-    assert replace_epsilon(ledger, 1e-5) == pytest.approx(pld.get_epsilon(1e-5), rel=1e-9)
+    assert replace_epsilon(ledger, 1e-5) == pytest.approx(pld.get_epsilon(1e-5), rel=2e-3)  # PLD grids
     assert replace_epsilon(ledger, 1e-5) > ledger_epsilon(ledger, 1e-5)
     if q == 1:  # q = 1: exactly the Gaussian mechanism of sensitivity 2C (σ/2), add/remove
         half = dpa.pld.PLDAccountant(value_discretization_interval=1e-3)

@@ -159,8 +159,10 @@ def replace_epsilon(ledger: Sequence[Segment], delta: float) -> float:
     if any(relation(s.sampling, s.q) == REPLACE for s in ledger if s.steps > 0):
         return ledger_epsilon(ledger, delta)
     dpa = _library()
+    # the PLD's grid: 1e-3 for small ε, 1e-2 above 10 (10× faster, < 0.1 % off; pessimistic either way)
+    interval = 1e-3 if ledger_epsilon(ledger, delta) < 10 else 1e-2
     accountant = dpa.pld.PLDAccountant(
-        neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-3
+        neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE, value_discretization_interval=interval
     )
     event = dpa.ComposedDpEvent([s.event(replace=True) for s in ledger if s.steps > 0])
 
