@@ -301,3 +301,17 @@ def test_a_streamed_run_prefetches_the_poisson_batches(tmp_path):
     assert isinstance(setup.data.data.x_train, LazySamples)
     run_all(setup.simulation)
     assert setup.data.stream.misses == 0  # every Poisson batch came from the prefetching loader
+
+
+def test_an_auc_loss_needs_a_declared_public_p_and_the_test_mode_fixes_batches_and_noise():
+    with pytest.raises(ConfigError, match="needs a public p"):
+        instance_private(make_sim("codasca", clients=2).algorithm, 1.0, 1.0)
+    cfg = _cfg("privacy.level='instance'", "privacy.reproducible_noise=7")
+    first, second = build(cfg), build(cfg)
+    assert not first.privacy.private and not first.simulation.sampler.source.private
+    first.simulation.run_round()
+    second.simulation.run_round()
+    assert all(
+        torch.equal(a, b)
+        for (_, a), (_, b) in zip(leaves(first.simulation.states), leaves(second.simulation.states))
+    )

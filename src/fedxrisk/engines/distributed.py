@@ -87,6 +87,8 @@ class DistributedSimulation(Simulation):
         )
         self.is_primary = self.group.rank == 0
         self._stats: torch.Tensor | None = None
+        if self.privacy is not None:  # one secret noise source for all ranks: rank 0's
+            self.privacy.share(lambda entropy: self.group.all_gather_object(entropy, "DP noise source"))
 
     @property
     def rank(self) -> int:

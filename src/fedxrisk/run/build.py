@@ -21,7 +21,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.run.checks import CheckedConfig, check
-from fedxrisk.run.privacy import PrivacyPlan, instance_pos_ratio, plan_privacy
+from fedxrisk.run.privacy import PrivacyPlan, instance_noise, instance_pos_ratio, plan_privacy
 from fedxrisk.run.spec import RunConfig
 
 
@@ -59,12 +59,14 @@ def build(
     cfg: RunConfig | CheckedConfig,
     init: str | Path | dict[str, Any] | None = None,
     data_from: Setup | None = None,
+    privacy_ledger: list[dict[str, Any]] | None = None,
 ) -> Setup:
     """Check (unless checked already) and build everything; :class:`ConfigError` before any output.
 
     The model starts from ``init`` (a path, or a state dict in memory) if given, else from
     ``cfg.init_from`` (a two-stage config's ``init_from`` belongs to its first stage).
     ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
+    ``privacy_ledger``: the DP ledger of the rounds a resumed or extended run already ran.
     """
     cfg = check(cfg).config
     from fedxrisk.data.stream import attach_stream, eval_batch_size, parse_bytes
@@ -114,16 +116,19 @@ def build(
             cfg.lr_decay,
             cfg.window_growth,
         )
-        algorithm, client_dp, privacy = plan_privacy(cfg, algorithm, data, schedule, batch_size)
+        algorithm, client_dp, privacy = plan_privacy(
+            cfg, algorithm, data, schedule, batch_size, privacy_ledger
+        )
         if cfg.engine == "distributed":
             sim: Simulation = DistributedSimulation(
                 algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
-                cfg.clients_per_rank, cfg.dist_timeout, privacy=client_dp,
+                cfg.clients_per_rank, cfg.dist_timeout, privacy=client_dp, noise=instance_noise(cfg),
             )  # fmt: skip
         else:
             sim = Simulation(
-                algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp
-            )
+                algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp,
+                noise=instance_noise(cfg),
+            )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
     return Setup(cfg, data, algorithm.problem, algorithm, sim, choice, source, privacy)

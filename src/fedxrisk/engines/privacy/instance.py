@@ -146,13 +146,18 @@ def instance_private(
 ) -> Algorithm:
     """A copy of ``algorithm`` taking DP-SGD local steps (per-sample clipping to ``clip``, noise
     std ``noise_multiplier·clip`` on the sum, Poisson batches); ``pos_ratio``: the public p its
-    AUC loss uses instead of the training data's. Raises :class:`ConfigError` where it cannot."""
+    AUC loss uses (required when ``uses_pos_ratio``). Raises :class:`ConfigError` where it cannot."""
     check_instance_dp(algorithm)
     if not clip > 0 or math.isinf(clip) or not noise_multiplier >= 0 or math.isinf(noise_multiplier):
         raise ConfigError(
             f"instance-level DP needs clip > 0 and noise_multiplier ≥ 0, got {clip}, {noise_multiplier}"
         )
     problem = algorithm.problem
+    if algorithm.uses_pos_ratio and pos_ratio is None:
+        raise ConfigError(
+            f"instance-level DP: {algorithm.name}'s AUC loss needs a public p (pos_ratio), not one counted "
+            "from the records"
+        )
     if pos_ratio is not None:
         labels = problem.num_labels
         problem = replace(problem, pos_ratio=float(pos_ratio) if labels == 1 else [float(pos_ratio)] * labels)
