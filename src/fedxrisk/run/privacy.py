@@ -12,6 +12,7 @@ Keys (all optional but ``clip`` and one of ``noise_multiplier`` / ``target_epsil
     sampling = "poisson"      # or "fixed" (round(q·K) clients, without replacement)
     reproducible_noise = "none"  # "none": secret noise (fresh OS entropy, never written);
                                  # an integer: TEST MODE, noise fixed by it — the run is not private
+    pos_ratio = "none"        # instance level: the AUC losses' public p; "none": data.imratio
 
 δ's default is min(1e-5, 1/(10·N)) with N the training samples, at both levels
 (:func:`default_delta`): well below 1/N, which admits a mechanism that publishes one record in
