@@ -44,6 +44,9 @@ def test_flower_server_noise_equals_the_loop_engine_with_client_dp(algorithm, tm
     assert summary["privacy"]["epsilon"] == pytest.approx(
         epsilon(0.8, rc["rounds"], min(1e-5, 0.1 / n)), rel=1e-12
     )
+    p = summary["privacy"]  # issue 30: the relation, the replace-one ε and the test mode's mark
+    assert p["relation"] == "add/remove one client" and p["private"] is False
+    assert p["epsilon_replace_one"] > p["epsilon"]
     plain, _ = run_local(run_config(algorithm, tmp_path / "plain", lr=0.05), trial_nodes())
     assert plain["final"]["test_auroc"] != summary["final"]["test_auroc"]  # the noise is really there
 

@@ -35,7 +35,7 @@ from fedxrisk.engines.privacy import (
     epsilon,
     noise_for_epsilon,
 )
-from fedxrisk.engines.privacy.accountant import relation
+from fedxrisk.engines.privacy.accountant import REPLACE, Segment, relation, replace_epsilon
 from fedxrisk.errors import ConfigError
 from fedxrisk.tree import Tree, leaves, tmap
 
@@ -127,13 +127,27 @@ class ServerDP:
         s = self.config.sampling
         return epsilon(self.config.noise_multiplier, rounds, self.delta, s.rate, s.kind, self.k)
 
+    def _ledger(self, rounds: int) -> list[Segment]:
+        s = self.config.sampling
+        return [Segment(0, rounds, s.rate, self.config.noise_multiplier, rounds, s.kind, self.k)]
+
+    def replace_epsilon(self, rounds: int) -> float | None:
+        """ε for replacing one site's data, where it differs from :meth:`epsilon` (None: fixed sampling)."""
+        s = self.config.sampling
+        if relation(s.kind, s.rate) == REPLACE:
+            return None
+        return replace_epsilon(self._ledger(rounds), self.delta)
+
     def describe(self) -> str:
         s = self.config.sampling
         sampling = f", {s.kind} sampling q = {s.rate:.4g}" if not s.everyone else ""
+        replace = self.replace_epsilon(self.rounds)
         return (
-            f"differential privacy: ({self.epsilon(self.rounds):.3g}, {self.delta:.3g})-DP per site after "
+            f"differential privacy: ({self.epsilon(self.rounds):.3g}, {self.delta:.3g})-DP per site, "
+            f"{relation(s.kind, s.rate)} site, after "
             f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}{sampling}), "
             f"clipped by the {self.clipped_by}, noise added by the server"
+            + ("" if replace is None else f"; replacing one site's data: ε = {replace:.3g}")
             + (
                 ""
                 if self.aggregator.private
@@ -148,6 +162,7 @@ class ServerDP:
             "noise_multiplier": self.config.noise_multiplier, "sampling_rate": self.config.sampling.rate,
             "sampling": self.config.sampling.kind, "accountant": "RDP (dp-accounting)", "noise_added_by": "server",
             "clipped_by": self.clipped_by, "relation": f"{relation(s.kind, s.rate)} client",
+            **({} if (r := self.replace_epsilon(rounds)) is None else {"epsilon_replace_one": r}),
             "private": self.aggregator.private,
         }  # fmt: skip
 

@@ -85,7 +85,8 @@ def privacy_from_table(table: Any) -> dict[str, Any]:
         raise ConfigError(f"[privacy] must be a table of keys, got {table!r}")
     unknown = sorted(set(table) - set(KEYS))
     if unknown:
-        raise ConfigError(f"unknown key privacy.{unknown[0]}; [privacy] allows: {', '.join(KEYS)}")
+        allowed = ", ".join(k for k in KEYS if k != "noise_seed")
+        raise ConfigError(f"unknown key privacy.{unknown[0]}; [privacy] allows: {allowed}")
     if "clip" not in table:
         raise ConfigError("privacy.clip is missing: the L2 clipping norm C (e.g. clip = 1.0)")
     values = {**DEFAULTS, **{k: _value(k, v) for k, v in table.items()}}

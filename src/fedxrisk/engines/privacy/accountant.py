@@ -208,7 +208,7 @@ def noise_for_epsilon(
     if spent >= target_epsilon - tolerance:
         raise ConfigError(
             f"privacy.target_epsilon {target_epsilon:g} is already spent by the rounds run (ε = {spent:.3g}): "
-            "extend with a larger target_epsilon or an explicit noise_multiplier"
+            "a target is spent over the rounds planned; start a new run planned with the rounds wanted"
         )
     start = earlier[-1].last if earlier else 0
 

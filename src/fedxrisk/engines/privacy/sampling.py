@@ -50,9 +50,8 @@ class ClientSampling:
         u = torch.from_numpy(source.spawn(round_, SAMPLING_STREAM).uniform(num_clients))
         if self.kind == "poisson":
             return u < self.rate
-        chosen = torch.zeros(
-            num_clients, dtype=torch.bool
-        )  # the m smallest of K uniforms: m without replacement
+        # fixed: the clients holding the m smallest of K uniforms (m without replacement)
+        chosen = torch.zeros(num_clients, dtype=torch.bool)
         chosen[torch.argsort(u)[: fixed_count(self.rate, num_clients)]] = True
         return chosen
 
