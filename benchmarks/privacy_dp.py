@@ -96,7 +96,7 @@ def cost() -> list[dict[str, Any]]:
             problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
             algorithm = ALGORITHMS[alg](problem)
             if instance is not None:
-                algorithm = instance_private(algorithm, *instance)
+                algorithm = instance_private(algorithm, *instance, pos_ratio=0.3)  # the imratio: public
             sim = Simulation(algorithm, data, Schedule.build(16, 4, 0.1), 32, 0, "vmap", privacy=client)
             sim.run_round()  # warm-up
             times = []

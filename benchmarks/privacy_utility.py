@@ -1,6 +1,7 @@
 """Utility against ε on real data: test AUROC of CE FedAvg, CODASCA and LocalSCGDAM with client-level DP.
 
-Two studies, ε ∈ {1, 3, 8, ∞} at δ = 1/N (N: training samples; ∞: no clipping, no noise):
+Two studies, ε ∈ {1, 3, 8, ∞} at the run layer's default δ = min(1e-5, 1/(10·N)) (N: training samples;
+∞: no clipping, no noise):
 
 - Fed-Heart-Disease (UCI, reader ``heart_disease``, FLamby's encoding), ``partition = source``:
   the 4 hospitals are the K = 4 clients, every client every round; linear model (FLamby's
@@ -14,7 +15,10 @@ on 20 % of every client's training shard held out (``fedxrisk.data.validation.ho
 the ``data.validation`` setting of branch ``select`` did not exist yet), training on the other
 80 % with seed 0. The selected setting is then trained on the full training shards with
 seeds 0, 1, 2 and evaluated on the test set. σ comes from the run layer's ``[privacy]``
-wiring (``fedxrisk.run.privacy.plan_privacy``: ``target_epsilon`` for the planned rounds).
+wiring (``fedxrisk.run.privacy.plan_privacy``: ``target_epsilon`` for the planned rounds). The noise
+is the reproducible test mode (``reproducible_noise`` = 1000 + seed) so that every cell reproduces:
+it has the distribution of the secret default, but these runs are not private releases; nor is the
+choice of (lr, C) on validation accounted in ε (a utility study on public data).
 
 Budget (one core): the grid is 2 learning rates × 2 clipping norms, 3 seeds; LocalSCGDAM runs on
 heart disease only (cut on campaign for the CPU budget). Writes
@@ -67,12 +71,13 @@ def config(study: dict[str, Any], data_root: Path, method: str, lr: float, seed:
     )  # fmt: skip
 
 
-def privacy(clip: float | None, eps: float, n: int, study: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``[privacy]`` table of one cell: client level, σ for ``eps`` at δ = 1/n; ε = ∞: None."""
+def privacy(clip: float | None, eps: float, seed: int, study: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``[privacy]`` table of one cell: client level, σ for ``eps`` at the default δ; ε = ∞: None."""
     if math.isinf(eps):
         return None
-    return {"clip": clip, "target_epsilon": eps, "delta": 1.0 / n, "level": "client",
-            "sampling_rate": study["sampling_rate"], "sampling": "poisson"}  # fmt: skip
+    return {"clip": clip, "target_epsilon": eps, "delta": None, "level": "client",
+            "sampling_rate": study["sampling_rate"], "sampling": "poisson",
+            "reproducible_noise": 1000 + seed}  # fmt: skip
 
 
 def train_eval(cfg: Any, data: Any) -> float:
@@ -103,6 +108,7 @@ def train_eval(cfg: Any, data: Any) -> float:
 def run_study(name: str, study: dict[str, Any], data_root: Path) -> list[dict[str, Any]]:
     from fedxrisk.data.validation import hold_out
     from fedxrisk.run.build import build_data
+    from fedxrisk.run.privacy import default_delta
 
     base = config(study, data_root, "localsgdm", 0.1, 0, None)
     full = {seed: build_data(replace(base, seed=seed))[0] for seed in SEEDS}
@@ -117,17 +123,17 @@ def run_study(name: str, study: dict[str, Any], data_root: Path) -> list[dict[st
             grid = [(lr, c) for lr in lrs for c in ([None] if math.isinf(eps) else CLIPS)]
             scores = {}
             for lr, clip in grid:
-                cfg = config(study, data_root, method, lr, 0, privacy(clip, eps, n, study))
+                cfg = config(study, data_root, method, lr, 0, privacy(clip, eps, 0, study))
                 scores[(lr, clip)] = train_eval(cfg, validation)
             (lr, clip), val = max(scores.items(), key=lambda kv: -1 if math.isnan(kv[1]) else kv[1])
             tests = [
                 train_eval(
-                    config(study, data_root, method, lr, seed, privacy(clip, eps, n, study)), full[seed]
+                    config(study, data_root, method, lr, seed, privacy(clip, eps, seed, study)), full[seed]
                 )
                 for seed in SEEDS
             ]
             row = {
-                "study": name, "method": method, "epsilon": eps, "delta": 1.0 / n, "lr": lr, "clip": clip,
+                "study": name, "method": method, "epsilon": eps, "delta": default_delta(n), "lr": lr, "clip": clip,
                 "validation_auroc": val, "test_auroc": tests,
                 "grid": [{"lr": a, "clip": b, "validation_auroc": v} for (a, b), v in scores.items()],
                 "seconds": round(time.perf_counter() - start, 1),

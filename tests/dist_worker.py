@@ -53,12 +53,12 @@ def build(alg, clients, per_rank, steps, stages, model, policy, options=None, ro
 
 def class_aware_probe():
     """tests/test_classaware.py's probe on 4 clients over 2 ranks: 3 positives per batch of 8."""
-    from fedxrisk.classaware import use_class_aware_batches
+    from fedxrisk.classaware import class_aware_batches
     from helpers import PositivesProbe
 
     data = make_federated("digits", 4, "iid", 0.1, 0)
     probe = PositivesProbe(Problem(build_model("linear", data.data.input_shape, 0), data.data.pos_ratio))
-    use_class_aware_batches(probe, 3, 8)
+    probe = class_aware_batches(probe, 3, 8)
     sim = DistributedSimulation(
         probe, data, Schedule.build(3, 2, 0.1, 1), 8, 0, clients_per_rank=2, timeout=60
     )

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, ClientInfo, Schedule
-from fedxrisk.classaware import use_class_aware_batches
+from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data import make_federated
 from fedxrisk.engines import Simulation
 from fedxrisk.models import build_model
@@ -36,12 +36,12 @@ def make_sim(
     positives: int = 0,
 ) -> Simulation:
     """A small simulation with every piece built from ``seed``; ``positives`` > 0:
-    class-aware batches (:func:`fedxrisk.classaware.use_class_aware_batches`)."""
+    class-aware batches (:func:`fedxrisk.classaware.class_aware_batches`)."""
     data = make_federated(dataset, clients, partition, imratio, seed)
     net = build_model(model, data.data.input_shape, seed)
     problem = Problem(net, data.data.pos_ratio, buffer_policy, pos_ratio_mode)
     alg = ALGORITHMS[algorithm](problem, **(options or {}))
-    use_class_aware_batches(alg, positives, batch_size)
+    alg = class_aware_batches(alg, positives, batch_size)
     schedule = Schedule.build(rounds, local_steps, lr, stages)
     return Simulation(alg, data, schedule, batch_size, seed, engine)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedxrisk.classaware import use_class_aware_batches
+from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data import make_federated
 from fedxrisk.engines import Simulation
 from fedxrisk.experiment import ConfigError, RunConfig, validate
@@ -30,7 +30,7 @@ def probe_sim(engine: str) -> Simulation:
     data = make_federated("digits", 4, "iid", 0.1, 0)
     problem = Problem(build_model("linear", data.data.input_shape, 0), data.data.pos_ratio)
     probe = PositivesProbe(problem)
-    use_class_aware_batches(probe, P, B)
+    probe = class_aware_batches(probe, P, B)
     from fedxrisk.algorithms import Schedule
 
     options = {"backend": "aot_eager"} if engine == "compile" else None  # the compiled path, compiled fast

@@ -41,7 +41,12 @@ def test_flower_server_noise_equals_the_loop_engine_with_client_dp(algorithm, tm
     params, _ = sim.global_model()
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
     n = sum(base.data.shard_sizes)
-    assert summary["privacy"]["epsilon"] == pytest.approx(epsilon(0.8, rc["rounds"], 1.0 / n), rel=1e-12)
+    assert summary["privacy"]["epsilon"] == pytest.approx(
+        epsilon(0.8, rc["rounds"], min(1e-5, 0.1 / n)), rel=1e-12
+    )
+    p = summary["privacy"]  # issue 30: the relation, the replace-one ε and the test mode's mark
+    assert p["relation"] == "add/remove one client" and p["private"] is False
+    assert p["epsilon_replace_one"] > p["epsilon"]
     plain, _ = run_local(run_config(algorithm, tmp_path / "plain", lr=0.05), trial_nodes())
     assert plain["final"]["test_auroc"] != summary["final"]["test_auroc"]  # the noise is really there
 
@@ -104,11 +109,11 @@ def test_flower_client_sampling_equals_the_loop_engine(algorithm, kind, rate, tm
     n = sum(base.data.shard_sizes)
     rows = history_rows(tmp_path)
     assert [r["epsilon"] for r in rows] == pytest.approx(
-        [epsilon(0.8, r, 1.0 / n, rate, kind, k) for r in range(1, rounds + 1)], rel=1e-12
+        [epsilon(0.8, r, min(1e-5, 0.1 / n), rate, kind, k) for r in range(1, rounds + 1)], rel=1e-12
     )
     assert summary["privacy"]["epsilon"] == rows[-1]["epsilon"]
     if kind == "poisson":  # amplified (fixed sampling is accounted under replace-one: not comparable)
-        assert rows[-1]["epsilon"] < epsilon(0.8, rounds, 1.0 / n)
+        assert rows[-1]["epsilon"] < epsilon(0.8, rounds, min(1e-5, 0.1 / n))
     assert (summary["privacy"]["sampling_rate"], summary["privacy"]["sampling"]) == (rate, kind)
 
 

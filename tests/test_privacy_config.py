@@ -86,11 +86,11 @@ def test_run_reports_epsilon_per_evaluation_and_in_the_summary(tmp_path, capfd):
         rows = list(csv.DictReader(f))
     assert [int(r["round"]) for r in rows] == [2, 4]
     for r in rows:
-        expected = epsilon(1.5, int(r["round"]), 1.0 / n, 0.5, "poisson", 4)
+        expected = epsilon(1.5, int(r["round"]), min(1e-5, 0.1 / n), 0.5, "poisson", 4)
         assert float(r["epsilon"]) == pytest.approx(expected, rel=1e-12)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["privacy"]["epsilon"] == pytest.approx(float(rows[-1]["epsilon"]), rel=1e-12)
-    assert summary["privacy"]["delta"] == 1.0 / n
+    assert summary["privacy"]["delta"] == min(1e-5, 0.1 / n)
     assert "-DP per client" in capfd.readouterr().err
 
 
@@ -109,13 +109,16 @@ def test_target_epsilon_sets_sigma_for_the_planned_rounds():
 def test_configured_run_equals_the_engine_with_client_dp():
     """The [privacy] wiring builds exactly Simulation(privacy=ClientDP(...)): same numbers."""
     setup = build(
-        cfg_with("clip=0.3", "noise_multiplier=0.7", "sampling_rate=0.5", extra=("engine.engine=loop",))
-    )
+        cfg_with(
+            "clip=0.3", "noise_multiplier=0.7", "sampling_rate=0.5", "reproducible_noise=4",
+            extra=("engine.engine=loop",),
+        )
+    )  # fmt: skip
     run_all(setup.simulation)
     s = setup.simulation
     direct = Simulation(
         s.algorithm, s.data, s.schedule, s.batch_size, s.seed, "loop",
-        privacy=ClientDP(0.3, 0.7, ClientSampling(0.5)),
+        privacy=ClientDP(0.3, 0.7, ClientSampling(0.5), noise_seed=4),
     )  # fmt: skip
     run_all(direct)
     assert max_abs_diff(direct.states, s.states) == 0.0
@@ -126,8 +129,9 @@ def test_instance_level_accounts_local_steps_with_batch_sampling_rate():
     plan, data = setup.privacy, setup.data
     steps = sum(p.window for p in setup.simulation.plans)
     q = setup.simulation.batch_size / min(data.shard_sizes)
-    assert plan.epsilon(4) == pytest.approx(epsilon(1.1, steps, 1.0 / len(data.data.y_train), q), rel=1e-12)
-    assert setup.simulation.algorithm.dp_noise_multiplier == 1.1
+    delta = min(1e-5, 0.1 / len(data.data.y_train))
+    assert plan.epsilon(4) == pytest.approx(epsilon(1.1, steps, delta, q), rel=1e-12)
+    assert setup.simulation.algorithm.gradient_estimator.noise_multiplier == 1.1
 
 
 # -- the distributed engine ------------------------------------------------------------------
@@ -176,14 +180,17 @@ def test_loop_vmap_and_distributed_agree_with_client_dp(dist_results):
 
 def test_loop_vmap_and_distributed_agree_with_instance_dp(dist_results):
     from dist_dp_worker import INSTANCE
-    from fedxrisk.engines.privacy import instance_private
+    from fedxrisk.engines.privacy import NoiseSource, instance_private
 
     for spec, got in zip(INSTANCE, dist_results["instance"], strict=True):
         alg, clients, _ = spec
         for engine in ("loop", "vmap"):
             base = make_sim(alg, engine, clients=clients, rounds=3, local_steps=2, lr=0.05)
-            private = instance_private(base.algorithm, 0.5, 1.0)
-            sim = run_all(Simulation(private, base.data, base.schedule, base.batch_size, base.seed, engine))
+            private = instance_private(base.algorithm, 0.5, 1.0, base.algorithm.problem.pos_ratio)
+            noise = NoiseSource.reproducible(0)  # the worker's: the same batches and noise per (step, client)
+            sim = run_all(
+                Simulation(private, base.data, base.schedule, base.batch_size, base.seed, engine, noise=noise)
+            )
             assert max_abs_diff(sim.states, got["state"]["states"]) < 1e-5, (spec, engine)
             assert abs(sim.train_loss() - got["train_loss"]) < 1e-5, spec
         plain = run_all(make_sim(alg, "loop", clients=clients, rounds=3, local_steps=2, lr=0.05))
@@ -192,3 +199,17 @@ def test_loop_vmap_and_distributed_agree_with_instance_dp(dist_results):
 
 def test_distributed_resume_with_client_dp_equals_the_uninterrupted_run(dist_results):
     assert max_abs_diff(dist_results["resumed"]["states"], dist_results["runs"][0]["state"]["states"]) == 0.0
+
+
+def test_distributed_secret_noise_is_one_source_on_every_rank(dist_results):
+    """Default (secret) noise under the distributed engine: both ranks add rank 0's noise, so the
+    4 clients (2 per rank) hold one global model; and it is not the test mode's noise."""
+    w = dist_results["secret"]["state"]["states"]["w"]
+    for path, t in w.items():
+        assert max_abs_diff(t, t[:1].expand_as(t)) == 0.0, path
+    base = make_sim("localsgdm", "loop", clients=4, rounds=2, local_steps=2, lr=0.05)
+    seeded = run_all(
+        Simulation(base.algorithm, base.data, base.schedule, base.batch_size, base.seed, "loop",
+                   privacy=ClientDP(0.5, 0.8, noise_seed=base.seed))
+    )  # fmt: skip
+    assert max_abs_diff(seeded.states["w"], w) > 1e-3

@@ -3,10 +3,10 @@ r"""Class-aware batches for any algorithm (LibAUC's DualSampler practice) and th
 ``positives_per_batch = P`` makes every client's every batch of size B hold
 exactly P positives first, then B − P negatives (``data.sampler.ClassSampler``;
 a rare class is cycled, i.e. oversampled). Every engine reads the algorithm's
-``positives_per_batch``; :func:`use_class_aware_batches` sets it for algorithms
-that do not choose it themselves (FeDXL's B1 is its own hyperparameter), so the
-same option works for every algorithm on loop, vmap, compile, distributed and
-Flower sites.
+``positives_per_batch``; :func:`class_aware_batches` sets it for algorithms that
+do not choose it themselves (FeDXL's B1 is its own hyperparameter) on a copy, the
+original untouched, so the same option works for every algorithm on loop, vmap,
+compile, distributed and Flower sites.
 
 **The p of the AUC losses.** The AUC-square / AUCM objective of CODA+/CODASCA
 and LocalSCGDAM (Yuan et al. 2021, eq. 2; LibAUC's AUCMLoss v1) averages over
@@ -38,9 +38,9 @@ Cross-entropy under class-aware batches is oversampled (balanced) CE.
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 
-from fedxrisk.algorithms.base import Algorithm
+from fedxrisk.algorithms.base import Algorithm, with_hooks
 
 
 def owns_positives(cls: type[Algorithm]) -> bool:
@@ -53,16 +53,18 @@ def sampled_pos_ratio(positives: int, batch_size: int) -> float:
     return positives / batch_size
 
 
-def use_class_aware_batches(algorithm: Algorithm, positives: int, batch_size: int) -> None:
-    """Make ``algorithm`` draw ``positives`` positives per batch and its AUC losses use p = P/B.
+def class_aware_batches(algorithm: Algorithm, positives: int, batch_size: int) -> Algorithm:
+    """``algorithm`` drawing ``positives`` positives per batch, its AUC losses using p = P/B: a copy
+    (``algorithms.base.with_hooks``) with a copy of its problem; the arguments are left unchanged.
 
     ``positives`` = 0 keeps the algorithm's own choice (FeDXL's B1; plain batches
-    for the others). Raises ValueError naming ``positives_per_batch`` when it
-    leaves no negatives, or when the task is multi-label or asks for local p.
+    for the others) and returns ``algorithm`` itself. Raises ValueError naming
+    ``positives_per_batch`` when it leaves no negatives, or when the task is
+    multi-label or asks for local p.
     """
     positives = positives or algorithm.positives_per_batch
     if not positives:
-        return
+        return algorithm
     if not 1 <= positives < batch_size:
         raise ValueError(
             f"positives_per_batch must lie in [1, batch_size − 1] = [1, {batch_size - 1}], got {positives}"
@@ -77,5 +79,5 @@ def use_class_aware_batches(algorithm: Algorithm, positives: int, batch_size: in
             "pos_ratio_mode 'local' contradicts class-aware batches (positives_per_batch > 0), "
             "whose AUC losses use p = positives_per_batch / batch_size; use 'global' or 'batch'"
         )
-    algorithm.positives_per_batch = positives
-    problem.sampled_pos_ratio = sampled_pos_ratio(positives, batch_size)
+    problem = replace(problem, sampled_pos_ratio=sampled_pos_ratio(positives, batch_size))
+    return with_hooks(algorithm, positives_per_batch=positives, problem=problem)

@@ -35,7 +35,7 @@ class Problem:
         num_labels: L; 1 (default) is a binary task with scalar logits ``[batch]``;
             L > 1 gives logits ``[batch, L]`` and per-label AUC variables a, b, α.
         sampled_pos_ratio: r = P/B under class-aware batches (set by
-            :func:`fedxrisk.classaware.use_class_aware_batches`); the AUC losses
+            :func:`fedxrisk.classaware.class_aware_batches`); the AUC losses
             then use p = r in every mode (the derivation is in that module).
         eval_batch_size: samples per forward pass when evaluating or predicting
             (:func:`fedxrisk.metrics.predict`); None: from the default memory budget.

@@ -16,11 +16,13 @@ client layout, collectives, byte accounting, evaluation.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
 import torch
+from torch.func import grad_and_value
 
 from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.problem import Problem
@@ -93,6 +95,23 @@ class Collective(Protocol):
         """Run a per-client function (no communication) over stacked trees."""
 
 
+class GradientEstimator(Protocol):
+    """``(loss(params, batch) -> (value, buffers), params, batch) -> (∇loss, (value, buffers))``."""
+
+    def __call__(
+        self, loss: Callable[..., tuple[torch.Tensor, Tree]], params: Tree, batch: Batch
+    ) -> tuple[Tree, tuple[torch.Tensor, Tree]]: ...
+
+
+class MeanGradient:
+    """The plain estimator: autograd of the batch objective (the mean of the per-sample terms)."""
+
+    def __call__(
+        self, loss: Callable[..., tuple[torch.Tensor, Tree]], params: Tree, batch: Batch
+    ) -> tuple[Tree, tuple[torch.Tensor, Tree]]:
+        return grad_and_value(loss, has_aux=True)(params, batch)
+
+
 class Algorithm:
     """Base class: hyperparameters are dataclass fields; subclasses implement the contract.
 
@@ -119,6 +138,18 @@ class Algorithm:
         acts_at_stage_end: ``communicate`` changes the state at a stage's last round
             (CODA+'s restart): a run extended past its last round then differs from one
             planned longer (``fedxrisk run --resume RUN --rounds N`` warns).
+        couples_samples: why one record's influence on a round is not bounded by clipping
+            its own gradient (a pairwise or compositional loss, class sums sent in
+            ``communicate``); None when :meth:`sample_loss` is all a record touches.
+            Instance-level DP refuses an algorithm that says so (engines/privacy/instance.py).
+        uses_pos_ratio: the objective weighs the classes by a prior p (AUC losses); at
+            instance level p must then be public (docs/privacy.md).
+        gradient_estimator: how :meth:`gradient` turns :meth:`sample_loss` into a gradient:
+            :class:`MeanGradient` (autograd of the batch mean); DP-SGD supplies another.
+        poisson_batches: the engine draws each record into a batch independently
+            (``batch["mask"]`` marks the records of a padded batch); set by DP-SGD.
+        noise_per_step: float64 N(0, 1) draws the engine adds to each batch as
+            ``batch["noise"]`` from the run's secret noise source; set by DP-SGD.
     """
 
     name: ClassVar[str] = ""
@@ -133,6 +164,11 @@ class Algorithm:
     needs_both_classes: ClassVar[bool] = True
     monitor: ClassVar[str] = "val_auroc"
     acts_at_stage_end: ClassVar[bool] = False
+    couples_samples: ClassVar[str | None] = None
+    uses_pos_ratio: ClassVar[bool] = False
+    gradient_estimator: GradientEstimator = MeanGradient()
+    poisson_batches: bool = False
+    noise_per_step: int = 0
 
     problem: Problem
 
@@ -144,6 +180,28 @@ class Algorithm:
 
     def communicate(self, state: State, comm: Collective, ctx: RoundContext) -> State:
         raise NotImplementedError
+
+    def sample_loss(self, params: Tree, state: State, batch: Batch) -> tuple[torch.Tensor, Tree]:
+        """(the objective on ``batch`` at ``params`` (:meth:`sample_params`), the buffers after the
+        forward pass), where the objective is the mean over the batch of one term per sample given
+        ``state`` (DP-SGD clips each term's gradient). Declared by the algorithms that take their
+        gradient from :meth:`gradient`; the others leave it undeclared."""
+        raise NotImplementedError(f"{self.name} declares no per-sample loss")
+
+    @classmethod
+    def declares_sample_loss(cls) -> bool:
+        """Whether the algorithm's gradient comes from a declared :meth:`sample_loss`."""
+        return cls.sample_loss is not Algorithm.sample_loss
+
+    def sample_params(self, state: State) -> Tree:
+        """The variables :meth:`sample_loss` is differentiated in (default: the model ``w``)."""
+        return state["w"]
+
+    def gradient(self, state: State, batch: Batch) -> tuple[Tree, tuple[torch.Tensor, Tree]]:
+        """(∇ of :meth:`sample_loss` in :meth:`sample_params`, (its value, buffers)), by
+        ``gradient_estimator``: the batch mean's gradient, or DP-SGD's private one."""
+        loss = lambda params, b: self.sample_loss(params, state, b)  # noqa: E731
+        return self.gradient_estimator(loss, self.sample_params(state), batch)
 
     def begin(self, state: State, comm: Collective, batch: Batch) -> State:
         """Once before the first round (stacked state, like ``communicate``), if ``begin_batch``."""
@@ -165,6 +223,21 @@ class Algorithm:
     def hyperparameters(cls) -> dict[str, Any]:
         """Field name → default, for ``fedxrisk list`` and config validation."""
         return {f.name: f.default for f in fields(cls) if f.name != "problem"}  # type: ignore[arg-type]
+
+
+HOOKS = ("gradient_estimator", "poisson_batches", "noise_per_step", "positives_per_batch", "problem")
+
+
+def with_hooks(algorithm: Algorithm, **hooks: Any) -> Algorithm:
+    """A copy of ``algorithm`` with some of its declared hooks (:data:`HOOKS`) replaced: how
+    DP-SGD and class-aware batches wrap an algorithm; the original object is left as it was."""
+    unknown = sorted(set(hooks) - set(HOOKS))
+    if unknown:
+        raise TypeError(f"{unknown[0]!r} is not an algorithm hook; hooks: {', '.join(HOOKS)}")
+    out = copy.copy(algorithm)
+    for key, value in hooks.items():
+        setattr(out, key, value)
+    return out
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch.func import grad_and_value
 
 from fedxrisk.algorithms.base import (
     Algorithm,
@@ -82,6 +81,7 @@ class CODAPlus(Algorithm):
 
     name = "codaplus"
     communicates = ("w", "a", "b", "alpha")
+    uses_pos_ratio = True  # the AUC losses weigh the classes by p
     acts_at_stage_end = True  # the stage restart (and CoDA's stage batch, NPA's as well)
     default_lr = (
         3.0  # sigmoid scores make the square loss gradients small (factor p(1 − p)); see docs/benchmarks.md
@@ -168,12 +168,19 @@ class CODAPlus(Algorithm):
         f = AUC_LOSSES[self.loss](*args, self.margin) if self.loss == "aucm" else AUC_LOSSES[self.loss](*args)
         return f, new_buffers
 
+    def sample_loss(self, params, state: State, batch: Batch):
+        """F of eq. (2) (or AUCM) on ``batch`` at params = {v, α}: a mean of one term per sample
+        given the state's p."""
+        return self._objective(params["v"], params["alpha"], state["buffers"], state["p"], batch)
+
+    def sample_params(self, state: State) -> dict[str, Any]:
+        """(v, α): DP-SGD clips the gradient in all of them jointly."""
+        return {"v": _primal(state), "alpha": state["alpha"]}
+
     def gradients(self, state: State, batch: Batch):
         """(∇_v F, ∇_α F, F, buffers) at the client's current (v, α) on ``batch``."""
-        (gv, galpha), (f, buffers) = grad_and_value(self._objective, argnums=(0, 1), has_aux=True)(
-            _primal(state), state["alpha"], state["buffers"], state["p"], batch
-        )
-        return gv, galpha, f, buffers
+        g, (f, buffers) = self.gradient(state, batch)
+        return g["v"], g["alpha"], f, buffers
 
     def primal_direction(self, state: State, gv) -> dict[str, Any]:
         """clip(∇_v F) + wd·v + γ(v − v0): the primal descent direction of stage s

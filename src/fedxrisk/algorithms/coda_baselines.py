@@ -26,6 +26,9 @@ class CoDA(CODAPlus):
     drawn on every client (``stage_batch_size`` samples each)."""
 
     name = "coda"
+    couples_samples = (
+        "its class sums of a sampled batch leave the client at stage ends, outside the local step"
+    )
     communicates = ("w", "a", "b", "alpha", "class_score_sums")
 
     stage_batch_size: int = 256

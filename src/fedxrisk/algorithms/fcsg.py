@@ -79,6 +79,7 @@ class _Conditional(Algorithm):
 
     monitor = "val_ap"  # the AP objective
     default_lr = 0.1
+    couples_samples = "conditional: its inner function is a mean over samples, so one sample moves every term"
 
     def __post_init__(self) -> None:
         if self.objective is not None and not isinstance(self.objective, ConditionalObjective):
@@ -217,6 +218,9 @@ class LocalSCGD(_Conditional):
 
     name = "local_scgd"
     communicates = ("w", "y")
+    couples_samples = (
+        "compositional/conditional: its inner function is a mean over samples, so one sample moves every term"
+    )
 
     gamma: float = 0.5  # weight of the new inner estimate ("inner state momentum")
     inner_state: str = "per_task"  # "per_task" (FCSG authors' code) | "shared"

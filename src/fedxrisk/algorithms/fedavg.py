@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.func import grad_and_value
 
 from fedxrisk.algorithms.base import (
     Algorithm,
@@ -56,8 +55,12 @@ class LocalSGDM(Algorithm):
         logits, new_buffers = self.problem.logits(w, buffers, batch["x"])
         return bce_loss(logits, batch["y"]), new_buffers
 
+    def sample_loss(self, params, state: State, batch: Batch):
+        """The mean binary cross-entropy of ``batch`` (one term per sample)."""
+        return self._loss(params, state["buffers"], batch)
+
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
-        g, (loss, buffers) = grad_and_value(self._loss, has_aux=True)(state["w"], state["buffers"], batch)
+        g, (loss, buffers) = self.gradient(state, batch)
         g = tmap(lambda gi, wi: gi + self.weight_decay * wi, g, state["w"])
         m = tmap(lambda mi, gi: self.momentum * mi + gi, state["m"], g)
         w = tmap(lambda wi, mi: wi - ctx.lr * mi, state["w"], m)

@@ -146,6 +146,9 @@ class LocalSGDMRL(LocalSGDM):
     """
 
     name = "localsgdm_rl"
+    couples_samples = (
+        "its class gradient sums of a sampled batch leave the client every round, outside the local step"
+    )
     communicates = ("w", "m", "ra")
 
     ra_alpha: float = 1.0

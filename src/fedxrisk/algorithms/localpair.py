@@ -26,6 +26,7 @@ class LocalPair(PairwiseBase):
     """
 
     name = "localpair"
+    couples_samples = "its pairwise loss couples positives and negatives of the client"
     communicates = ("w", "m")  # m only with momentum (beta < 1)
     default_lr = 1.0
 

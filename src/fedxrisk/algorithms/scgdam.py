@@ -69,6 +69,9 @@ class LocalSCGDAM(Algorithm):
     """Local stochastic compositional gradient descent ascent with momentum (paper Alg. 1)."""
 
     name = "localscgdam"
+    couples_samples = (
+        "compositional: its inner function is a mean over samples, so one sample moves every term"
+    )
     communicates = ("w", "a", "b", "alpha", "h", "u", "v")
     default_lr = 0.1  # η; the steps are γ_x·η and γ_y·η
 

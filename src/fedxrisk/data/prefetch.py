@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from fedxrisk.data.lazy import LazySamples, decode_rows, is_lazy
+from fedxrisk.data.sampler import unpad
 from fedxrisk.data.stream_choice import ON_BAD_FILE
 from fedxrisk.errors import BadFileError
 
@@ -274,7 +275,7 @@ def simulation_requests(sim: Replayable, begin: bool) -> Iterator[np.ndarray]:
         positions = sampler.next()
         if extra:
             sampler.uniforms(extra)
-        return positions
+        return unpad(positions)[0] if alg.poisson_batches else positions
 
     def run() -> Iterator[np.ndarray]:
         if begin and alg.begin_batch:

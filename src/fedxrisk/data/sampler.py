@@ -1,17 +1,27 @@
-"""Per-client mini-batch samplers with a fixed batch size.
+"""Per-client mini-batch samplers: fixed-size batches, and Poisson batches for DP-SGD.
 
 Every client draws from its own NumPy generator seeded by ``(seed, client)``,
 walking through successive random permutations of its shard (sampling without
 replacement within an epoch). Both simulation engines consume exactly the
 same index stream, which is what makes their results comparable.
+
+:class:`PoissonSampler` is instance-level DP's sampler (Abadi et al. 2016): every
+record joins a step's batch independently with probability q_k = B / n_k, drawn
+from the run's secret noise source, not from the seeded streams.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.stats import binom
+
+OVERFLOW = 1e-12  # P(a Poisson batch holds more records than its capacity), per client and step
+PADDING = -1  # the position of an empty slot of a padded Poisson batch
+SAMPLING_STREAM = 1 << 20  # the noise source's sub-stream key of Poisson sampling
 
 
 class ClientSampler:
@@ -162,6 +172,78 @@ class ClassSampler(ClientSampler):
         ]
 
 
+def poisson_capacity(shard_sizes: Sequence[int], batch_size: int, overflow: float = OVERFLOW) -> int:
+    """Slots of a padded Poisson batch: the smallest c with P(Binomial(n_k, q_k) > c) ≤ ``overflow``
+    for every shard (q_k = min(1, B/n_k)); one width for all clients, so vmap sees equal shapes."""
+    return max(int(binom.isf(overflow, n, min(1.0, batch_size / n))) for n in shard_sizes)
+
+
+class PoissonSampler:
+    """Batches in which every record of client k's shard is included independently with
+    probability q_k = min(1, B/n_k), so the expected batch size is q_k·n_k = min(B, n_k) and no
+    record appears twice (Abadi et al. 2016, "lots"; Opacus's ``UniformWithReplacementSampler``).
+
+    ``next()`` returns ``[K, capacity]`` positions, empty slots :data:`PADDING` (:func:`unpad`).
+    The draws come from ``source`` (a ``NoiseSource``: secret unless a test asks for reproducible
+    ones), one sub-stream per (step, client), so the batches are as secret as the noise and every
+    engine and rank draws the same. A batch larger than ``capacity`` (probability ≤
+    :data:`OVERFLOW` per client and step) stops the run with an error: resampling or dropping
+    records would change the distribution the accountant assumes.
+    """
+
+    def __init__(
+        self,
+        shard_sizes: list[int],
+        batch_size: int,
+        source: Any,
+        clients: Sequence[int] | None = None,
+        all_sizes: Sequence[int] | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch size must be ≥ 1, got {batch_size}")
+        self.sizes, self.batch_size, self.source = list(shard_sizes), batch_size, source
+        self.clients = list(range(len(shard_sizes))) if clients is None else list(clients)
+        self.rates = [min(1.0, batch_size / n) for n in self.sizes]
+        self.capacity = poisson_capacity(all_sizes or self.sizes, batch_size)
+        self.draws = 0
+
+    @property
+    def expected(self) -> np.ndarray:
+        """q_k·n_k per client: the fixed denominator of DP-SGD's noisy mean."""
+        return np.array([q * n for q, n in zip(self.rates, self.sizes)], dtype=np.float64)
+
+    def next(self) -> np.ndarray:
+        out = np.full((len(self.sizes), self.capacity), PADDING, dtype=np.int64)
+        for row, (k, n, q) in enumerate(zip(self.clients, self.sizes, self.rates)):
+            chosen = np.flatnonzero(self.source.spawn(SAMPLING_STREAM, self.draws, k).uniform(n) <= q)
+            if len(chosen) > self.capacity:
+                raise RuntimeError(
+                    f"a Poisson batch of client {k} drew {len(chosen)} records, more than its "
+                    f"{self.capacity} slots (probability ≤ {OVERFLOW:g} per step); rerun"
+                )
+            out[row, : len(chosen)] = chosen
+        self.draws += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"draws": self.draws}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.draws = int(state["draws"])
+
+    def __deepcopy__(self, memo: dict) -> PoissonSampler:
+        """A copy drawing the same batches (the stream's replay): the source is shared, never copied."""
+        out = copy.copy(self)
+        out.sizes, out.clients, out.rates = list(self.sizes), list(self.clients), list(self.rates)
+        return out
+
+
+def unpad(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions with empty slots pointing at record 0, the float 0/1 mask of real records)."""
+    mask = positions != PADDING
+    return np.where(mask, positions, 0), mask.astype(np.float32)
+
+
 def make_samplers(
     shard_sizes: list[int],
     batch_size: int,
@@ -169,15 +251,23 @@ def make_samplers(
     clients: Sequence[int] | None = None,
     positives: int = 0,
     shard_labels: list[np.ndarray] | None = None,
-) -> tuple[ClientSampler, ClientSampler]:
+    poisson: tuple[Any, Sequence[int]] | None = None,
+) -> tuple[ClientSampler | PoissonSampler, ClientSampler]:
     """The training sampler (stream 0; class-aware when ``positives`` > 0, an algorithm's
-    ``positives_per_batch``, which needs ``shard_labels``) and the single-draw auxiliary
-    sampler (stream 1) for stage and round batches. Every engine builds its samplers
-    here, so client k draws the same positions wherever it runs."""
+    ``positives_per_batch``, which needs ``shard_labels``; Poisson when ``poisson`` = (noise
+    source, every client's shard size)) and the single-draw auxiliary sampler (stream 1) for
+    stage and round batches. Every engine builds its samplers here, so client k draws the same
+    positions wherever it runs."""
+    if poisson is not None:
+        if positives:
+            raise ValueError("Poisson batches (instance-level DP) cannot be class-aware")
+        source, all_sizes = poisson
+        aux = ClientSampler(shard_sizes, 1, seed, stream=1, clients=clients)
+        return PoissonSampler(shard_sizes, batch_size, source, clients, all_sizes), aux
     if positives:
         if shard_labels is None:
             raise ValueError("class-aware batches (positives_per_batch > 0) need the shards' labels")
-        train: ClientSampler = ClassSampler(
+        train: ClientSampler | PoissonSampler = ClassSampler(
             shard_labels, batch_size, positives, seed, stream=0, clients=clients
         )
     else:

@@ -67,6 +67,7 @@ class DistributedSimulation(Simulation):
         timeout: float = DEFAULT_TIMEOUT,
         engine: str | None = None,
         privacy: ClientDP | None = None,
+        noise: Any = None,
     ):
         self.group = DistGroup.current(timeout, device)
         self.layout = client_layout(data.num_clients, self.group.world_size, clients_per_rank)
@@ -82,9 +83,12 @@ class DistributedSimulation(Simulation):
             self.group.device,
             clients=mine,
             privacy=privacy,
+            noise=noise,
         )
         self.is_primary = self.group.rank == 0
         self._stats: torch.Tensor | None = None
+        if self.privacy is not None:  # one secret noise source for all ranks: rank 0's
+            self.privacy.share(lambda entropy: self.group.all_gather_object(entropy, "DP noise source"))
 
     @property
     def rank(self) -> int:
@@ -169,8 +173,12 @@ class DistributedSimulation(Simulation):
 
 
 def _merge_samplers(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    if "draws" in parts[0]:  # Poisson batches: one step counter, equal on every rank
+        return parts[0]
     return {key: [x for p in parts for x in p[key]] for key in ("rngs", "queues")}
 
 
 def _slice_sampler(state: dict[str, Any], clients: list[int]) -> dict[str, Any]:
+    if "draws" in state:
+        return state
     return {key: [state[key][k] for k in clients] for key in ("rngs", "queues")}

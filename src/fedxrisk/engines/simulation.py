@@ -260,10 +260,11 @@ class Simulation:
         clients: Sequence[int] | None = None,
         engine_options: dict[str, Any] | None = None,
         privacy: dp.ClientDP | None = None,
+        noise: Any = None,
     ):
         """``clients``: the global indices of the clients this process holds (default
         all); the others live elsewhere and are reached through :meth:`_collective`.
-        ``privacy``: client-level DP and client sampling (:mod:`fedxrisk.engines.privacy`)."""
+        ``privacy``, ``noise``: client-level DP; instance-level DP's NoiseSource (engines/privacy)."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINES)}")
         algorithm.validate_schedule(schedule)
@@ -274,12 +275,11 @@ class Simulation:
         self.ledger = ByteLedger()
         self.clients = list(range(data.num_clients)) if clients is None else list(clients)
         self.local_data = data if clients is None else data.subset(clients)
-        positives = algorithm.positives_per_batch
-        labels = (
-            [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards] if positives else None
-        )
+        positives, shards = algorithm.positives_per_batch, self.local_data.shards
+        labels = [self.local_data.data.y_train.numpy()[s] for s in shards] if positives else None
+        poisson = dp.poisson_batches(algorithm, noise, data.shard_sizes)  # instance-level DP, else None
         self.sampler, self.aux_sampler = make_samplers(
-            self.local_data.shard_sizes, batch_size, seed, self.clients, positives, labels
+            self.local_data.shard_sizes, batch_size, seed, self.clients, positives, labels, poisson
         )
         self.plans: list[RoundPlan] = list(schedule.plan())
         width = max(data.shard_sizes)
@@ -311,7 +311,9 @@ class Simulation:
     def done(self) -> bool:
         return self.round >= len(self.plans)
 
-    def _batch(self, positions) -> dict[str, torch.Tensor]:
+    def _batch(self, positions, step: int = -1) -> dict[str, torch.Tensor]:
+        if self.algorithm.poisson_batches:  # instance-level DP: a padded Poisson batch and its noise
+            return dp.private_batch(self, positions, step)
         batch = self.local_data.batch(positions, self.device)
         extra = self.algorithm.uniforms_per_step
         if extra:
@@ -328,7 +330,7 @@ class Simulation:
         start = self.states
         for i in range(plan.window):
             ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
-            batch = self._batch(self.sampler.next())
+            batch = self._batch(self.sampler.next(), ctx.step)
             self.states = self.engine.local_steps(self.algorithm.local_step, ctx, self.states, batch)
         if mask is not None:  # clients sitting the round out take no step
             self.states = dp.before_communicate(mask, dp.keep_idle(mask, self.states, start))

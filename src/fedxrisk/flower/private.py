@@ -2,14 +2,16 @@
 
 Run-config keys (flat, as Flower wants them): ``privacy-clip`` (C; 0: DP off),
 ``privacy-noise-multiplier`` (σ) or ``privacy-target-epsilon`` (ε for the planned rounds),
-``privacy-delta`` (0: 1/N, N the sites' training samples), ``privacy-noise-seed`` (-1: a fresh
-secret drawn by the server; the simulation's equivalent is the run seed),
+``privacy-delta`` (0: min(1e-5, 1/(10·N)), N the sites' training samples), ``privacy-noise-seed``
+(-1, the default: the server's :meth:`~fedxrisk.engines.privacy.NoiseSource.secret`, never
+written; ≥ 0: the reproducible test mode, as the simulation's ``privacy.reproducible_noise`` —
+the run is then not private),
 ``privacy-sampling-rate`` q and ``privacy-sampling`` (``poisson`` or ``fixed``): the server draws
 each round's participants with :meth:`~fedxrisk.engines.privacy.ClientSampling.mask` from the
-noise seed and tells each site whether it takes part; a site sitting the round out keeps its
+noise source and tells each site whether it takes part; a site sitting the round out keeps its
 state as the simulation's idle clients do and sends zeros of its payload's shape (excluded from
 the sum). The server is the :class:`~fedxrisk.engines.privacy.PrivateAggregator` of the
-simulation engines, so a Flower run with the same noise seed gives the loop engine's numbers.
+simulation engines, so a Flower run with the same test-mode seed gives the loop engine's numbers.
 
 What it protects: a site's whole contribution, against the other sites and anyone who sees the
 model; not against the server, which sees each site's update, unless ``secure-aggregation`` is
@@ -19,7 +21,6 @@ sums them, and the server adds the noise to the sum (:meth:`ServerDP.release`).
 
 from __future__ import annotations
 
-import secrets
 import types
 from typing import Any
 
@@ -34,6 +35,7 @@ from fedxrisk.engines.privacy import (
     epsilon,
     noise_for_epsilon,
 )
+from fedxrisk.engines.privacy.accountant import REPLACE, Segment, relation, replace_epsilon
 from fedxrisk.errors import ConfigError
 from fedxrisk.tree import Tree, leaves, tmap
 
@@ -76,15 +78,15 @@ class ServerDP:
         algorithm = cfg.build_algorithm(problem)
         check_client_dp(algorithm)
         self.k, self.rounds = len(samples), cfg.rounds
-        self.delta = cfg.privacy_delta or 1.0 / sum(samples)
+        self.delta = cfg.privacy_delta or min(1e-5, 1.0 / (10 * sum(samples)))  # run.privacy.default_delta
         sampling = ClientSampling(cfg.privacy_sampling_rate, cfg.privacy_sampling)
         sigma = cfg.privacy_noise_multiplier or noise_for_epsilon(
             cfg.privacy_target_epsilon, cfg.rounds, self.delta, sampling.rate, sampling.kind, self.k
         )
-        seed = cfg.privacy_noise_seed if cfg.privacy_noise_seed >= 0 else secrets.randbits(62)
+        seed = cfg.privacy_noise_seed if cfg.privacy_noise_seed >= 0 else None  # None: a secret source
         self.config = ClientDP(cfg.privacy_clip, sigma, sampling, noise_seed=seed)
         initial = algorithm.init(ClientInfo(0, samples[0], positives[0] / samples[0], max_samples))
-        self.aggregator = PrivateAggregator(self.config, algorithm, initial, seed, self.k)
+        self.aggregator = PrivateAggregator(self.config, algorithm, initial, 0, self.k)
         self.rounds_meaned: set[int] = set()
         self.clipped_by = "sites" if cfg.secure_aggregation else "server"
 
@@ -125,21 +127,43 @@ class ServerDP:
         s = self.config.sampling
         return epsilon(self.config.noise_multiplier, rounds, self.delta, s.rate, s.kind, self.k)
 
+    def _ledger(self, rounds: int) -> list[Segment]:
+        s = self.config.sampling
+        return [Segment(0, rounds, s.rate, self.config.noise_multiplier, rounds, s.kind, self.k)]
+
+    def replace_epsilon(self, rounds: int) -> float | None:
+        """ε for replacing one site's data, where it differs from :meth:`epsilon` (None: fixed sampling)."""
+        s = self.config.sampling
+        if relation(s.kind, s.rate) == REPLACE:
+            return None
+        return replace_epsilon(self._ledger(rounds), self.delta)
+
     def describe(self) -> str:
         s = self.config.sampling
         sampling = f", {s.kind} sampling q = {s.rate:.4g}" if not s.everyone else ""
+        replace = self.replace_epsilon(self.rounds)
         return (
-            f"differential privacy: ({self.epsilon(self.rounds):.3g}, {self.delta:.3g})-DP per site after "
+            f"differential privacy: ({self.epsilon(self.rounds):.3g}, {self.delta:.3g})-DP per site, "
+            f"{relation(s.kind, s.rate)} site, after "
             f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}{sampling}), "
             f"clipped by the {self.clipped_by}, noise added by the server"
+            + ("" if replace is None else f"; replacing one site's data: ε = {replace:.3g}")
+            + (
+                ""
+                if self.aggregator.private
+                else " — NOT PRIVATE: reproducible test noise (privacy-noise-seed)"
+            )
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
+        s = self.config.sampling
         return {
             "level": "client", "epsilon": self.epsilon(rounds), "delta": self.delta, "clip": self.config.clip,
             "noise_multiplier": self.config.noise_multiplier, "sampling_rate": self.config.sampling.rate,
             "sampling": self.config.sampling.kind, "accountant": "RDP (dp-accounting)", "noise_added_by": "server",
-            "clipped_by": self.clipped_by,
+            "clipped_by": self.clipped_by, "relation": f"{relation(s.kind, s.rate)} client",
+            **({} if (r := self.replace_epsilon(rounds)) is None else {"epsilon_replace_one": r}),
+            "private": self.aggregator.private,
         }  # fmt: skip
 
 

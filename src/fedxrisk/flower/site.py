@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
-from fedxrisk.classaware import use_class_aware_batches
+from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.data.stream import Stream, sampler_requests
@@ -124,7 +124,10 @@ class SiteRunner:
         model = self.cfg.build_model(self.site.input_shape)
         self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
-        use_class_aware_batches(self.algorithm, self.cfg.positives_per_batch, self.cfg.batch_size)
+        self.algorithm = class_aware_batches(
+            self.algorithm, self.cfg.positives_per_batch, self.cfg.batch_size
+        )
+        self.problem = self.algorithm.problem
         n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
         self.sampler, self.aux_sampler = make_samplers(
             [n], b, seed, ids, self.algorithm.positives_per_batch, [self.site.y.numpy()]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
-from fedxrisk.classaware import use_class_aware_batches
+from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.data.preprocessing import normalization
 from fedxrisk.engines import DistributedSimulation, Simulation
@@ -21,7 +21,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.run.checks import CheckedConfig, check
-from fedxrisk.run.privacy import PrivacyPlan, plan_privacy
+from fedxrisk.run.privacy import PrivacyPlan, instance_noise, instance_pos_ratio, plan_privacy
 from fedxrisk.run.spec import RunConfig
 
 
@@ -59,12 +59,14 @@ def build(
     cfg: RunConfig | CheckedConfig,
     init: str | Path | dict[str, Any] | None = None,
     data_from: Setup | None = None,
+    privacy_ledger: list[dict[str, Any]] | None = None,
 ) -> Setup:
     """Check (unless checked already) and build everything; :class:`ConfigError` before any output.
 
     The model starts from ``init`` (a path, or a state dict in memory) if given, else from
     ``cfg.init_from`` (a two-stage config's ``init_from`` belongs to its first stage).
     ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
+    ``privacy_ledger``: the DP ledger of the rounds a resumed or extended run already ran.
     """
     cfg = check(cfg).config
     from fedxrisk.data.stream import attach_stream, eval_batch_size, parse_bytes
@@ -83,7 +85,7 @@ def build(
             padding = max(1, data.data.input_shape[-1] // 8) if cfg.augment == "crop_flip" else 0
             data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
         batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
-        cfg = with_data_lr(cfg, data.data.pos_ratio)
+        cfg = with_data_lr(cfg, instance_pos_ratio(cfg) or data.data.pos_ratio)  # DP: the public p
         labels = data.data.num_labels
         norm = normalization(cfg.normalize, data.data.input_shape[0])
         if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
@@ -105,7 +107,7 @@ def build(
             ),
         )
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
-        use_class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
+        algorithm = class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
         schedule = Schedule.build(
             cfg.rounds,
             cfg.resolved_local_steps(),
@@ -114,19 +116,22 @@ def build(
             cfg.lr_decay,
             cfg.window_growth,
         )
-        algorithm, client_dp, privacy = plan_privacy(cfg, algorithm, data, schedule, batch_size)
+        algorithm, client_dp, privacy = plan_privacy(
+            cfg, algorithm, data, schedule, batch_size, privacy_ledger
+        )
         if cfg.engine == "distributed":
             sim: Simulation = DistributedSimulation(
                 algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
-                cfg.clients_per_rank, cfg.dist_timeout, privacy=client_dp,
+                cfg.clients_per_rank, cfg.dist_timeout, privacy=client_dp, noise=instance_noise(cfg),
             )  # fmt: skip
         else:
             sim = Simulation(
-                algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp
-            )
+                algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp,
+                noise=instance_noise(cfg),
+            )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
-    return Setup(cfg, data, problem, algorithm, sim, choice, source, privacy)
+    return Setup(cfg, data, algorithm.problem, algorithm, sim, choice, source, privacy)
 
 
 def with_data_lr(cfg: RunConfig, pos_ratio: Any) -> RunConfig:

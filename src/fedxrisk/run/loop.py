@@ -27,6 +27,13 @@ from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
 from fedxrisk.run.identity import fingerprint
+from fedxrisk.run.privacy_outputs import (
+    SITE_DATA_NOTE,
+    privacy_fields,
+    privacy_ledger,
+    privacy_row,
+    privacy_summary,
+)
 
 
 def train(
@@ -46,9 +53,10 @@ def train(
         if cb.state_key in saved:
             cb.load_state_dict(saved[cb.state_key])
     if setup.privacy is not None:
-        folder.fields = (*HISTORY_FIELDS, "epsilon")
+        folder.fields = (*HISTORY_FIELDS, *privacy_fields(setup.privacy))
         if primary:
             print(setup.privacy.describe(), file=sys.stderr)
+            print(SITE_DATA_NOTE, file=sys.stderr)
     start = time.perf_counter()
 
     def elapsed() -> float:
@@ -89,7 +97,7 @@ def train(
                     )
                     if primary:
                         if setup.privacy is not None:
-                            row["epsilon"] = setup.privacy.epsilon(sim.round)
+                            row |= privacy_row(setup.privacy, sim.round)
                         append(row)
                         history.append(row)
                         if best is None or _better(row["test_auroc"], best["test_auroc"]):
@@ -163,6 +171,9 @@ def _checkpoint(setup: Setup, callbacks, history, best, wall: float, resumed: li
         "resumed_at": resumed,
         "torch_version": str(torch.__version__),
         **({"callbacks": kept} if kept else {}),
+        **(
+            {"privacy_ledger": privacy_ledger(setup.privacy, setup.simulation.round)} if setup.privacy else {}
+        ),
     }
 
 
@@ -236,7 +247,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             },
             "hyperparameters": _hparams(setup.algorithm),
             **({"init": setup.init} if setup.init is not None else {}),
-            **({"privacy": setup.privacy.summary(sim.round)} if setup.privacy is not None else {}),
+            **({"privacy": privacy_summary(setup.privacy, sim.round)} if setup.privacy is not None else {}),
             "config": cfg.to_dict(),
             "config_sha256": fingerprint(cfg.to_dict()),
             "torch_version": torch.__version__,

@@ -7,14 +7,17 @@ Keys (all optional but ``clip`` and one of ``noise_multiplier`` / ``target_epsil
     clip = 1.0                # L2 norm C: of a client's joint round update, or of one sample's gradient
     noise_multiplier = 1.1    # σ: noise std / C ...
     target_epsilon = 3.0      # ... or ε to reach after the planned rounds (σ by bisection)
-    delta = "none"            # "none": 1/N, N the training samples (see below)
+    delta = "none"            # "none": min(1e-5, 1/(10·N)), N the training samples (see below)
     sampling_rate = 1.0       # client level: the fraction q of clients per round
     sampling = "poisson"      # or "fixed" (round(q·K) clients, without replacement)
-    noise_seed = "none"       # "none": the run seed
+    reproducible_noise = "none"  # "none": secret noise (fresh OS entropy, never written);
+                                 # an integer: TEST MODE, noise fixed by it — the run is not private
+    pos_ratio = "none"        # instance level: the AUC losses' public p; "none": data.imratio
 
-δ's default is 1/N with N the training samples, at both levels. At client level the unit is a
-client, for which the usual rule is δ ≪ 1/K; 1/N ≤ 1/(K·smallest shard) is smaller still, so
-one default serves both levels and ε numbers of the two levels use the same δ.
+δ's default is min(1e-5, 1/(10·N)) with N the training samples, at both levels
+(:func:`default_delta`): well below 1/N, which admits a mechanism that publishes one record in
+full (at instance level the unit is a record); at client level the unit is a client, for which
+the rule is δ ≪ 1/K, and 1/(10·N) ≤ 1/(10·K) holds it too, so ε numbers of both levels share δ.
 
 :func:`privacy_from_table` type-checks the table, :func:`check_privacy` checks it against the
 run (one line per refusal), :func:`plan_privacy` turns it into the engine's
@@ -28,9 +31,12 @@ import math
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedxrisk.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedxrisk.engines.privacy.accountant import Segment
 
 LEVELS = ("client", "instance")
 KEYS: dict[str, tuple[type, ...]] = {
@@ -41,12 +47,20 @@ KEYS: dict[str, tuple[type, ...]] = {
     "delta": (float, type(None)),
     "sampling_rate": (float,),
     "sampling": (str,),
-    "noise_seed": (int, type(None)),
+    "reproducible_noise": (int, type(None)),
+    "noise_seed": (int, type(None)),  # replaced by reproducible_noise: only "none" is accepted
+    "pos_ratio": (float, type(None)),
 }
 DEFAULTS: dict[str, Any] = {
     "level": "client", "noise_multiplier": None, "target_epsilon": None, "delta": None,
-    "sampling_rate": 1.0, "sampling": "poisson", "noise_seed": None,
+    "sampling_rate": 1.0, "sampling": "poisson", "reproducible_noise": None,
 }  # fmt: skip
+DEFAULTS["pos_ratio"] = None  # instance level: the public p of the AUC losses (None: data.imratio)
+
+
+def default_delta(train_samples: int) -> float:
+    """δ when ``privacy.delta`` is not set: min(1e-5, 1/(10·N)) (see the module docstring)."""
+    return min(1e-5, 1.0 / (10 * train_samples))
 
 
 def _value(key: str, value: Any) -> Any:
@@ -71,10 +85,17 @@ def privacy_from_table(table: Any) -> dict[str, Any]:
         raise ConfigError(f"[privacy] must be a table of keys, got {table!r}")
     unknown = sorted(set(table) - set(KEYS))
     if unknown:
-        raise ConfigError(f"unknown key privacy.{unknown[0]}; [privacy] allows: {', '.join(KEYS)}")
+        allowed = ", ".join(k for k in KEYS if k != "noise_seed")
+        raise ConfigError(f"unknown key privacy.{unknown[0]}; [privacy] allows: {allowed}")
     if "clip" not in table:
         raise ConfigError("privacy.clip is missing: the L2 clipping norm C (e.g. clip = 1.0)")
-    return {**DEFAULTS, **{k: _value(k, v) for k, v in table.items()}}
+    values = {**DEFAULTS, **{k: _value(k, v) for k, v in table.items()}}
+    if values.pop("noise_seed", None) is not None:
+        raise ConfigError(
+            "privacy.noise_seed is gone: noise is secret by default; privacy.reproducible_noise = SEED "
+            "is the test mode (the run is then not private)"
+        )
+    return values
 
 
 def _algorithm_stub(cfg: Any) -> Any:
@@ -86,7 +107,35 @@ def _algorithm_stub(cfg: Any) -> Any:
     problem = types.SimpleNamespace(
         pos_ratio_mode=cfg.pos_ratio_mode, buffer_policy="average", init_model=lambda: ({}, {})
     )  # BatchNorm refusals need the model: build() runs the full check
-    return types.SimpleNamespace(name=cfg.algorithm, begin_batch=cls.begin_batch, problem=problem, **attrs)
+    declared = {k: getattr(cls, k) for k in ("couples_samples", "uses_pos_ratio", "declares_sample_loss")}
+    positives = cfg.positives_per_batch or cfg.options.get("positives_per_batch", 0)
+    return types.SimpleNamespace(
+        name=cfg.algorithm, begin_batch=cls.begin_batch, problem=problem, positives_per_batch=positives,
+        **declared, **attrs,
+    )  # fmt: skip
+
+
+def instance_pos_ratio(cfg: Any) -> float | None:
+    """The public p of the AUC losses at instance level: ``privacy.pos_ratio``, else the ratio the
+    data were resampled to (``data.imratio``, the user's choice); None when neither is set or the
+    run is not instance-level DP (docs/privacy.md, "The prior p")."""
+    if cfg.privacy is None or privacy_from_table(cfg.privacy)["level"] != "instance":
+        return None
+    p = privacy_from_table(cfg.privacy)["pos_ratio"]
+    return p if p is not None else cfg.imratio
+
+
+def instance_noise(cfg: Any) -> Any:
+    """The engine's noise source at instance level in the test mode (``privacy.reproducible_noise``:
+    batches and noise fixed, the run marked not private); None otherwise (the engine draws a secret one)."""
+    if cfg.privacy is None:
+        return None
+    p = privacy_from_table(cfg.privacy)
+    if p["level"] != "instance" or p["reproducible_noise"] is None:
+        return None
+    from fedxrisk.engines.privacy import NoiseSource
+
+    return NoiseSource.reproducible(p["reproducible_noise"])
 
 
 def check_privacy(cfg: Any) -> None:
@@ -116,10 +165,19 @@ def check_privacy(cfg: Any) -> None:
         raise ConfigError(f"privacy.target_epsilon must be a finite number > 0, got {p['target_epsilon']}")
     if p["delta"] is not None and not 0.0 < p["delta"] < 1.0:
         raise ConfigError(f"privacy.delta must lie in (0, 1), got {p['delta']}")
-    if p["noise_seed"] is not None and p["noise_seed"] < 0:
-        raise ConfigError(f"privacy.noise_seed must be ≥ 0, got {p['noise_seed']}")
+    if p["reproducible_noise"] is not None and p["reproducible_noise"] < 0:
+        raise ConfigError(f"privacy.reproducible_noise must be ≥ 0, got {p['reproducible_noise']}")
+    if cfg.selection == "best" or cfg.early_stopping:
+        raise ConfigError(
+            "privacy: choosing the model on validation data (selection = 'best', early_stopping, fedxrisk "
+            "tune) releases information ε does not cover; use selection = 'last' and early_stopping = 0"
+        )
     ClientDP(p["clip"], p["noise_multiplier"] or 0.0, ClientSampling(p["sampling_rate"], p["sampling"]))
     stub = _algorithm_stub(cfg)
+    if p["pos_ratio"] is not None and p["level"] != "instance":
+        raise ConfigError(
+            "privacy.pos_ratio is the public p of instance-level DP: set it with level = 'instance'"
+        )
     if p["level"] == "client":
         reason = unsupported_reason(stub)
         if reason is not None:
@@ -133,6 +191,13 @@ def check_privacy(cfg: Any) -> None:
     reason = unsupported_instance_reason(stub)
     if reason is not None:
         raise ConfigError(f"privacy.level = 'instance': {reason}")
+    if p["pos_ratio"] is not None and not 0.0 < p["pos_ratio"] < 1.0:
+        raise ConfigError(f"privacy.pos_ratio must lie in (0, 1), got {p['pos_ratio']}")
+    if stub.uses_pos_ratio and instance_pos_ratio(cfg) is None:
+        raise ConfigError(
+            f"privacy.level = 'instance': {cfg.algorithm}'s AUC loss needs a public class prior p, not "
+            "one counted from the records; set privacy.pos_ratio (e.g. 0.1) or data.imratio"
+        )
     if p["sampling_rate"] < 1.0:
         raise ConfigError("privacy.sampling_rate < 1 is client sampling: it applies to level = 'client' only")
     if cfg.engine == "compile":
@@ -143,47 +208,100 @@ def check_privacy(cfg: Any) -> None:
 
 @dataclass(frozen=True)
 class PrivacyPlan:
-    """A run's DP guarantee: ε(δ) after any number of completed rounds (:meth:`epsilon`)."""
+    """A run's DP guarantee: ε(δ) after any number of completed rounds (:meth:`epsilon`), from the
+    ledger of the rounds actually run (:meth:`ledger`): ``earlier`` (the rounds a resumed or
+    extended run ran before, read from its checkpoint) then this process's rounds at σ."""
 
     level: str
     clip: float
     noise_multiplier: float
     delta: float
-    q: float  # client level: clients per round / K; instance level: batch / smallest shard
+    q: float  # client level: clients per round / K; instance level: the records' sampling rate
     sampling: str
     num_clients: int
     steps_per_round: tuple[int, ...]  # accountant steps of each planned round (1 or its local steps)
     target_epsilon: float | None = None
+    private: bool = True  # False: reproducible test noise (privacy.reproducible_noise)
+    earlier: tuple[Segment, ...] = ()
+
+    @property
+    def start(self) -> int:
+        """Rounds run before this process (the ledger's earlier segments)."""
+        return self.earlier[-1].last if self.earlier else 0
+
+    def ledger(self, rounds: int) -> list[Segment]:
+        """The segments of the first ``rounds`` rounds (rounds ≥ :attr:`start`; earlier: the
+        earlier segments that ended by then)."""
+        from fedxrisk.engines.privacy.accountant import Segment
+
+        if rounds <= self.start:
+            return [s for s in self.earlier if s.last <= rounds]
+        n = self.num_clients if self.level == "client" else None
+        steps = sum(self.steps_per_round[self.start : rounds])
+        own = Segment(self.start, rounds, self.q, self.noise_multiplier, steps, self.sampling, n)
+        return [*self.earlier, own]
 
     def epsilon(self, rounds: int) -> float:
-        """ε at δ after the first ``rounds`` rounds (RDP accountant of dp-accounting)."""
-        from fedxrisk.engines.privacy import epsilon
+        """ε at δ after the first ``rounds`` rounds under :attr:`relation` (RDP, composed ledger)."""
+        from fedxrisk.engines.privacy.accountant import ledger_epsilon
 
-        steps = sum(self.steps_per_round[:rounds])
-        n = self.num_clients if self.level == "client" else None
-        return epsilon(self.noise_multiplier, steps, self.delta, self.q, self.sampling, n)
+        return ledger_epsilon(self.ledger(rounds), self.delta)
+
+    def replace_epsilon(self, rounds: int) -> float:
+        """ε for replacing one unit's data (PLD accountant); :meth:`epsilon` under fixed sampling."""
+        from fedxrisk.engines.privacy.accountant import replace_epsilon
+
+        return replace_epsilon(self.ledger(rounds), self.delta)
+
+    @property
+    def unit(self) -> str:
+        return "client (all its records)" if self.level == "client" else "record"
+
+    @property
+    def relation(self) -> str:
+        """The neighbouring relation of :meth:`epsilon`, e.g. "add/remove one client"."""
+        from fedxrisk.engines.privacy.accountant import relation
+
+        return f"{relation(self.sampling, self.q)} {self.level if self.level == 'client' else 'record'}"
+
+    @property
+    def differs(self) -> bool:
+        """Whether the replace-one ε is a second number (not under fixed sampling)."""
+        return not self.relation.startswith("replace")
 
     def describe(self) -> str:
         """The guarantee in one line (printed at the start of a run)."""
         rounds = len(self.steps_per_round)
-        unit = "client (all its records)" if self.level == "client" else "record"
         sampling = f", {self.sampling} sampling q = {self.q:.4g}" if self.q < 1 else ""
+        replace = f"; replacing one {self.level if self.level == 'client' else 'record'}'s data: " \
+            f"ε = {self.replace_epsilon(rounds):.3g}" if self.differs else ""  # fmt: skip
+        test = "" if self.private else " — NOT PRIVATE: reproducible test noise (privacy.reproducible_noise)"
         return (
-            f"differential privacy: ({self.epsilon(rounds):.3g}, {self.delta:.3g})-DP per {unit} after "
-            f"{rounds} rounds (C = {self.clip:g}, σ = {self.noise_multiplier:.4g}{sampling})"
+            f"differential privacy: ({self.epsilon(rounds):.3g}, {self.delta:.3g})-DP per {self.unit}, "
+            f"{self.relation}, after {rounds} rounds (C = {self.clip:g}, σ = {self.noise_multiplier:.4g}"
+            f"{sampling}){replace}{test}"
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
         return {
-            "level": self.level, "epsilon": self.epsilon(rounds), "delta": self.delta, "clip": self.clip,
-            "noise_multiplier": self.noise_multiplier, "target_epsilon": self.target_epsilon,
-            "sampling_rate": self.q, "sampling": self.sampling, "accountant": "RDP (dp-accounting)",
+            "level": self.level, "epsilon": self.epsilon(rounds), "delta": self.delta,
+            "relation": self.relation, "unit": self.unit,
+            **({"epsilon_replace_one": self.replace_epsilon(rounds)} if self.differs else {}),
+            "clip": self.clip, "noise_multiplier": self.noise_multiplier, "target_epsilon": self.target_epsilon,
+            "sampling_rate": self.q, "sampling": self.sampling,
+            "accountant": "RDP (dp-accounting) over the ledger; replace-one: PLD",
+            "ledger": [s.to_dict() for s in self.ledger(rounds)],
+            "noise": "secret" if self.private else "reproducible test mode: NOT PRIVATE",
+            "private": self.private,
         }  # fmt: skip
 
 
-def plan_privacy(cfg: Any, algorithm: Any, data: Any, schedule: Any, batch_size: int) -> tuple[Any, Any, Any]:
+def plan_privacy(
+    cfg: Any, algorithm: Any, data: Any, schedule: Any, batch_size: int, ledger: list[dict] | None = None
+) -> tuple[Any, Any, Any]:
     """(algorithm to train — instance level: its DP-SGD copy —, the engine's ClientDP or None,
-    the :class:`PrivacyPlan`); all None-free when ``cfg.privacy`` is None: (algorithm, None, None)."""
+    the :class:`PrivacyPlan`); (algorithm, None, None) when ``cfg.privacy`` is None. ``ledger``:
+    the checkpoint's ledger of a resumed or extended run (its rounds are never re-accounted)."""
     if cfg.privacy is None:
         return algorithm, None, None
     from fedxrisk.engines.privacy import (
@@ -193,10 +311,11 @@ def plan_privacy(cfg: Any, algorithm: Any, data: Any, schedule: Any, batch_size:
         instance_private,
         noise_for_epsilon,
     )
+    from fedxrisk.engines.privacy.accountant import Segment
 
     p = privacy_from_table(cfg.privacy)
     plans = list(schedule.plan())
-    delta = p["delta"] if p["delta"] is not None else 1.0 / len(data.data.y_train)
+    delta = p["delta"] if p["delta"] is not None else default_delta(len(data.data.y_train))
     if p["level"] == "client":
         check_client_dp(algorithm)
         q, sampling, steps = p["sampling_rate"], p["sampling"], tuple(1 for _ in plans)
@@ -204,12 +323,20 @@ def plan_privacy(cfg: Any, algorithm: Any, data: Any, schedule: Any, batch_size:
         q = min(1.0, batch_size / min(data.shard_sizes))
         sampling, steps = "poisson", tuple(plan.window for plan in plans)
     n = data.num_clients if p["level"] == "client" else None
+    earlier = tuple(Segment.from_dict(d) for d in ledger or ())
     sigma = p["noise_multiplier"]
     if sigma is None:
         sigma = noise_for_epsilon(p["target_epsilon"], sum(steps), delta, q, sampling, n)
+        if earlier and any(s.noise_multiplier != sigma or s.q != q for s in earlier):  # an extension
+            start = earlier[-1].last
+            sigma = noise_for_epsilon(
+                p["target_epsilon"], sum(steps[start:]), delta, q, sampling, n, earlier=earlier
+            )
+    private = p["reproducible_noise"] is None
     plan = PrivacyPlan(
-        p["level"], p["clip"], sigma, delta, q, sampling, data.num_clients, steps, p["target_epsilon"]
-    )
+        p["level"], p["clip"], sigma, delta, q, sampling, data.num_clients, steps, p["target_epsilon"], private,
+        earlier,
+    )  # fmt: skip
     if p["level"] == "instance":
-        return instance_private(algorithm, p["clip"], sigma), None, plan
-    return algorithm, ClientDP(p["clip"], sigma, ClientSampling(q, sampling), p["noise_seed"]), plan
+        return instance_private(algorithm, p["clip"], sigma, instance_pos_ratio(cfg)), None, plan
+    return algorithm, ClientDP(p["clip"], sigma, ClientSampling(q, sampling), p["reproducible_noise"]), plan

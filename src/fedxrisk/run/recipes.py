@@ -131,7 +131,7 @@ def resume_experiment(
     checked = check(cfg)
     if cfg.pretrain is not None:
         return resume_two_stage(checked, out, ckpt, callback, callbacks)
-    setup = build(checked)
+    setup = build(checked, privacy_ledger=ckpt.get("privacy_ledger") if ckpt else None)
     if ckpt is not None:
         setup.simulation.load_state_dict(ckpt["simulation"])
     folder = RunFolder(out, setup.simulation.is_primary)
@@ -218,8 +218,10 @@ def extend_experiment(
         )
     cfg = replace_rounds(cfg, rounds)
     checked = check(cfg)
+    if cfg.privacy is not None and "privacy_ledger" not in ckpt:
+        raise ConfigError(f"{out} kept no DP ledger (run before issue 30): its ε cannot be extended")
+    setup = build(checked, privacy_ledger=ckpt.get("privacy_ledger"))
     write_config(out, cfg)
-    setup = build(checked)
     setup.simulation.load_state_dict(ckpt["simulation"])
     result = train(
         setup, RunFolder(out, setup.simulation.is_primary), default_callbacks(callback, callbacks), ckpt

@@ -9,8 +9,9 @@ algorithm file changes. For ``mean(tree)`` it
 2. clips the updates of all leaves of the call *jointly* to L2 norm ``clip`` per client;
 3. sums them, adds N(0, (σ·clip)²) to every coordinate of the sum, divides by the number of
    participants m (Poisson sampling: the expected number q·K), adds the reference back —
-   the noise std on the mean is σ·clip/m; the noise comes from a generator seeded by
-   (noise seed, round), so every engine adds the same numbers;
+   the noise std on the mean is σ·clip/m; the noise comes from the run's
+   :class:`~fedxrisk.engines.privacy.noise.NoiseSource` (secret by default; every engine and rank
+   draws round r's noise from its sub-stream r, so in the reproducible test mode engines agree);
 4. projects the answer to the variables' domains (post-processing, free in privacy):
    AUCM's α to the algorithm's own ``project_alpha`` (or α ≥ 0), BatchNorm running
    variances to ≥ 0; and returns the same answer to every client, sampled or not.
@@ -29,7 +30,8 @@ from typing import Any
 
 import torch
 
-from fedxrisk.engines.privacy.sampling import ClientSampling, round_generator
+from fedxrisk.engines.privacy.noise import NoiseSource
+from fedxrisk.engines.privacy.sampling import ClientSampling
 from fedxrisk.errors import ConfigError
 from fedxrisk.tree import Tree, leaves
 
@@ -40,8 +42,9 @@ ALIASES = {"stage_average.": ""}  # a stage average is an iterate of the same va
 @dataclass(frozen=True)
 class ClientDP:
     """Client-level DP settings: L2 clipping norm C of a client's joint round update, noise
-    multiplier σ (noise std on the sum / C), client sampling, and the noise seed (None: the
-    run seed; a deployment keeps it secret from the sites)."""
+    multiplier σ (noise std on the sum / C), client sampling, and ``noise_seed``: None (the
+    default) draws the noise and the sampled sets from a fresh secret
+    (:meth:`NoiseSource.secret`); an integer is the reproducible test mode — not private."""
 
     clip: float
     noise_multiplier: float
@@ -109,11 +112,14 @@ class PrivateAggregator:
     :class:`PrivateCollective` from it every round."""
 
     def __init__(self, config: ClientDP, algorithm: Any, initial: Tree, seed: int, num_clients: int):
-        """``initial``: one client's initial state (what every client starts from)."""
+        """``initial``: one client's initial state (what every client starts from). ``seed``, the
+        run seed, is not used for the noise: nothing in a run's files regenerates it."""
         check_client_dp(algorithm)
         self.config, self.num_clients = config, num_clients
         self.name = getattr(algorithm, "name", type(algorithm).__name__)
-        self.seed = seed if config.noise_seed is None else config.noise_seed
+        self.source = (
+            NoiseSource.secret() if config.noise_seed is None else NoiseSource.reproducible(config.noise_seed)
+        )
         self.initial = {p: t.detach().clone() for p, t in leaves(initial)}
         self.last: dict[str, torch.Tensor] = {}
         self.project = default_projection(algorithm)
@@ -133,10 +139,19 @@ class PrivateAggregator:
             return value.to(like.device, like.dtype)
         return torch.zeros_like(like)
 
+    @property
+    def private(self) -> bool:
+        """False in the reproducible test mode (``ClientDP.noise_seed`` set)."""
+        return self.source.private
+
+    def share(self, gather_object: Callable[[Any], list[Any]]) -> None:
+        """Use rank 0's source on every rank (distributed engine; in memory, never written)."""
+        self.source = self.source.shared(lambda entropy: gather_object(entropy)[0])
+
     def noise(self, round_: int, shapes: list[tuple[str, torch.Size]]) -> dict[str, torch.Tensor]:
-        """N(0, 1) per coordinate of every leaf, in float64 on the CPU, fixed by (seed, round)."""
-        rng = round_generator(self.seed, round_, NOISE_STREAM)
-        return {p: torch.from_numpy(rng.standard_normal(tuple(s))) for p, s in shapes}
+        """N(0, 1) per coordinate of every leaf, in float64 on the CPU: round ``round_``'s stream."""
+        source = self.source.spawn(round_, NOISE_STREAM)
+        return {p: source.gaussian(s, 1.0, dtype=torch.float64) for p, s in shapes}
 
     def clipped_sum(self, tree: Tree, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """Σ over the clients in ``mask`` of their updates clipped jointly to C, per leaf path
@@ -180,11 +195,12 @@ class PrivateAggregator:
 
     def sampled(self, round_: int, clients: list[int]) -> torch.Tensor | None:
         """Bool mask over ``clients`` (global indices held by this process) of the round's
-        participants, drawn from (noise seed, round); None when every client takes part."""
+        participants, drawn from the noise source (secret: so is the sampled set); None when every
+        client takes part."""
         sampling = self.config.sampling
         if sampling.everyone:
             return None
-        return sampling.mask(self.seed, round_, self.num_clients)[clients]
+        return sampling.mask(self.source, round_, self.num_clients)[clients]
 
     def wrap(self, comm: Any, round_: int, mask: torch.Tensor | None) -> PrivateCollective:
         """The round's private collective around ``comm`` (``mask`` None: all clients take part)."""

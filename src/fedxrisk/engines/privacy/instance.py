@@ -1,67 +1,71 @@
-"""Instance-level DP-SGD in the local step: per-sample clipping and Gaussian noise (DP-SGD,
-Abadi et al. 2016) for objectives that are a mean of per-sample terms given their auxiliary
-variables — cross-entropy (``localsgdm``) and the AUC square / AUCM min-max losses given
-a, b, α (``codaplus``, ``codasca``).
+"""Instance-level DP-SGD (Abadi et al. 2016, Alg. 1) as a wrapper of an unchanged algorithm.
 
-:func:`instance_private` returns a copy of the algorithm whose gradient is replaced by
+An algorithm that takes its gradient from ``Algorithm.gradient`` declares its objective as a
+mean of per-sample terms (``sample_loss`` in the variables ``sample_params``: w for
+cross-entropy; (w, a, b, α) for the AUC square / AUCM losses of CODA+, CODASCA, NPA).
+:func:`instance_private` returns a copy whose ``gradient_estimator`` is :class:`DPSGD`:
 
-    ĝ = (Σ_i clip_C(∇ℓ_i) + σC·z) / B,   z ~ N(0, I),
+    ĝ = (Σ_{i ∈ batch} clip_C(∇ℓ_i) + σC·z) / (q_k n_k),   z ~ N(0, I),
 
-with the per-sample gradients ∇ℓ_i from ``torch.func.vmap`` over the batch and, for the AUC
-losses, the gradient in (w, a, b, α) clipped jointly. The algorithm's own code is unchanged:
-LocalSGDM's loss becomes a surrogate whose gradient is ĝ; CODA+/CODASCA's ``gradients``
-returns ĝ, so everything built from gradients (CODASCA's control variates, α's step) is
-built from ĝ. Local steps may not draw random numbers, so z comes from the engine's
-per-client uniform stream (``batch["uniform"]``, float32, mapped through the normal
-quantile at the cell centres: a Gaussian discretised to 2^24 levels and truncated at ±5.4σ).
+per-sample gradients by ``torch.func.vmap`` over the batch, clipped jointly over all of
+``sample_params``, the fixed denominator q_k n_k (not the realised batch size). Everything the
+algorithm builds from its gradient (CODASCA's control variates, α's step) is built from ĝ.
 
-Refused with one line: pairwise losses (FeDXL, Local Pair), compositional and conditional
-objectives (LocalSCGDAM, FCSG family), CoDA and LocalSGDM_RL (class sums leave the client
-in ``communicate``), the other algorithms (not wired: their gradients are computed in their
-own local steps), ``pos_ratio_mode = "batch"`` (p is the batch's ratio: samples coupled),
-and models with BatchNorm (the batch statistics couple samples).
+What the engine supplies (local steps may not draw random numbers): Poisson batches
+(``data.sampler.PoissonSampler``: each record independently at rate q_k = B / n_k, padded to a
+fixed capacity, ``batch["mask"]``, ``batch["denominator"]`` = q_k n_k) and ``batch["noise"]``,
+float64 N(0, 1) from the run's secret :class:`~fedxrisk.engines.privacy.noise.NoiseSource`
+(53-bit uniforms, summed Box–Muller normals), one sub-stream per (step, client) — never from
+the seeded data streams, so nothing a run writes regenerates it.
+
+Refused with one line (:func:`unsupported_instance_reason`), from what the algorithm declares:
+``couples_samples`` (pairwise, compositional and conditional losses, class sums sent in
+``communicate``), no declared ``sample_loss``, a p that is not public (``pos_ratio_mode``
+``batch`` or ``local``), class-aware batches, and models with BatchNorm (batch statistics
+couple samples).
 """
 
 from __future__ import annotations
 
-import copy
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
-from torch.func import grad, vmap
+from torch.func import grad_and_value, vmap
 
+from fedxrisk.algorithms.base import Algorithm, ClientInfo, with_hooks
+from fedxrisk.data.sampler import unpad
+from fedxrisk.engines.privacy.noise import NoiseSource
 from fedxrisk.errors import ConfigError
 from fedxrisk.tree import Tree, leaves, tmap
 
-SUPPORTED = ("localsgdm", "codaplus", "codasca")
-PAIRWISE = "its pairwise loss couples positives and negatives"
-INNER_MEAN = "its inner function is a mean over samples, so one sample moves every term"
-COUPLED = {  # why per-sample clipping does not bound a sample's influence
-    "fedxl1": PAIRWISE + " of all clients",
-    "fedxl2": PAIRWISE + " of all clients",
-    "localpair": PAIRWISE + " of the client",
-    "localscgdam": "compositional: " + INNER_MEAN,
-    "local_scgd": "compositional/conditional: " + INNER_MEAN,
-    "local_scgdm": "compositional/conditional: " + INNER_MEAN,
-    "fcsg": "conditional: " + INNER_MEAN,
-    "fcsg_m": "conditional: " + INNER_MEAN,
-    "acc_fcsg_m": "conditional: " + INNER_MEAN,
-    "coda": "its class sums of a sampled batch leave the client at stage ends, outside the local step",
-    "localsgdm_rl": "its class gradient sums of a sampled batch leave the client every round, outside the local step",
-}
+NOISE_STREAM = 1 << 21  # the noise source's sub-stream key of instance-level noise
+ENGINE_KEYS = ("mask", "noise", "denominator", "uniform")  # batch entries that are not per sample
 
 
 def unsupported_instance_reason(algorithm: Any) -> str | None:
-    """Why per-sample DP-SGD cannot cover ``algorithm``, or None when it can."""
+    """Why per-sample DP-SGD cannot cover ``algorithm``, or None when it can (read from what the
+    algorithm and its problem declare)."""
     name = getattr(algorithm, "name", type(algorithm).__name__)
-    if name in COUPLED:
-        return f"{name} is not covered by per-sample clipping ({COUPLED[name]})"
-    if name not in SUPPORTED:
-        return f"{name} is not wired for per-sample clipping yet (wired: {', '.join(SUPPORTED)})"
+    if getattr(algorithm, "couples_samples", None):
+        return f"{name} is not covered by per-sample clipping ({algorithm.couples_samples})"
+    if not algorithm.declares_sample_loss():
+        return f"{name} declares no per-sample loss (sample_loss) for DP-SGD to clip"
+    if getattr(algorithm, "positives_per_batch", 0):
+        return (
+            "class-aware batches (positives_per_batch > 0) put each positive in far more steps than "
+            "the sampling rate the accountant assumes; use plain (Poisson) batches"
+        )
     problem = algorithm.problem
-    if problem.pos_ratio_mode == "batch":
-        return f"{name} with pos_ratio_mode 'batch': p is the batch's positive ratio, which couples samples"
+    if algorithm.uses_pos_ratio and problem.pos_ratio_mode in ("batch", "local"):
+        return (
+            f"{name} with pos_ratio_mode {problem.pos_ratio_mode!r}: the AUC loss's p is then computed "
+            "from the training records (one record moves every sample's term); use 'global' with a "
+            "public p (privacy.pos_ratio)"
+        )
     _, buffers = problem.init_model()
     if any(v.is_floating_point() for v in buffers.values()):
         return (
@@ -77,26 +81,28 @@ def check_instance_dp(algorithm: Any) -> None:
         raise ConfigError(f"instance-level DP: {reason}")
 
 
-def standard_normals(uniform: torch.Tensor) -> torch.Tensor:
-    """float32 U[0, 1) draws (multiples of 2^-24) → N(0, 1) at their cells' centres (float64)."""
-    return torch.special.ndtri(uniform.double() + 2.0**-25)
-
-
-def privatize(per_sample: Tree, uniform: torch.Tensor, clip: float, noise_multiplier: float) -> Tree:
-    """Per-sample gradients (leaves ``[B, ...]``) → (Σ_i clip_C(g_i) + σC·z) / B, clipped jointly
-    over the leaves; z from ``uniform`` (``[≥ d]``, d = coordinates of one gradient)."""
+def privatize(
+    per_sample: Tree,
+    mask: torch.Tensor,
+    noise: torch.Tensor,
+    denominator: torch.Tensor | float,
+    clip: float,
+    noise_multiplier: float,
+) -> Tree:
+    """Per-sample gradients (leaves ``[S, ...]``, S slots of which ``mask`` marks the records) →
+    (Σ_i mask_i·clip_C(g_i) + σC·z) / denominator, clipped jointly over the leaves; z = ``noise``
+    (float64, ``[≥ d]``, d = coordinates of one gradient), added in float64."""
     flat = list(leaves(per_sample))
-    b = flat[0][1].shape[0]
-    norms = torch.stack([torch.linalg.vector_norm(t.reshape(b, -1), dim=1) for _, t in flat]).norm(dim=0)
-    scale = (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
-    z = standard_normals(uniform)
+    s = flat[0][1].shape[0]
+    norms = torch.stack([torch.linalg.vector_norm(t.reshape(s, -1), dim=1) for _, t in flat]).norm(dim=0)
+    scale = (clip / norms.clamp_min(1e-30)).clamp(max=1.0) * mask.to(norms.dtype)
     out, offset = {}, 0
     for path, t in flat:
         n = t[0].numel()
-        noise = z[offset : offset + n].reshape(t.shape[1:])
+        z = noise[offset : offset + n].reshape(t.shape[1:])
         offset += n
-        total = torch.tensordot(scale.to(t.dtype), t, dims=1)
-        out[path] = (total + (noise_multiplier * clip * noise).to(t.dtype)) / b
+        total = torch.tensordot(scale.to(t.dtype), t, dims=1).double()
+        out[path] = ((total + noise_multiplier * clip * z.double()) / denominator).to(t.dtype)
     return _rebuild(per_sample, out)
 
 
@@ -106,66 +112,86 @@ def _rebuild(tree: Tree, flat: dict[str, torch.Tensor], prefix: str = "") -> Tre
     return flat[prefix[:-1]]
 
 
-def _sample(batch: dict[str, torch.Tensor], keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    return {k: batch[k] for k in keys}
+class DPSGD:
+    """The DP-SGD gradient estimator (``Algorithm.gradient_estimator``): per-sample gradients of
+    the declared loss, clipped to ``clip``, summed over the batch's records, Gaussian noise of
+    std ``noise_multiplier·clip`` on the sum, divided by the fixed q_k n_k."""
+
+    def __init__(self, clip: float, noise_multiplier: float):
+        self.clip, self.noise_multiplier = float(clip), float(noise_multiplier)
+
+    def __call__(
+        self, loss: Callable[..., tuple[torch.Tensor, Tree]], params: Tree, batch: dict[str, torch.Tensor]
+    ) -> tuple[Tree, tuple[torch.Tensor, Tree]]:
+        samples = {k: v for k, v in batch.items() if k not in ENGINE_KEYS}
+
+        def one(p: Tree, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Tree]:
+            return loss(p, tmap(lambda v: v.unsqueeze(0), sample))
+
+        grads, (values, buffers) = vmap(grad_and_value(one, has_aux=True), in_dims=(None, 0))(params, samples)
+        mask, denominator = batch["mask"], batch["denominator"]
+        g = privatize(grads, mask, batch["noise"], denominator, self.clip, self.noise_multiplier)
+        value = (values * mask).sum() / denominator.to(values.dtype)
+        return g, (value, tmap(lambda b: b[0], buffers))  # buffers: no BatchNorm, so unchanged
 
 
-class _InstanceDPCrossEntropy:
-    """LocalSGDM with DP-SGD: its loss is a surrogate whose gradient is the private gradient."""
-
-    def _loss(self, w, buffers, batch):
-        base = super()._loss  # type: ignore[misc]
-        fixed = tmap(torch.detach, w)
-
-        def one(wi, x, y):
-            return base(wi, buffers, {"x": x.unsqueeze(0), "y": y.unsqueeze(0)})[0]
-
-        per_sample = vmap(grad(one), in_dims=(None, 0, 0))(fixed, batch["x"], batch["y"])
-        g = privatize(per_sample, batch["uniform"], self.dp_clip, self.dp_noise_multiplier)
-        value, new_buffers = base(fixed, buffers, _sample(batch, ("x", "y")))
-        linear = sum((wi * gi.detach()).sum() for (_, wi), (_, gi) in zip(leaves(w), leaves(g), strict=True))
-        return value.detach() + linear - linear.detach(), new_buffers
+def sample_coordinates(algorithm: Algorithm) -> int:
+    """d: the coordinates of one per-sample gradient (all of ``sample_params``)."""
+    state = algorithm.init(ClientInfo(0, 1, 0.5, 1))
+    return sum(t.numel() for _, t in leaves(algorithm.sample_params(state)))
 
 
-class _InstanceDPAUC:
-    """CODA+/CODASCA with DP-SGD: ``gradients`` returns the private gradient in (w, a, b, α)."""
-
-    def gradients(self, state, batch):
-        from fedxrisk.algorithms.coda import _primal
-
-        v, alpha, buffers, p = _primal(state), state["alpha"], state["buffers"], state["p"]
-
-        def one(vi, ai, x, y):
-            return self._objective(vi, ai, buffers, p, {"x": x.unsqueeze(0), "y": y.unsqueeze(0)})[0]
-
-        gv, galpha = vmap(grad(one, argnums=(0, 1)), in_dims=(None, None, 0, 0))(
-            v, alpha, batch["x"], batch["y"]
-        )
-        g = privatize({"v": gv, "alpha": galpha}, batch["uniform"], self.dp_clip, self.dp_noise_multiplier)
-        f, new_buffers = self._objective(v, alpha, buffers, p, _sample(batch, ("x", "y")))
-        return g["v"], g["alpha"], f, new_buffers
-
-
-def _coordinates(algorithm: Any) -> int:
-    w, _ = algorithm.problem.init_model()
-    d = sum(t.numel() for _, t in leaves(w))
-    if algorithm.name != "localsgdm":
-        d += 3 * math.prod(algorithm.problem.label_shape)  # a, b, α
-    return d
-
-
-def instance_private(algorithm: Any, clip: float, noise_multiplier: float) -> Any:
+def instance_private(
+    algorithm: Algorithm, clip: float, noise_multiplier: float, pos_ratio: float | None = None
+) -> Algorithm:
     """A copy of ``algorithm`` taking DP-SGD local steps (per-sample clipping to ``clip``, noise
-    std ``noise_multiplier·clip`` on the sum); raises :class:`ConfigError` where it cannot."""
+    std ``noise_multiplier·clip`` on the sum, Poisson batches); ``pos_ratio``: the public p its
+    AUC loss uses (required when ``uses_pos_ratio``). Raises :class:`ConfigError` where it cannot."""
     check_instance_dp(algorithm)
     if not clip > 0 or math.isinf(clip) or not noise_multiplier >= 0 or math.isinf(noise_multiplier):
         raise ConfigError(
             f"instance-level DP needs clip > 0 and noise_multiplier ≥ 0, got {clip}, {noise_multiplier}"
         )
-    base = type(algorithm)
-    mixin = _InstanceDPCrossEntropy if algorithm.name == "localsgdm" else _InstanceDPAUC
-    private = copy.copy(algorithm)
-    private.__class__ = type(f"InstanceDP{base.__name__}", (mixin, base), {"__module__": __name__})
-    private.dp_clip, private.dp_noise_multiplier = float(clip), float(noise_multiplier)
-    private.uniforms_per_step = _coordinates(algorithm)
-    return private
+    problem = algorithm.problem
+    if algorithm.uses_pos_ratio and pos_ratio is None:
+        raise ConfigError(
+            f"instance-level DP: {algorithm.name}'s AUC loss needs a public p (pos_ratio), not one counted "
+            "from the records"
+        )
+    if pos_ratio is not None:
+        labels = problem.num_labels
+        problem = replace(problem, pos_ratio=float(pos_ratio) if labels == 1 else [float(pos_ratio)] * labels)
+    public = with_hooks(algorithm, problem=problem)
+    return with_hooks(
+        public,
+        gradient_estimator=DPSGD(clip, noise_multiplier),
+        poisson_batches=True,
+        noise_per_step=sample_coordinates(public),
+    )
+
+
+def poisson_batches(algorithm: Algorithm, source: Any, shard_sizes: Sequence[int]) -> tuple | None:
+    """``make_samplers``'s ``poisson`` for an engine running ``algorithm``: (noise source — a secret
+    one unless ``source`` is given —, every client's shard size) under DP-SGD, else None."""
+    if not algorithm.poisson_batches:
+        return None
+    return (source if source is not None else NoiseSource.secret(), list(shard_sizes))
+
+
+def private_batch(sim: Any, positions: np.ndarray, step: int) -> dict[str, torch.Tensor]:
+    """The batch of one DP-SGD step of ``sim``'s clients (a ``Simulation``): the records of the
+    padded Poisson ``positions``, ``mask``, ``denominator`` q_k n_k and ``noise`` for ``step``."""
+    positions, mask = unpad(positions)
+    batch = sim.local_data.batch(positions, sim.device)
+    batch["mask"] = torch.from_numpy(mask).to(sim.device)
+    batch["denominator"] = torch.from_numpy(sim.sampler.expected).to(sim.device)
+    noise = step_noise(sim.sampler.source, step, sim.clients, sim.algorithm.noise_per_step)
+    return dict(batch, noise=noise.to(sim.device))
+
+
+def step_noise(source: Any, step: int, clients: Sequence[int], count: int) -> torch.Tensor:
+    """``[K, count]`` float64 N(0, 1) for one local step of ``clients``, from ``source`` (a
+    ``NoiseSource``), one sub-stream per (step, client): equal on every engine and rank."""
+    return torch.stack(
+        [torch.from_numpy(source.spawn(NOISE_STREAM, step, k).standard_normal(count)) for k in clients]
+    )

@@ -1,7 +1,9 @@
 """Which clients take part in a round: every client, Poisson, or a fixed fraction.
 
-The set depends only on ``(seed, round)`` and the number of clients, so every engine
-(and every rank of the distributed engine, each picking its own rows) draws the same set.
+The set is drawn from the run's :class:`~fedxrisk.engines.privacy.noise.NoiseSource` (secret by
+default: amplification by sampling assumes nobody outside learns who took part) and depends only on
+(source, round) and the number of clients, so every engine (and every rank of the distributed
+engine, each picking its own rows) draws the same set.
 """
 
 from __future__ import annotations
@@ -9,19 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedxrisk.engines.privacy.accountant import SAMPLINGS, fixed_count
+from fedxrisk.engines.privacy.noise import NoiseSource
 from fedxrisk.errors import ConfigError
 from fedxrisk.tree import tmap
 
-SAMPLING_STREAM = 0x53414D50  # separates this stream from the noise stream of the same (seed, round)
-
-
-def round_generator(seed: int, round_: int, stream: int) -> np.random.Generator:
-    """A NumPy generator fixed by the run seed, the round (0-based) and a stream tag."""
-    return np.random.default_rng(np.random.SeedSequence([abs(int(seed)), int(round_), int(stream)]))
+SAMPLING_STREAM = 0x53414D50  # separates this stream from the noise stream of the same round
 
 
 @dataclass(frozen=True)
@@ -43,17 +40,20 @@ class ClientSampling:
     def everyone(self) -> bool:
         return self.rate >= 1.0
 
-    def mask(self, seed: int, round_: int, num_clients: int) -> torch.Tensor:
-        """Bool ``[num_clients]``: who takes part in round ``round_`` (0-based)."""
+    def mask(self, source: NoiseSource | int, round_: int, num_clients: int) -> torch.Tensor:
+        """Bool ``[num_clients]``: who takes part in round ``round_`` (0-based); ``source``: the
+        run's noise source (an integer: :meth:`NoiseSource.reproducible` of it, for tests)."""
         if self.everyone:
             return torch.ones(num_clients, dtype=torch.bool)
-        rng = round_generator(seed, round_, SAMPLING_STREAM)
+        if not isinstance(source, NoiseSource):
+            source = NoiseSource.reproducible(source)
+        u = torch.from_numpy(source.spawn(round_, SAMPLING_STREAM).uniform(num_clients))
         if self.kind == "poisson":
-            chosen = rng.random(num_clients) < self.rate
-        else:
-            chosen = np.zeros(num_clients, dtype=bool)
-            chosen[rng.choice(num_clients, fixed_count(self.rate, num_clients), replace=False)] = True
-        return torch.from_numpy(chosen)
+            return u < self.rate
+        # fixed: the clients holding the m smallest of K uniforms (m without replacement)
+        chosen = torch.zeros(num_clients, dtype=torch.bool)
+        chosen[torch.argsort(u)[: fixed_count(self.rate, num_clients)]] = True
+        return chosen
 
     def denominator(self, num_clients: int, participants: int) -> float:
         """What the sum of clipped updates is divided by: the number of participants, except under
