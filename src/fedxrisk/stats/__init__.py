@@ -1,5 +1,6 @@
 """Uncertainty of ranking metrics: DeLong's AUROC variance and paired test, stratified bootstrap
-intervals and paired bootstrap differences, and metrics from summed per-class score histograms."""
+intervals and paired bootstrap differences, metrics from summed per-class score histograms, and
+DeLong's pooled AUROC, variance and paired test from secure sums (federated)."""
 
 from fedxrisk.stats.bootstrap import (
     PairedBootstrap,
@@ -18,6 +19,14 @@ from fedxrisk.stats.delong import (
     structural_components,
     wald_interval,
 )
+from fedxrisk.stats.federated import (
+    FederatedAUROC,
+    FederatedPaired,
+    federated_delong,
+    federated_paired,
+    placement_shares,
+    site_histograms,
+)
 from fedxrisk.stats.histogram import (
     histogram_ap,
     histogram_auroc,
@@ -28,6 +37,12 @@ from fedxrisk.stats.histogram import (
 )
 
 __all__ = [
+    "FederatedAUROC",
+    "FederatedPaired",
+    "federated_delong",
+    "federated_paired",
+    "placement_shares",
+    "site_histograms",
     "PairedBootstrap",
     "PairedDeLong",
     "bootstrap_intervals",
