@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from fedxrisk.evaluation_data import Progress, Scored, _columns, _manifest_data
+from fedxrisk.evaluation_federated import federated_report
 from fedxrisk.evaluation_report import FILES, PAUC_FPR, console_tables, markdown, write_files
 from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
 from fedxrisk.outfiles import check_folder, refuse_inputs
@@ -105,6 +106,7 @@ def evaluate(
     else:
         data = _run_data(trained)
     result = _report(trained, data, bootstrap, seed)
+    result["federated"] = federated_report(data, trained.label_names)
     write_files(result, data, trained.label_names, folder)
     return result
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedxrisk.evaluation_federated import console_table, markdown_lines
+
 if TYPE_CHECKING:
     from fedxrisk.evaluation import Scored
 
@@ -66,7 +68,7 @@ def markdown(result: dict[str, Any]) -> str:
         for g, labels in result["groups"].items():
             lines += [row(f"{g} / {k}" if multi else g, m) for k, m in labels.items()]
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + markdown_lines(result))
 
 
 def _plot(result: dict[str, Any], data: Scored, names: Sequence[str]) -> dict[str, bytes]:
@@ -194,4 +196,6 @@ def console_tables(result: dict[str, Any]) -> list[Any]:
                 per.add_row(g[:16], f"{m['positives']}/{m['negatives']}", _num(m["auroc"]), _ci(m["auroc_ci"]),
                             _num(m["ap"]), _num(m["pauc30"]))  # fmt: skip
         tables.append(per)
+    if (federated := console_table(result)) is not None:
+        tables.append(federated)
     return tables
