@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("api", (
         "fedxrisk.experiment", "fedxrisk.inference", "fedxrisk.inputs", "fedxrisk.prediction",
         "fedxrisk.evaluation", "fedxrisk.evaluation_data", "fedxrisk.evaluation_report",
-        "fedxrisk.evaluation_federated", "fedxrisk.evaluation_clinic", "fedxrisk.evaluation_cross", "fedxrisk.plots", "fedxrisk.compare",
+        "fedxrisk.evaluation_federated", "fedxrisk.evaluation_against", "fedxrisk.evaluation_clinic",
+        "fedxrisk.evaluation_cross", "fedxrisk.plots", "fedxrisk.compare",
         "fedxrisk.tune",
     )),
     ("cli", ("fedxrisk.cli", "fedxrisk.__main__")),

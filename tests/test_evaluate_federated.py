@@ -40,7 +40,7 @@ def runs(tmp_path_factory):
     write_sites(root / "data" / "data.csv")
     for algorithm in ("codasca", "localsgdm"):
         cfg = RunConfig(dataset="tabular", data_dir=str(root / "data"), imratio=None, partition="source",
-                        clients=4, algorithm=algorithm, lr=0.5, **TINY)  # fmt: skip
+                        clients=4, algorithm=algorithm, lr=0.5, validation=0.2, **TINY)  # fmt: skip
         run_experiment(cfg, root / algorithm)
     return root
 

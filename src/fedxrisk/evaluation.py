@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from fedxrisk.evaluation_against import against_report, check_comparable, check_same_test_set
+from fedxrisk.evaluation_clinic import calibration_report, operating_points
 from fedxrisk.evaluation_data import Progress, Scored, _columns, _manifest_data
 from fedxrisk.evaluation_federated import federated_report
 from fedxrisk.evaluation_report import FILES, PAUC_FPR, console_tables, markdown, write_files
@@ -66,8 +68,18 @@ def evaluate(
     batch_size: int = 256,
     workers: int | None = None,
     progress: Progress | None = None,
+    against: str | Path | None = None,
+    at_specificity: float | None = None,
+    at_sensitivity: float | None = None,
+    calibration: bool = False,
 ) -> dict[str, Any]:
     """Evaluate the final model of ``run_dir``; write evaluation.json/.md, roc.png, pr.png into ``out``.
+
+    ``against``: a second run scored on the same patients (paired tests,
+    :mod:`fedxrisk.evaluation_against`); ``at_specificity``/``at_sensitivity``: operating points
+    with CIs; ``calibration``: Brier, ECE, temperature scaling and reliability.png
+    (:mod:`fedxrisk.evaluation_clinic`). On data with sites the pooled AUROC [CI] is also computed
+    federated (:mod:`fedxrisk.evaluation_federated`).
 
     ``out`` defaults to the run folder; existing evaluation files there are refused
     unless ``overwrite``. File data is read lazily and decoded in ``workers`` processes
@@ -88,17 +100,28 @@ def evaluate(
         raise InputError(f"--seed must be ≥ 0, got {seed}")
     if batch_size < 1:
         raise InputError(f"--batch-size must be ≥ 1, got {batch_size}")
+    for name, v in (("--at-specificity", at_specificity), ("--at-sensitivity", at_sensitivity)):
+        if v is not None and not 0 < v < 1:
+            raise InputError(f"{name} must lie strictly between 0 and 1, got {v}")
+    if against is not None and manifest is not None:
+        raise InputError("--against compares on the run's own test set or a --dataset, not a --manifest")
     folder = Path(out) if out is not None else Path(run_dir)
     check_folder(folder, lambda f: (f / "config.toml").exists() or (f / "evaluation.json").exists(),
                  "fedxrisk run or evaluation")  # fmt: skip
     if manifest is not None:
         for name in FILES:
             refuse_inputs(folder / name, [("the --manifest file", Path(manifest))])
-    taken = [name for name in FILES if (folder / name).exists() or (folder / name).is_symlink()]
+    names = (*FILES, "reliability.png") if calibration else FILES
+    taken = [name for name in names if (folder / name).exists() or (folder / name).is_symlink()]
     if taken and not overwrite:
         raise InputError(f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or --out")
     trained = load_trained(run_dir, device)
+    other = None if against is None else load_trained(against, device)
     workers = resolve_workers(workers)
+    if other is not None:
+        check_comparable(trained, other)
+        if dataset is None:
+            check_same_test_set(trained, other)
     if manifest is not None:
         data = _manifest_data(trained, manifest, batch_size, workers, progress)
     elif dataset is not None:
@@ -106,32 +129,79 @@ def evaluate(
     else:
         data = _run_data(trained)
     result = _report(trained, data, bootstrap, seed)
-    result["federated"] = federated_report(data, trained.label_names)
+    data_b = None
+    if other is not None:
+        data_b = (
+            _run_data(trained, other)
+            if dataset is None
+            else _dataset_data(trained, dataset, data_dir, split, workers, other)
+        )
+        result["against"] = against_report(
+            data.y, data.scores, data_b.scores, trained.label_names, str(against), bootstrap, seed
+        )
+    result["federated"] = federated_report(data, trained.label_names, data_b)
+    clinic(result, trained, data, at_specificity, at_sensitivity, calibration, bootstrap, seed)
     write_files(result, data, trained.label_names, folder)
     return result
+
+
+def clinic(result: dict[str, Any], trained: TrainedModel, data: Scored, at_specificity: float | None,
+           at_sensitivity: float | None, calibration: bool, resamples: int, seed: int) -> None:  # fmt: skip
+    """Operating points and calibration per label, into ``result`` (the validation data: the run's)."""
+    from fedxrisk.metrics import _rankable
+
+    names = trained.label_names
+    if at_specificity is not None or at_sensitivity is not None:
+        ops = {}
+        for j, name in enumerate(names):
+            known = ~np.isnan(data.y[:, j])
+            s = _rankable(data.scores[known, j])
+            ops[name] = (
+                {}
+                if s is None
+                else operating_points(data.y[known, j], s, at_specificity, at_sensitivity, resamples, seed)
+            )
+        result["operating_points"] = ops
+    if calibration:
+        validation = data.validation if data.shards is not None else _run_data(trained).validation
+        result["calibration"] = {
+            name: calibration_report(data.y[:, j], data.scores[:, j],
+                                     None if validation is None else (validation[0][:, j], validation[1][:, j]),
+                                     trained.config.algorithm)
+            for j, name in enumerate(names)
+        }  # fmt: skip
 
 
 # ---- data ---------------------------------------------------------------------------------------
 
 
-def _run_data(trained: TrainedModel) -> Scored:
-    """The run's own test set and client shards, rebuilt from its config (as training built them)."""
+def _run_data(trained: TrainedModel, model: TrainedModel | None = None) -> Scored:
+    """The run's own test set and client shards, rebuilt from its config (as training built them),
+    scored by ``model`` (default: the run's own; ``--against``: the other run's), with the
+    validation data's labels and scores when the data has a validation split."""
     from fedxrisk.run.build import build_data
 
+    model = model or trained
     try:
         fed, _ = build_data(trained.config)
     except ValueError as e:
         raise InputError(f"{trained.run_dir}: cannot rebuild the run's data ({e})") from e
-    y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(trained.model_logits(fed.data.x_train))
+    y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(model.model_logits(fed.data.x_train))
     shards = [(y_train[s], s_train[s]) for s in fed.shards]
-    y_test, s_test = _columns(fed.data.y_test.numpy()), _columns(trained.model_logits(fed.data.x_test))
+    y_test, s_test = _columns(fed.data.y_test.numpy()), _columns(model.model_logits(fed.data.x_test))
+    x_val, y_val = fed.data.x_val, fed.data.y_val
+    validation = (
+        None
+        if x_val is None or y_val is None
+        else (_columns(y_val.numpy()), _columns(model.model_logits(x_val)))
+    )
     portions = client_test_portions(trained.config.partition, fed.data, fed.shards)
     if portions is None:  # no test rows of its own: the training shard, labelled as such
         clients, split = [(f"client {k}", y, s) for k, (y, s) in enumerate(shards)], "train"
     else:
         clients, split = [(f"client {k}", y_test[m], s_test[m]) for k, m in enumerate(portions)], "test"
     where = f"the run's test set ({trained.config.dataset})"
-    return Scored(y_test, s_test, where, "client", clients, split, shards)
+    return Scored(y_test, s_test, where, "client", clients, split, shards, validation)
 
 
 def client_test_portions(partition: str, data: Any, shards: Sequence[Any]) -> list[np.ndarray] | None:
@@ -152,8 +222,9 @@ def client_test_portions(partition: str, data: Any, shards: Sequence[Any]) -> li
 
 
 def _dataset_data(
-    trained: TrainedModel, dataset: str, data_dir: str | None, split: str, workers: int
-) -> Scored:
+    trained: TrainedModel, dataset: str, data_dir: str | None, split: str, workers: int,
+    model: TrainedModel | None = None,
+) -> Scored:  # fmt: skip
     """A registered reader's split, read lazily (file datasets) and decoded chunk by chunk."""
     from fedxrisk.data import DATASETS
     from fedxrisk.data.datasets import binarize, load_dataset
@@ -173,7 +244,7 @@ def _dataset_data(
     x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
     if is_lazy(x):
         x.attach(workers=workers)
-    y, s = _columns(y.numpy()), _columns(trained.model_logits(x))
+    y, s = _columns(y.numpy()), _columns((model or trained).model_logits(x))
     sites = (data.groups_train if split == "train" else data.groups_test).get("source")
     groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
     where = f" in {data_dir}" if data_dir else ""

@@ -35,6 +35,7 @@ class Scored:
     )
     shards: list[tuple[np.ndarray, np.ndarray]] | None = None  # (y, scores) per client's training
     # shard: summary.json's client_auroc_mean is defined on them
+    validation: tuple[np.ndarray, np.ndarray] | None = None  # the run's validation (y, scores), if any
 
 
 def _manifest_data(

@@ -34,6 +34,23 @@ from fedxrisk.textsafe import printable
     "--out", type=click.Path(file_okay=False), default=None, help="output folder (default: RUN_DIR)"
 )
 @click.option("--overwrite", is_flag=True, help="replace evaluation files already in the output folder")
+@click.option(
+    "--against",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="a second run scored on the same patients: paired DeLong test (AUROC), paired bootstrap (AP, pAUC)",
+)
+@click.option(
+    "--at-specificity", type=float, default=None, help="report sensitivity [CI] at this specificity"
+)
+@click.option(
+    "--at-sensitivity", type=float, default=None, help="report specificity [CI] at this sensitivity"
+)
+@click.option(
+    "--calibration",
+    is_flag=True,
+    help="Brier, ECE, reliability.png, temperature scaling fitted on the run's validation data",
+)
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar or tables; print the evaluation.json path")
 def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     """AUROC [DeLong 95% CI], AP and pAUC [bootstrap CIs] of a finished run, per label and client/site.
@@ -42,6 +59,7 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     """
     from fedxrisk.data.readers import DataFileError
     from fedxrisk.evaluation import evaluate
+    from fedxrisk.evaluation_clinic import markdown_lines as clinic_lines
     from fedxrisk.evaluation_report import console_tables
 
     with config_errors():
@@ -61,4 +79,7 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     out = Console()
     for table in console_tables(result):
         out.print(table)
+    for line in clinic_lines(result):
+        if line:
+            out.print(printable(line.removeprefix("## ")), markup=False)
     out.print(printable(f"written: {', '.join(result['files'])}"), markup=False)
