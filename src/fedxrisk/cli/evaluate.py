@@ -83,3 +83,33 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
         if line:
             out.print(printable(line.removeprefix("## ")), markup=False)
     out.print(printable(f"written: {', '.join(result['files'])}"), markup=False)
+
+
+@main.command(name="cross-site")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--dataset", default=None, help="evaluate on this dataset's split (default: the first run's test set)"
+)
+@click.option("--data-dir", default=None, help="folder read by --dataset")
+@click.option("--split", default="test", show_default=True, help="--dataset: test | train")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="output folder")
+@click.option("--overwrite", is_flag=True, help="replace cross-site files already in --out")
+@click.option("--device", default="cpu", show_default=True)
+def cross_site_(runs: tuple[str, ...], **options: Any) -> None:
+    """Every run's model at every site: AUROC [DeLong 95% CI] per cell, as a table and a heatmap.
+
+    Typically the federated run first, then each site's local-only run. Writes cross_site.json,
+    cross_site.md and cross_site.png into --out (docs/evaluation.md).
+    """
+    from fedxrisk.data.readers import DataFileError
+    from fedxrisk.evaluation_cross import cross_site
+
+    with config_errors():
+        try:
+            result = cross_site(list(runs), **options)
+        except DataFileError as e:
+            raise BadConfig(str(e)) from None
+    from fedxrisk.evaluation_cross import markdown
+
+    click.echo(printable(markdown(result)))
+    click.echo(printable(f"written: {', '.join(result['files'])}"))
