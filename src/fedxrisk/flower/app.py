@@ -34,6 +34,8 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
+from fedxrisk.flower.evaluate import OP as EVALUATE  # noqa: E402
+from fedxrisk.flower.evaluate import site_evaluate  # noqa: E402
 from fedxrisk.flower.secagg import secure_exchange, secure_step_handler  # noqa: E402
 from fedxrisk.flower.site import site_setup, site_step  # noqa: E402
 from fedxrisk.flower.wire import Packet  # noqa: E402
@@ -78,6 +80,8 @@ def setup(msg: Message, context: Context) -> Message:
 
 def _run_step(context: Context, request: Packet) -> Packet:
     """The site's step on ``request``, its state kept in ``context.state`` (never sent)."""
+    if request.config.get("op") == EVALUATE:  # a federated evaluation's exchange (flower/evaluate.py)
+        return site_evaluate(context.node_config, context.run_config, request)
     saved = from_records(context.state, SITE) if f"{SITE}config" in context.state else None
     reply, new = site_step(context.node_config, context.run_config, saved, request)
     if new is not None and new is not saved:
@@ -92,6 +96,15 @@ def _run_step(context: Context, request: Packet) -> Packet:
 def step(msg: Message, context: Context) -> Message:
     """One protocol step on this site's data (message type ``train.step``)."""
     return Message(to_records(_run_step(context, from_records(msg.content))), reply_to=msg)
+
+
+@client_app.query(EVALUATE)
+def evaluate(msg: Message, context: Context) -> Message:
+    """A federated evaluation's exchange without secure aggregation (message type ``query.evaluate``)."""
+    return Message(
+        to_records(site_evaluate(context.node_config, context.run_config, from_records(msg.content))),
+        reply_to=msg,
+    )
 
 
 # ``train`` messages are SecAgg+'s (secure-aggregation = true): the mod runs the key exchange and
