@@ -25,7 +25,7 @@ from fedxrisk.flower.app import client_app  # noqa: E402
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.evaluate_app import run_on_grid  # noqa: E402
 from fedxrisk.flower.secure import flat_vector, packet_from_bytes  # noqa: E402
-from fedxrisk.stats import delong, delong_paired, logit_edges  # noqa: E402
+from fedxrisk.stats import delong, delong_paired  # noqa: E402
 from fedxrisk.stats.federated import federated_delong, federated_paired, simulate  # noqa: E402
 from flower_grid import InProcessGrid  # noqa: E402
 
@@ -71,7 +71,7 @@ def _scores(cfg, state, x):
 
 def _simulated(cfg, data, states):
     sites = [(y, [_scores(cfg, s, x) for s in states]) for x, y in data]
-    return sites, simulate(sites, logit_edges())
+    return sites, simulate(sites)
 
 
 @pytest.mark.parametrize("secure", [True, False])

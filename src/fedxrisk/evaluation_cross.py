@@ -86,9 +86,11 @@ def cell(y: np.ndarray, s: np.ndarray) -> dict[str, float]:
 
 def cross_site(
     runs: Sequence[str | Path], *, dataset: str | None = None, data_dir: str | None = None, split: str = "test",
-    out: str | Path, overwrite: bool = False, device: str = "cpu",
+    out: str | Path, overwrite: bool = False, device: str = "cpu", site_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The matrix (models × sites + pooled) of AUROC [95% CI]; writes :data:`FILES` into ``out``."""
+    """The matrix (models × sites + pooled) of AUROC [95% CI]; writes :data:`FILES` into ``out``.
+
+    ``site_names``: shown instead of ``site K``, in the sites' order. Models are named by their run folder."""
     from fedxrisk.outfiles import make_folder
 
     if len(runs) < 1:
@@ -113,6 +115,10 @@ def cross_site(
         x, y, sites = _sites_of_run(first)
     else:
         x, y, sites = _sites_of_dataset(first, dataset, data_dir, split)
+    if site_names is not None:
+        if len(site_names) != len(sites):
+            raise InputError(f"{len(site_names)} site names for {len(sites)} sites")
+        sites = [(name, mask) for name, (_, mask) in zip(site_names, sites)]
     raw, y = _raw(first, x), np.asarray(y).reshape(-1).astype(bool)
     names = _unique_names(models)
     matrix: dict[str, dict[str, Any]] = {}

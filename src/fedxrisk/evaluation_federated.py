@@ -19,8 +19,7 @@ import numpy as np
 
 from fedxrisk.evaluation_data import Scored
 from fedxrisk.stats import delong, delong_paired, logit_edges
-from fedxrisk.stats.federated import federated_delong, federated_paired, simulate
-from fedxrisk.stats.histogram import DEFAULT_BINS, LOGIT_LIMIT
+from fedxrisk.stats.federated import EVAL_BINS, EVAL_LIMIT, federated_delong, federated_paired, simulate
 
 PAUC_FPR = 0.3
 
@@ -95,7 +94,7 @@ def federated_report(
     same rows and groups, for the paired test); None without sites."""
     if not has_sites(data):
         return None
-    edges = logit_edges() if edges is None else edges
+    edges = logit_edges(EVAL_BINS, EVAL_LIMIT) if edges is None else edges
     labels = {}
     for j, name in enumerate(names):
         groups = []
@@ -108,8 +107,8 @@ def federated_report(
             "two secure sums (pooled per-class score histograms, then each site's DeLong placement-value "
             "moments), simulated in one process; per site: the site's own exact DeLong"
         ),
-        "bins": len(edges) + 1 if edges is not None else DEFAULT_BINS,
-        "logit_limit": LOGIT_LIMIT,
+        "bins": len(edges) + 1,
+        "logit_limit": float(-edges[0]),
         "sites": len(data.groups),
         "labels": labels,
     }

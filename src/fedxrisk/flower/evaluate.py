@@ -42,8 +42,15 @@ from fedxrisk.flower.secure import levels, value_range
 from fedxrisk.flower.sitedata import SiteDataError, _find, read_table
 from fedxrisk.flower.wire import Packet
 from fedxrisk.stats import delong
-from fedxrisk.stats.federated import federated_delong, federated_paired, placement_shares, site_histograms
-from fedxrisk.stats.histogram import DEFAULT_BINS, LOGIT_LIMIT, logit_edges
+from fedxrisk.stats.federated import (
+    EVAL_BINS,
+    EVAL_LIMIT,
+    federated_delong,
+    federated_paired,
+    placement_shares,
+    site_histograms,
+)
+from fedxrisk.stats.histogram import logit_edges
 
 OP = "evaluate"  # request.config["op"] of an evaluation exchange
 
@@ -134,7 +141,7 @@ def _summed(replies: dict[int, Packet], key: str, secure: bool, step: float) -> 
 
 def federated_evaluation(
     send: Send, nodes: Sequence[int], cfg: FlowerConfig, models: Sequence[dict[str, torch.Tensor]],
-    site_auroc: bool = False, bins: int = DEFAULT_BINS, limit: float = LOGIT_LIMIT,
+    site_auroc: bool = False, bins: int = EVAL_BINS, limit: float = EVAL_LIMIT,
 ) -> dict[str, Any]:  # fmt: skip
     """The two exchanges over ``nodes``; ``send(requests, cfg)`` delivers them (SecAgg+ or plain)
     and returns each node's reply. Pooled AUROC [CI] of each model, the paired test of models

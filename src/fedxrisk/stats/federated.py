@@ -58,6 +58,12 @@ from fedxrisk.stats.histogram import (
     score_histogram,
 )
 
+# Evaluation bins: 65,536 over ±128 logits (0.0039 wide). Wider than validation's ±16: CE FedAvg's
+# logits reach ±100, and beyond ±limit every score shares an end bin (a large AUROC bound); a one-off
+# evaluation can afford the longer vector (2 × 65,537 counts per model).
+EVAL_BINS = 2**16
+EVAL_LIMIT = 128.0
+
 
 def bin_index(scores: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Each score's bin (as :func:`~fedxrisk.stats.histogram.score_histogram` counts it); NaN → B."""
@@ -265,7 +271,7 @@ def simulate(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Both rounds in one process: ``sites`` = (labels, [scores of each model]) per site →
     (pooled histograms ``[M, 2, B + 1]``, pooled moments), the two sums a secure aggregator releases."""
-    edges = logit_edges() if edges is None else np.asarray(edges, dtype=np.float64)
+    edges = logit_edges(EVAL_BINS, EVAL_LIMIT) if edges is None else np.asarray(edges, dtype=np.float64)
     totals = sum(site_histograms(y, s, edges) for y, s in sites)
     moments = sum(placement_shares(totals, y, s, edges) for y, s in sites)
     return np.asarray(totals), np.asarray(moments)
