@@ -134,3 +134,16 @@ def test_cli_at_specificity_and_calibration(runs, tmp_path):  # noqa: F811
         main, ["evaluate", str(runs / "localsgdm"), "--at-specificity", "1.5", "--out", str(tmp_path / "x")]
     )
     assert bad.exit_code == 2 and "--at-specificity must lie strictly between 0 and 1" in bad.output
+
+
+def test_against_on_a_dataset_scores_both_models_on_its_rows(runs, tmp_path):  # noqa: F811
+    data_dir = str(runs / "data")
+    result = fedxrisk.evaluate(runs / "codasca", against=runs / "localsgdm", dataset="tabular", data_dir=data_dir,
+                               bootstrap=50, out=tmp_path)  # fmt: skip
+    y, sa = _scores(runs / "codasca")  # the same file and split: the same rows
+    _, sb = _scores(runs / "localsgdm")
+    got = result["against"]["labels"]["score"]["auroc"]
+    assert got["p_value"] == pytest.approx(delong_paired(y, sa, sb).p_value, abs=1e-12)
+    bad = CliRunner().invoke(main, ["evaluate", str(runs / "codasca"), "--against", str(runs / "localsgdm"),
+                                    "--manifest", str(tmp_path / "m.csv"), "--out", str(tmp_path / "x")])  # fmt: skip
+    assert bad.exit_code == 2 and "not a --manifest" in bad.output

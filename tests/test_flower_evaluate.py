@@ -163,3 +163,13 @@ def test_python_m_fedxrisk_flower_evaluate_writes_an_evaluation_app(federation, 
     spec.loader.exec_module(module)
     assert type(module.server_app).__name__ == "ServerApp" and module.client_app is client_app
     assert repr(paths) in (app / "fedxrisk_app.py").read_text()
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_a_site_without_a_test_file_is_named(federation, secure):
+    rc, nodes, data, paths, states, cfg = federation
+    rc = {**rc, "secure-aggregation": secure}
+    (Path(nodes[101]["data-dir"]) / "test.npz").unlink()
+    with pytest.raises(RuntimeError, match=r"site 101: .*holds neither test.npz nor test.csv") as info:
+        run_on_grid(InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths)
+    assert "\n" not in str(info.value)
