@@ -173,3 +173,26 @@ def test_a_site_without_a_test_file_is_named(federation, secure):
     with pytest.raises(RuntimeError, match=r"site 101: .*holds neither test.npz nor test.csv") as info:
         run_on_grid(InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths)
     assert "\n" not in str(info.value)
+
+
+def test_one_model_needs_one_secure_sum(federation, monkeypatch):
+    """With one model the server skips round 2 (the moments follow from the pooled histogram) and
+    gets the simulation's numbers."""
+    rc, nodes, data, paths, states, cfg = federation
+    rc = {**rc, "secure-aggregation": True}
+    calls = []
+    real = secagg.secure_exchange
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    import fedxrisk.flower.evaluate_app as evaluate_app
+
+    monkeypatch.setattr(evaluate_app, "secure_exchange", counting)
+    result = run_on_grid(InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths[:1])
+    assert len(calls) == 1
+    _, (totals, moments) = _simulated(cfg, data, states[:1])
+    sim = federated_delong(totals, moments)
+    assert result["models"][0]["auroc"] == pytest.approx(sim.auroc, abs=1e-12)
+    assert result["models"][0]["variance"] == pytest.approx(sim.variance, abs=1e-12)

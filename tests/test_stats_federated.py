@@ -162,3 +162,16 @@ def test_every_score_in_one_bin():
     fed, exact = federated_delong(totals, moments), delong(y, s)
     assert fed.auroc == 0.5 and fed.auroc_bound == 0.5 and fed.se == 0.0
     assert 0.5 < exact.auroc <= 1.0 and 0 < exact.se <= se_bound(totals[0])
+
+
+def test_one_models_moments_follow_from_its_pooled_histogram():
+    """Round 2 adds nothing for one model: the summed placement shares equal those computed from
+    the pooled histogram alone (a binned placement value depends only on its bin)."""
+    from fedxrisk.stats.federated import histogram_moments
+
+    edges = logit_edges(50, 3.0)
+    sites = [(y, [ss[0]]) for y, ss in _sites(7, [40, 25, 9], ties=True)]
+    totals, moments = simulate(sites, edges)
+    assert np.allclose(histogram_moments(totals), moments, atol=1e-15, rtol=0)
+    with pytest.raises(ValueError, match="one model"):
+        histogram_moments(np.concatenate([totals, totals]))

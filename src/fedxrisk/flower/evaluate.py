@@ -9,6 +9,9 @@ Two exchanges over the sites' own test files (``test.npz`` / ``test.csv`` in the
 2. **moments**: the server sends the pooled histograms back; each site computes its patients'
    DeLong placement values against them and sends its shares of the pooled moments; the server
    obtains the sum, hence the pooled AUROC, DeLong's variance and CI, and the paired test.
+   With one model (and no per-site release) this exchange is skipped: a binned placement value
+   depends only on its bin, so the moments follow from the pooled histogram
+   (:func:`fedxrisk.stats.federated.histogram_moments`).
 
 With ``secure-aggregation = true`` both sums go through Flower's SecAgg+
 (:func:`fedxrisk.flower.secagg.secure_exchange`, unchanged): the server holds masked vectors and
@@ -47,6 +50,7 @@ from fedxrisk.stats.federated import (
     EVAL_LIMIT,
     federated_delong,
     federated_paired,
+    histogram_moments,
     placement_shares,
     site_histograms,
 )
@@ -156,12 +160,14 @@ def federated_evaluation(
         {n: Packet(config={**config, "stage": "histograms"}, arrays=dict(arrays)) for n in nodes}, sent_cfg
     )
     totals = _summed(first, "counts", secure, step).astype(np.int64)
-    request = {**arrays, "totals": {"counts": torch.from_numpy(totals)}}
-    second = send(
-        {n: Packet(config={**config, "stage": "moments"}, arrays=dict(request)) for n in nodes}, sent_cfg
-    )
-    limbs = _summed(second, "moments", secure, step)
-    moments = limbs if not secure else (limbs[0] + limbs[1] / limb) / limb
+    second: dict[int, Packet] = {}
+    if len(models) == 1 and not site_auroc:  # the moments follow from the pooled histogram: no round 2
+        moments = histogram_moments(totals)
+    else:
+        request = {**arrays, "totals": {"counts": torch.from_numpy(totals)}}
+        stage = {n: Packet(config={**config, "stage": "moments"}, arrays=dict(request)) for n in nodes}
+        limbs = _summed(second := send(stage, sent_cfg), "moments", secure, step)
+        moments = limbs if not secure else (limbs[0] + limbs[1] / limb) / limb
     out: dict[str, Any] = {
         "sites": len(nodes),
         "secure_aggregation": secure,

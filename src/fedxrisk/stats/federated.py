@@ -36,6 +36,9 @@ scores, e.g. scores on bin centres.
   (triangle inequality again); z and p are bracketed by the worst cases of both.
 - CI ends: |error| ≤ AUROC bound + z_{(1+level)/2}·SE bound.
 
+For one model the moments are a function of the pooled histogram (:func:`histogram_moments`);
+round 2 is needed for the paired test's cross-moments.
+
 Per-site AUROC with its CI needs no federation: a site computes :func:`~fedxrisk.stats.delong`
 on its own scores (exact) and releases it only if asked.
 """
@@ -108,6 +111,23 @@ def placement_shares(
         )
         blocks += [v.sum(axis=1) / count, (v @ v.T).ravel() / count]
     return np.concatenate(blocks)
+
+
+def histogram_moments(totals: np.ndarray) -> np.ndarray:
+    """The pooled moments of **one** model from its pooled histogram alone: a binned placement value
+    depends only on its bin, so Σ V10 = Σ_k p_k·V10(k), Σ V10² = Σ_k p_k·V10(k)² (likewise V01).
+    Round 2 is needed only for two models' cross-moments (the joint bins of one patient)."""
+    totals = np.asarray(totals)
+    if len(totals) != 1:
+        raise ValueError(f"the moments follow from the histogram for one model, got {len(totals)}")
+    if not _usable(totals):
+        return np.zeros(4)
+    t = totals[0]
+    neg, pos = t[0, :-1].astype(np.float64), t[1, :-1].astype(np.float64)
+    bins = np.arange(len(neg))
+    v10, v01 = _placements(t, bins, True), _placements(t, bins, False)
+    P, N = pos.sum(), neg.sum()
+    return np.array([pos @ v10 / P, pos @ v10**2 / P, neg @ v01 / N, neg @ v01**2 / N])
 
 
 def moments_layout(models: int) -> list[tuple[str, int]]:
