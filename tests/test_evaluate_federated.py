@@ -101,3 +101,23 @@ def test_coarse_bins_differ_from_exact_within_the_bound():
     assert p["exact"]["p_value"] == pytest.approx(delong_paired(y, s1, s2).p_value, abs=1e-15)
     assert p["federated"]["p_low"] <= p["exact"]["p_value"] <= p["federated"]["p_high"]
     assert p["federated"]["p_value"] != p["exact"]["p_value"]
+
+
+def test_dp_release_is_reported_or_refused_in_one_line(runs, tmp_path):
+    pytest.importorskip("dp_accounting")
+    small = fedxrisk.evaluate(runs / "codasca", bootstrap=0, dp_epsilon=1.0, out=tmp_path / "a")
+    refused = small["federated"]["labels"]["score"]["private"]["refused"]
+    assert "more patients" in refused or "swamps" in refused
+    assert "Differentially private release (ε = 1" in (tmp_path / "a" / "evaluation.md").read_text()
+    loose = fedxrisk.evaluate(runs / "codasca", bootstrap=0, dp_epsilon=1e4, out=tmp_path / "b")
+    private, exact = loose["federated"]["labels"]["score"]["private"], loose["overall"]["score"]["auroc"]
+    assert abs(private["auroc"] - exact) <= private["auroc_bound"] + 5 * private["noise_se"] + 1e-9
+    assert private["low"] <= private["auroc"] <= private["high"]
+    from click.testing import CliRunner
+
+    from fedxrisk.cli import main
+
+    bad = CliRunner().invoke(
+        main, ["evaluate", str(runs / "codasca"), "--dp-epsilon", "-1", "--out", str(tmp_path / "c")]
+    )
+    assert bad.exit_code == 2 and "--dp-epsilon must be a finite number > 0" in bad.output

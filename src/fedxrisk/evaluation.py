@@ -72,6 +72,8 @@ def evaluate(
     at_specificity: float | None = None,
     at_sensitivity: float | None = None,
     calibration: bool = False,
+    dp_epsilon: float | None = None,
+    dp_delta: float = 1e-5,
 ) -> dict[str, Any]:
     """Evaluate the final model of ``run_dir``; write evaluation.json/.md, roc.png, pr.png into ``out``.
 
@@ -79,7 +81,8 @@ def evaluate(
     :mod:`fedxrisk.evaluation_against`); ``at_specificity``/``at_sensitivity``: operating points
     with CIs; ``calibration``: Brier, ECE, temperature scaling and reliability.png
     (:mod:`fedxrisk.evaluation_clinic`). On data with sites the pooled AUROC [CI] is also computed
-    federated (:mod:`fedxrisk.evaluation_federated`).
+    federated (:mod:`fedxrisk.evaluation_federated`), and with ``dp_epsilon`` from one
+    differentially private release (:mod:`fedxrisk.stats.dp_eval`).
 
     ``out`` defaults to the run folder; existing evaluation files there are refused
     unless ``overwrite``. File data is read lazily and decoded in ``workers`` processes
@@ -103,6 +106,10 @@ def evaluate(
     for name, v in (("--at-specificity", at_specificity), ("--at-sensitivity", at_sensitivity)):
         if v is not None and not 0 < v < 1:
             raise InputError(f"{name} must lie strictly between 0 and 1, got {v}")
+    if dp_epsilon is not None and not (0 < dp_epsilon < math.inf and 0 < dp_delta < 1):
+        raise InputError(
+            f"--dp-epsilon must be a finite number > 0 and --dp-delta in (0, 1), got {dp_epsilon}, {dp_delta}"
+        )
     if against is not None and manifest is not None:
         raise InputError("--against compares on the run's own test set or a --dataset, not a --manifest")
     folder = Path(out) if out is not None else Path(run_dir)
@@ -139,7 +146,12 @@ def evaluate(
         result["against"] = against_report(
             data.y, data.scores, data_b.scores, trained.label_names, str(against), bootstrap, seed
         )
-    result["federated"] = federated_report(data, trained.label_names, data_b)
+    dp = None if dp_epsilon is None else (dp_epsilon, dp_delta)
+    result["federated"] = federated_report(data, trained.label_names, data_b, dp=dp, seed=seed)
+    if dp is not None and result["federated"] is None:
+        raise InputError(
+            "--dp-epsilon privatizes the federated evaluation: the data needs sites (a source column)"
+        )
     clinic(result, trained, data, at_specificity, at_sensitivity, calibration, bootstrap, seed)
     write_files(result, data, trained.label_names, folder)
     return result

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -87,11 +88,30 @@ def label_sites(
     return out
 
 
+def private_auroc(
+    groups: Sequence[tuple[str, np.ndarray, Sequence[np.ndarray]]], epsilon: float, delta: float, seed: int
+) -> dict[str, Any]:
+    """Model 0's AUROC [CI] from one Gaussian-noised release of the pooled histogram
+    (:mod:`fedxrisk.stats.dp_eval`; the sites' noise shares simulated with ``seed``), or the refusal."""
+    from fedxrisk.stats.dp_eval import DP_BINS, DP_LIMIT, DPTooNoisy, dp_auroc, noise_sigma, privatize
+
+    sites = [_known(y, ss[0]) for _, y, ss in groups]
+    totals, _ = simulate([(y, ss) for y, ss in sites], logit_edges(DP_BINS, DP_LIMIT))
+    sigma = noise_sigma(epsilon, delta)
+    try:
+        noisy = privatize(totals[0], sigma, np.random.default_rng([seed, 32]))
+        return asdict(dp_auroc(noisy, sigma, epsilon, delta, seed=seed))
+    except (DPTooNoisy, ValueError) as e:
+        return {"epsilon": epsilon, "delta": delta, "sigma": sigma, "refused": str(e)}
+
+
 def federated_report(
-    data: Scored, names: Sequence[str], other: Scored | None = None, edges: np.ndarray | None = None
-) -> dict[str, Any] | None:
+    data: Scored, names: Sequence[str], other: Scored | None = None, edges: np.ndarray | None = None,
+    dp: tuple[float, float] | None = None, seed: int = 0,
+) -> dict[str, Any] | None:  # fmt: skip
     """Per label, :func:`label_sites` over ``data``'s sites (``other``: a second model's scores of the
-    same rows and groups, for the paired test); None without sites."""
+    same rows and groups, for the paired test; ``dp`` = (ε, δ): also :func:`private_auroc`); None
+    without sites."""
     if not has_sites(data):
         return None
     edges = logit_edges(EVAL_BINS, EVAL_LIMIT) if edges is None else edges
@@ -102,6 +122,8 @@ def federated_report(
             scores = [gs[:, j]] + ([other.groups[i][2][:, j]] if other is not None else [])
             groups.append((site, gy[:, j], scores))
         labels[name] = label_sites(groups, edges)
+        if dp is not None:
+            labels[name]["private"] = private_auroc(groups, *dp, seed)
     return {
         "method": (
             "two secure sums (pooled per-class score histograms, then each site's DeLong placement-value "
@@ -159,6 +181,19 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
             f"{m['difference']['auroc']:+.1e} | {_f(f['auroc_bound'], 5)} (CI {_f(f['ci_bound'], 5)}) |"
         )
         lines.append("")
+        if "private" in m:
+            dp = m["private"]
+            if "refused" in dp:
+                lines += [
+                    f"Differentially private release (ε = {dp['epsilon']:g}, δ = {dp['delta']:g}): refused — {dp['refused']}.",
+                    "",
+                ]
+            else:
+                lines += [
+                    f"Differentially private release (ε = {dp['epsilon']:g}, δ = {dp['delta']:g}, σ = {dp['sigma']:.3g} "
+                    f"per bin): AUROC {_ci(dp)} (DeLong SE {dp['se']:.4f} and the noise's {dp['noise_se']:.4f} combined).",
+                    "",
+                ]
         if "paired" in m:
             pe, pf = m["paired"]["exact"], m["paired"]["federated"]
             lines += [

@@ -51,6 +51,13 @@ from fedxrisk.textsafe import printable
     is_flag=True,
     help="Brier, ECE, reliability.png, temperature scaling fitted on the run's validation data",
 )
+@click.option(
+    "--dp-epsilon",
+    type=float,
+    default=None,
+    help="data with sites: also the pooled AUROC [CI] from one (ε, δ)-DP release of the pooled histogram",
+)
+@click.option("--dp-delta", type=float, default=1e-5, show_default=True, help="δ of --dp-epsilon")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar or tables; print the evaluation.json path")
 def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     """AUROC [DeLong 95% CI], AP and pAUC [bootstrap CIs] of a finished run, per label and client/site.
