@@ -25,7 +25,7 @@ from fedxrisk.flower.app import client_app  # noqa: E402
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.evaluate_app import run_on_grid  # noqa: E402
 from fedxrisk.flower.secure import flat_vector, packet_from_bytes  # noqa: E402
-from fedxrisk.stats import delong, delong_paired  # noqa: E402
+from fedxrisk.stats import delong, delong_paired, logit_edges  # noqa: E402
 from fedxrisk.stats.federated import federated_delong, federated_paired, simulate  # noqa: E402
 from flower_grid import InProcessGrid  # noqa: E402
 
@@ -196,3 +196,27 @@ def test_one_model_needs_one_secure_sum(federation, monkeypatch):
     sim = federated_delong(totals, moments)
     assert result["models"][0]["auroc"] == pytest.approx(sim.auroc, abs=1e-12)
     assert result["models"][0]["variance"] == pytest.approx(sim.variance, abs=1e-12)
+
+
+def test_a_private_evaluation_releases_only_the_noisy_pooled_histogram(federation):
+    """Each site adds its share N(0, σ²/K) before SecAgg+: the server's sum differs from the true
+    pooled histogram by noise of spread σ, and the private AUROC is computed from it (or refused)."""
+    pytest.importorskip("dp_accounting")
+    from fedxrisk.stats.dp_eval import DP_BINS, DP_LIMIT, noise_sigma
+
+    rc, nodes, data, paths, states, cfg = federation
+    rc = {**rc, "secure-aggregation": True}
+    eps = 50.0
+    result = run_on_grid(
+        InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths[:1], dp=(eps, 1e-5)
+    )
+    sites = [(y, [_scores(cfg, states[0], x)]) for x, y in data]
+    true, _ = simulate(sites, logit_edges(DP_BINS, DP_LIMIT))
+    residual = (np.asarray(result["totals"]) - true[0])[:, :-1]
+    sigma = noise_sigma(eps, 1e-5)
+    assert residual.std() == pytest.approx(sigma, rel=0.2) and np.abs(residual).max() > 0
+    private = result["private"]
+    assert "refused" in private or private["low"] <= private["auroc"] <= private["high"]
+    with pytest.raises(ValueError, match="secure-aggregation"):
+        run_on_grid(InProcessGrid(client_app, {**rc, "secure-aggregation": False}, nodes),
+                    FlowerConfig.from_run_config({**rc, "secure-aggregation": False}), paths[:1], dp=(eps, 1e-5))  # fmt: skip

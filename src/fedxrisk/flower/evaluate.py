@@ -57,6 +57,7 @@ from fedxrisk.stats.federated import (
 from fedxrisk.stats.histogram import logit_edges
 
 OP = "evaluate"  # request.config["op"] of an evaluation exchange
+DP_UNITS = 2**10  # a noisy count travels as 1024 quantization steps: rounding adds < 1/1024 count
 
 
 def fixed_point(cfg: FlowerConfig, sites: int) -> tuple[float, float, int]:
@@ -101,15 +102,23 @@ def site_evaluate(node_config: Mapping[str, Any], run_config: Mapping[str, Any],
     edges, secure = logit_edges(int(c["bins"]), float(c["limit"])), bool(c["secure"])
     if c["stage"] == "histograms":
         counts = site_histograms(y, scores, edges)
+        if c.get("dp_sigma"):  # this site's share of the Gaussian noise, from a secret of its own
+            if counts[:, :, -1].any():
+                return Packet(config={"error": "evaluation: a NaN score; a private evaluation releases none"})
+            noise = np.random.default_rng().normal(0.0, float(c["dp_sigma"]), size=counts.shape)
+            counts = counts + noise * (np.arange(counts.shape[-1]) < counts.shape[-1] - 1)
         if not secure:
             return Packet(arrays={OP: {"counts": torch.from_numpy(counts)}})
-        if counts.max() > int(c["limb"]) * 2:
+        units = float(
+            c.get("units", 1)
+        )  # quantization steps per count (> 1: noisy counts keep their fraction)
+        if np.abs(counts).max() * units > int(c["limb"]) * 2:
             return Packet(
                 config={
-                    "error": f"evaluation: a bin holds {counts.max()} rows, more than SecAgg+ sums exactly"
+                    "error": f"evaluation: a bin holds {counts.max():.0f} rows, more than SecAgg+ sums exactly"
                 }
             )
-        return Packet(arrays={"payload": {"counts": torch.from_numpy(counts * float(c["step"]))}})
+        return Packet(arrays={"payload": {"counts": torch.from_numpy(counts * units * float(c["step"]))}})
     shares = placement_shares(request.arrays["totals"]["counts"].numpy(), y, scores, edges)
     reply = Packet()
     if c.get("site_auroc"):
@@ -133,14 +142,17 @@ def _classes(y: np.ndarray) -> dict[str, int]:
 Send = Callable[[dict[int, Packet], FlowerConfig], dict[int, Packet]]
 
 
-def _summed(replies: dict[int, Packet], key: str, secure: bool, step: float) -> np.ndarray:
+def _summed(
+    replies: dict[int, Packet], key: str, secure: bool, step: float, exact: bool = True
+) -> np.ndarray:
     errors = [f"site {n}: {r.error}" for n, r in replies.items() if r.error]
     if errors:
         raise RuntimeError("; ".join(errors))
     if not secure:
         return sum(r.arrays[OP][key].numpy() for r in replies.values())
     mean = next(iter(replies.values())).arrays["mean"][key].double().numpy()
-    return np.rint(mean * len(replies) / step)  # the exact integer sum (module docstring)
+    total = mean * len(replies) / step
+    return np.rint(total) if exact else total  # exact: the integer sum (module docstring)
 
 
 def federated_evaluation(
@@ -183,13 +195,42 @@ def federated_evaluation(
     return out
 
 
-def evaluation_app_module(models: Sequence[str], site_auroc: bool) -> str:
+def private_evaluation(
+    send: Send, nodes: Sequence[int], cfg: FlowerConfig, model: dict[str, torch.Tensor], epsilon: float, delta: float
+) -> dict[str, Any]:  # fmt: skip
+    """One model's AUROC [CI] from one (ε, δ)-DP release (:mod:`fedxrisk.stats.dp_eval`): each of the
+    K sites adds N(0, σ²/K) to its histogram before the secure sum, so the server holds the pooled
+    histogram plus N(0, σ²) per cell and nothing less noisy. Needs SecAgg+ (one site's share alone
+    would be released with σ/√K); the paired test and per-site releases are not available."""
+    from fedxrisk.stats.dp_eval import DP_BINS, DP_LIMIT, DPTooNoisy, dp_auroc, noise_sigma
+
+    if not cfg.secure_aggregation:
+        raise ValueError(
+            "a private evaluation needs secure-aggregation = true (each site adds only a share of the noise)"
+        )
+    sigma = noise_sigma(epsilon, delta)
+    r, step, limb = fixed_point(cfg, len(nodes))
+    config = {"op": OP, "models": 1, "bins": DP_BINS, "limit": DP_LIMIT, "secure": True, "step": step,
+              "limb": limb, "dp_sigma": sigma / math.sqrt(len(nodes)), "units": DP_UNITS, "stage": "histograms"}  # fmt: skip
+    replies = send({n: Packet(config=dict(config), arrays={"model0": dict(model)}) for n in nodes},
+                   replace(cfg, secure_aggregation_range=r, privacy_clip=0.0))  # fmt: skip
+    noisy = _summed(replies, "counts", True, step, exact=False)[0] / DP_UNITS
+    out = {"sites": len(nodes), "secure_aggregation": True, "bins": DP_BINS, "totals": noisy}
+    try:
+        return out | {"private": asdict(dp_auroc(noisy, sigma, epsilon, delta))}
+    except DPTooNoisy as e:
+        return out | {"private": {"epsilon": epsilon, "delta": delta, "sigma": sigma, "refused": str(e)}}
+
+
+def evaluation_app_module(
+    models: Sequence[str], site_auroc: bool, dp: tuple[float, float] | None = None
+) -> str:
     """``fedxrisk_app.py`` of an evaluation app: the usual ClientApp, the evaluation ServerApp."""
     paths = [str(Path(m).expanduser().resolve()) for m in models]
     return (
         '"""fedxrisk federated evaluation (python -m fedxrisk.flower evaluate): two secure sums."""\n\n'
         "from fedxrisk.flower.app import client_app\n"
         "from fedxrisk.flower.evaluate_app import evaluation_server_app\n\n"
-        f"server_app = evaluation_server_app({paths!r}, site_auroc={site_auroc!r})\n\n"
+        f"server_app = evaluation_server_app({paths!r}, site_auroc={site_auroc!r}, dp={dp!r})\n\n"
         '__all__ = ["client_app", "server_app"]\n'
     )

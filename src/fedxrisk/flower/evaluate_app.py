@@ -22,7 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedxrisk.flower.app import _flower_error, from_records, to_records
 from fedxrisk.flower.config import FlowerConfig
-from fedxrisk.flower.evaluate import OP, Send, federated_evaluation
+from fedxrisk.flower.evaluate import OP, Send, federated_evaluation, private_evaluation
 from fedxrisk.flower.secagg import secure_exchange
 from fedxrisk.flower.wire import Packet
 from fedxrisk.run.folder import json_safe
@@ -73,11 +73,20 @@ def load_models(paths: Sequence[str]) -> list[dict[str, torch.Tensor]]:
 
 
 def run_on_grid(
-    grid: Grid, cfg: FlowerConfig, models: Sequence[str], site_auroc: bool = False
-) -> dict[str, Any]:
-    """The evaluation over the connected sites; writes ``out-dir/federated_evaluation.json``."""
+    grid: Grid, cfg: FlowerConfig, models: Sequence[str], site_auroc: bool = False,
+    dp: tuple[float, float] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The evaluation over the connected sites; writes ``out-dir/federated_evaluation.json``.
+    ``dp`` = (ε, δ): one model, one DP release (:func:`~fedxrisk.flower.evaluate.private_evaluation`)."""
     nodes = wait_for_nodes(grid, cfg)
-    result = federated_evaluation(grid_send(grid), nodes, cfg, load_models(models), site_auroc)
+    if dp is not None:
+        if len(models) != 1 or site_auroc:
+            raise ValueError(
+                "a private evaluation releases one model's pooled histogram: no --against, no --site-auroc"
+            )
+        result = private_evaluation(grid_send(grid), nodes, cfg, load_models(models)[0], *dp)
+    else:
+        result = federated_evaluation(grid_send(grid), nodes, cfg, load_models(models), site_auroc)
     result |= {"model_files": list(models)}
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,12 +105,14 @@ def _plain(value: Any) -> Any:
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
-def evaluation_server_app(models: Sequence[str], site_auroc: bool = False) -> ServerApp:
+def evaluation_server_app(
+    models: Sequence[str], site_auroc: bool = False, dp: tuple[float, float] | None = None
+) -> ServerApp:
     """A ServerApp that evaluates the model files ``models`` (paths on the server) at every site."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_on_grid(grid, FlowerConfig.from_run_config(context.run_config), models, site_auroc)
+        run_on_grid(grid, FlowerConfig.from_run_config(context.run_config), models, site_auroc, dp)
 
     return app
