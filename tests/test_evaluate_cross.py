@@ -79,3 +79,14 @@ def test_cli_cross_site_and_its_refusals(runs, tmp_path):  # noqa: F811
     assert again.exit_code == 2 and "already holds cross_site.json" in again.output
     none = CliRunner().invoke(main, ["cross-site", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")])
     assert none.exit_code == 2 and len(none.output.strip().splitlines()) == 1, none.output
+
+
+def test_on_a_dataset_equals_on_the_runs_own_test_set(runs, tmp_path):  # noqa: F811
+    """The same file and split through --dataset: the same rows and sites, so the same cells."""
+    own = cross_site([runs / "codasca", runs / "localsgdm"], out=tmp_path / "own")
+    via = cross_site([runs / "codasca", runs / "localsgdm"], dataset="tabular", data_dir=str(runs / "data"),
+                     out=tmp_path / "via")  # fmt: skip
+    assert own["sites"] == via["sites"]
+    for model, row in own["matrix"].items():
+        for site, c in row.items():
+            assert via["matrix"][model][site]["auroc"] == pytest.approx(c["auroc"], abs=1e-6)

@@ -62,7 +62,8 @@ from fedxrisk.textsafe import printable
 def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     """AUROC [DeLong 95% CI], AP and pAUC [bootstrap CIs] of a finished run, per label and client/site.
 
-    Writes evaluation.json, evaluation.md, roc.png and pr.png (docs/cli.md).
+    Writes evaluation.json, evaluation.md, roc.png and pr.png (+ reliability.png with --calibration;
+    docs/cli.md, docs/evaluation.md).
     """
     from fedxrisk.data.readers import DataFileError
     from fedxrisk.evaluation import evaluate
