@@ -1,6 +1,5 @@
 """Uncertainty of ranking metrics: DeLong's AUROC variance and paired test, stratified bootstrap
-intervals and paired bootstrap differences, metrics from summed per-class score histograms, and
-DeLong's pooled AUROC, variance and paired test from secure sums (federated)."""
+intervals and paired bootstrap differences, and metrics from summed per-class score histograms."""
 
 from fedxrisk.stats.bootstrap import (
     PairedBootstrap,
@@ -19,14 +18,6 @@ from fedxrisk.stats.delong import (
     structural_components,
     wald_interval,
 )
-from fedxrisk.stats.federated import (
-    FederatedAUROC,
-    FederatedPaired,
-    federated_delong,
-    federated_paired,
-    placement_shares,
-    site_histograms,
-)
 from fedxrisk.stats.histogram import (
     histogram_ap,
     histogram_auroc,
@@ -37,12 +28,6 @@ from fedxrisk.stats.histogram import (
 )
 
 __all__ = [
-    "FederatedAUROC",
-    "FederatedPaired",
-    "federated_delong",
-    "federated_paired",
-    "placement_shares",
-    "site_histograms",
     "PairedBootstrap",
     "PairedDeLong",
     "bootstrap_intervals",
