@@ -41,7 +41,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("run.tune", ("fedxrisk.run.tunespace", "fedxrisk.run.tuneout", "fedxrisk.run.tune")),  # only run.tune imports optuna
     ("api", (
         "fedxrisk.experiment", "fedxrisk.inference", "fedxrisk.inputs", "fedxrisk.prediction",
-        "fedxrisk.evaluation", "fedxrisk.evaluation_report", "fedxrisk.plots", "fedxrisk.compare",
+        "fedxrisk.evaluation", "fedxrisk.evaluation_data", "fedxrisk.evaluation_report",
+        "fedxrisk.evaluation_federated", "fedxrisk.evaluation_against", "fedxrisk.evaluation_clinic",
+        "fedxrisk.evaluation_cross", "fedxrisk.plots", "fedxrisk.compare",
         "fedxrisk.tune",
     )),
     ("cli", ("fedxrisk.cli", "fedxrisk.__main__")),

@@ -24,38 +24,33 @@ No engine is started.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedxrisk.evaluation_against import against_report, check_comparable, check_same_test_set
+from fedxrisk.evaluation_clinic import calibration_report, operating_points
+from fedxrisk.evaluation_data import Progress, Scored, _columns, _manifest_data
+from fedxrisk.evaluation_federated import federated_report
 from fedxrisk.evaluation_report import FILES, PAUC_FPR, console_tables, markdown, write_files
 from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
 from fedxrisk.outfiles import check_folder, refuse_inputs
 
-__all__ = ["FILES", "PAUC_FPR", "console_tables", "evaluate", "label_metrics", "markdown", "run_summary"]
+__all__ = [
+    "FILES",
+    "PAUC_FPR",
+    "Scored",
+    "console_tables",
+    "evaluate",
+    "label_metrics",
+    "markdown",
+    "run_summary",
+]
 LEVEL = 0.95
 SPLITS = ("test", "train")
 MAX_BOOTSTRAP = 100_000  # resamples: a 95% percentile interval is stable long before this
-Progress = Callable[[int, int], None]
-
-
-@dataclass
-class Scored:
-    """Labels ``[N, L]`` (NaN: unknown) and logits ``[N, L]``, with optional named groups of rows."""
-
-    y: np.ndarray
-    scores: np.ndarray
-    description: str
-    group_kind: str | None = None  # "client" | "site"
-    groups: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # (name, y, scores)
-    groups_split: str = (
-        "test"  # "train": the groups are training shards (in-sample), apart from the test table
-    )
-    shards: list[tuple[np.ndarray, np.ndarray]] | None = None  # (y, scores) per client's training
-    # shard: summary.json's client_auroc_mean is defined on them
 
 
 def evaluate(
@@ -73,8 +68,21 @@ def evaluate(
     batch_size: int = 256,
     workers: int | None = None,
     progress: Progress | None = None,
+    against: str | Path | None = None,
+    at_specificity: float | None = None,
+    at_sensitivity: float | None = None,
+    calibration: bool = False,
+    dp_epsilon: float | None = None,
+    dp_delta: float = 1e-5,
 ) -> dict[str, Any]:
     """Evaluate the final model of ``run_dir``; write evaluation.json/.md, roc.png, pr.png into ``out``.
+
+    ``against``: a second run scored on the same patients (paired tests,
+    :mod:`fedxrisk.evaluation_against`); ``at_specificity``/``at_sensitivity``: operating points
+    with CIs; ``calibration``: Brier, ECE, temperature scaling and reliability.png
+    (:mod:`fedxrisk.evaluation_clinic`). On data with sites the pooled AUROC [CI] is also computed
+    federated (:mod:`fedxrisk.evaluation_federated`), and with ``dp_epsilon`` from one
+    differentially private release (:mod:`fedxrisk.stats.dp_eval`).
 
     ``out`` defaults to the run folder; existing evaluation files there are refused
     unless ``overwrite``. File data is read lazily and decoded in ``workers`` processes
@@ -95,17 +103,32 @@ def evaluate(
         raise InputError(f"--seed must be ≥ 0, got {seed}")
     if batch_size < 1:
         raise InputError(f"--batch-size must be ≥ 1, got {batch_size}")
+    for name, v in (("--at-specificity", at_specificity), ("--at-sensitivity", at_sensitivity)):
+        if v is not None and not 0 < v < 1:
+            raise InputError(f"{name} must lie strictly between 0 and 1, got {v}")
+    if dp_epsilon is not None and not (0 < dp_epsilon < math.inf and 0 < dp_delta < 1):
+        raise InputError(
+            f"--dp-epsilon must be a finite number > 0 and --dp-delta in (0, 1), got {dp_epsilon}, {dp_delta}"
+        )
+    if against is not None and manifest is not None:
+        raise InputError("--against compares on the run's own test set or a --dataset, not a --manifest")
     folder = Path(out) if out is not None else Path(run_dir)
     check_folder(folder, lambda f: (f / "config.toml").exists() or (f / "evaluation.json").exists(),
                  "fedxrisk run or evaluation")  # fmt: skip
     if manifest is not None:
         for name in FILES:
             refuse_inputs(folder / name, [("the --manifest file", Path(manifest))])
-    taken = [name for name in FILES if (folder / name).exists() or (folder / name).is_symlink()]
+    names = (*FILES, "reliability.png") if calibration else FILES
+    taken = [name for name in names if (folder / name).exists() or (folder / name).is_symlink()]
     if taken and not overwrite:
         raise InputError(f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or --out")
     trained = load_trained(run_dir, device)
+    other = None if against is None else load_trained(against, device)
     workers = resolve_workers(workers)
+    if other is not None:
+        check_comparable(trained, other)
+        if dataset is None:
+            check_same_test_set(trained, other)
     if manifest is not None:
         data = _manifest_data(trained, manifest, batch_size, workers, progress)
     elif dataset is not None:
@@ -113,35 +136,84 @@ def evaluate(
     else:
         data = _run_data(trained)
     result = _report(trained, data, bootstrap, seed)
+    data_b = None
+    if other is not None:
+        data_b = (
+            _run_data(trained, other)
+            if dataset is None
+            else _dataset_data(trained, dataset, data_dir, split, workers, other)
+        )
+        result["against"] = against_report(
+            data.y, data.scores, data_b.scores, trained.label_names, str(against), bootstrap, seed
+        )
+    dp = None if dp_epsilon is None else (dp_epsilon, dp_delta)
+    result["federated"] = federated_report(data, trained.label_names, data_b, dp=dp, seed=seed)
+    if dp is not None and result["federated"] is None:
+        raise InputError(
+            "--dp-epsilon privatizes the federated evaluation: the data needs sites (a source column)"
+        )
+    clinic(result, trained, data, at_specificity, at_sensitivity, calibration, bootstrap, seed)
     write_files(result, data, trained.label_names, folder)
     return result
+
+
+def clinic(result: dict[str, Any], trained: TrainedModel, data: Scored, at_specificity: float | None,
+           at_sensitivity: float | None, calibration: bool, resamples: int, seed: int) -> None:  # fmt: skip
+    """Operating points and calibration per label, into ``result`` (the validation data: the run's)."""
+    from fedxrisk.metrics import _rankable
+
+    names = trained.label_names
+    if at_specificity is not None or at_sensitivity is not None:
+        ops = {}
+        for j, name in enumerate(names):
+            known = ~np.isnan(data.y[:, j])
+            s = _rankable(data.scores[known, j])
+            ops[name] = (
+                {}
+                if s is None
+                else operating_points(data.y[known, j], s, at_specificity, at_sensitivity, resamples, seed)
+            )
+        result["operating_points"] = ops
+    if calibration:
+        validation = data.validation if data.shards is not None else _run_data(trained).validation
+        result["calibration"] = {
+            name: calibration_report(data.y[:, j], data.scores[:, j],
+                                     None if validation is None else (validation[0][:, j], validation[1][:, j]),
+                                     trained.config.algorithm)
+            for j, name in enumerate(names)
+        }  # fmt: skip
 
 
 # ---- data ---------------------------------------------------------------------------------------
 
 
-def _columns(a: np.ndarray) -> np.ndarray:
-    return a.reshape(len(a), -1).astype(np.float64)
-
-
-def _run_data(trained: TrainedModel) -> Scored:
-    """The run's own test set and client shards, rebuilt from its config (as training built them)."""
+def _run_data(trained: TrainedModel, model: TrainedModel | None = None) -> Scored:
+    """The run's own test set and client shards, rebuilt from its config (as training built them),
+    scored by ``model`` (default: the run's own; ``--against``: the other run's), with the
+    validation data's labels and scores when the data has a validation split."""
     from fedxrisk.run.build import build_data
 
+    model = model or trained
     try:
         fed, _ = build_data(trained.config)
     except ValueError as e:
         raise InputError(f"{trained.run_dir}: cannot rebuild the run's data ({e})") from e
-    y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(trained.model_logits(fed.data.x_train))
+    y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(model.model_logits(fed.data.x_train))
     shards = [(y_train[s], s_train[s]) for s in fed.shards]
-    y_test, s_test = _columns(fed.data.y_test.numpy()), _columns(trained.model_logits(fed.data.x_test))
+    y_test, s_test = _columns(fed.data.y_test.numpy()), _columns(model.model_logits(fed.data.x_test))
+    x_val, y_val = fed.data.x_val, fed.data.y_val
+    validation = (
+        None
+        if x_val is None or y_val is None
+        else (_columns(y_val.numpy()), _columns(model.model_logits(x_val)))
+    )
     portions = client_test_portions(trained.config.partition, fed.data, fed.shards)
     if portions is None:  # no test rows of its own: the training shard, labelled as such
         clients, split = [(f"client {k}", y, s) for k, (y, s) in enumerate(shards)], "train"
     else:
         clients, split = [(f"client {k}", y_test[m], s_test[m]) for k, m in enumerate(portions)], "test"
     where = f"the run's test set ({trained.config.dataset})"
-    return Scored(y_test, s_test, where, "client", clients, split, shards)
+    return Scored(y_test, s_test, where, "client", clients, split, shards, validation)
 
 
 def client_test_portions(partition: str, data: Any, shards: Sequence[Any]) -> list[np.ndarray] | None:
@@ -162,8 +234,9 @@ def client_test_portions(partition: str, data: Any, shards: Sequence[Any]) -> li
 
 
 def _dataset_data(
-    trained: TrainedModel, dataset: str, data_dir: str | None, split: str, workers: int
-) -> Scored:
+    trained: TrainedModel, dataset: str, data_dir: str | None, split: str, workers: int,
+    model: TrainedModel | None = None,
+) -> Scored:  # fmt: skip
     """A registered reader's split, read lazily (file datasets) and decoded chunk by chunk."""
     from fedxrisk.data import DATASETS
     from fedxrisk.data.datasets import binarize, load_dataset
@@ -183,121 +256,11 @@ def _dataset_data(
     x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
     if is_lazy(x):
         x.attach(workers=workers)
-    y, s = _columns(y.numpy()), _columns(trained.model_logits(x))
+    y, s = _columns(y.numpy()), _columns((model or trained).model_logits(x))
     sites = (data.groups_train if split == "train" else data.groups_test).get("source")
     groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
     where = f" in {data_dir}" if data_dir else ""
     return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups, split)
-
-
-def _manifest_data(
-    trained: TrainedModel, manifest: str | Path, batch_size: int, workers: int, progress
-) -> Scored:
-    from fedxrisk.inputs import open_input
-
-    source = open_input(manifest, trained.input_shape, workers, trained.preprocessing)
-    if source.kind != "manifest":
-        raise InputError(
-            f"{manifest}: --manifest expects a CSV (or a folder with manifest.csv) with a 'path' column"
-        )
-    y = _manifest_labels(source.path, source.rows, trained)
-    scores = []
-    for batch in source.batches(batch_size):
-        scores.append(_columns(trained.logits(batch.x)))
-        if progress:
-            progress(sum(len(s) for s in scores), source.count)
-    s = np.concatenate(scores)
-    groups = []
-    if "source" in source.rows[0]:
-        sites = np.array([r["source"] for r in source.rows])
-        groups = [(f"site {v}", y[sites == v], s[sites == v]) for v in sorted(set(sites))]
-    return Scored(y, s, f"manifest {manifest}", "site" if groups else None, groups)
-
-
-def _manifest_labels(path: Path, rows: Sequence[dict[str, str]], trained: TrainedModel) -> np.ndarray:
-    """``[N, L]`` labels of a manifest for this model: its label columns (multi-label) or one class column."""
-    header = list(rows[0])
-    if trained.num_labels > 1:
-        missing = [c for c in trained.label_names if c not in header]
-        if missing:
-            raise InputError(f"{path}: label column(s) {missing} missing (header: {header})")
-        columns = trained.label_names
-    else:
-        from fedxrisk.data.readers.images import RESERVED_COLUMNS
-
-        candidates = (
-            ["label"]
-            if "label" in header
-            else [c for c in header if c not in (*RESERVED_COLUMNS, "Path", "id")]
-        )
-        if len(candidates) != 1:
-            raise InputError(f"{path}: needs one label column ('label'), found candidates {candidates}")
-        columns = candidates
-    if trained.num_labels == 1:
-        return _class_labels(path, [(r[columns[0]] or "").strip() for r in rows], columns[0], trained)
-    y = np.empty((len(rows), len(columns)))
-    for i, r in enumerate(rows):
-        for j, c in enumerate(columns):
-            text = (r[c] or "").strip()
-            try:
-                y[i, j] = float(text) if text else 0.0
-            except ValueError:
-                raise InputError(f"{path} row {i + 2}: label {c}={text!r} is not a number") from None
-            if not math.isfinite(y[i, j]):
-                raise InputError(
-                    f"{path} row {i + 2}: label column {c!r} holds {text!r}, not a finite number; "
-                    "give 1, 0, blank or -1 (uncertain)"
-                )
-    y[y == -1] = np.nan  # uncertain: left out of that label
-    if not np.isin(y[~np.isnan(y)], (0, 1)).all():
-        raise InputError(f"{path}: multi-label values must be 1, 0, blank or -1 (uncertain)")
-    return y
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _class_labels(path: Path, texts: list[str], column: str, trained: TrainedModel) -> np.ndarray:
-    """``[N, 1]`` 0/1 labels of one class column: class names or ids of the run's data, mapped
-    through the run's positive class(es); without a record of them, the values must be 0/1."""
-    rec = trained.positive or {}
-    names, ids = rec.get("names") or [], rec.get("ids") or _int_ids(trained.config.positive_classes)
-    for i, t in enumerate(texts):
-        if t and _number(t) is not None and not math.isfinite(_number(t)):
-            raise InputError(
-                f"{path} row {i + 2}: label column {column!r} holds {t!r}, not a finite number; "
-                "give 1, 0, blank or -1 (uncertain)"
-            )
-    if any(t and _number(t) is None for t in texts):
-        if not names:
-            raise InputError(
-                f"{path}: {column!r} holds class names, but the run records none; use 0/1 labels"
-            )
-        return np.isin(texts, names).astype(np.float64)[:, None]
-    y = np.array([float(t) if t else 0.0 for t in texts])
-    y[y == -1] = np.nan  # uncertain: left out
-    if ids:  # class ids of the run's data; the run records its positive ids, not how many classes there were
-        top = max(1, *ids)
-        known = y[~np.isnan(y)]
-        if not (np.isin(known, np.arange(top + 1))).all():
-            raise InputError(
-                f"{path}: labels in {column!r} must be class ids 0..{top} of the run's data (positive: "
-                f"{', '.join(map(str, ids))}), or 0/1"
-            )
-        return np.where(np.isnan(y), np.nan, np.isin(y, ids))[:, None].astype(np.float64)
-    if not np.isin(y[~np.isnan(y)], (0, 1)).all():
-        raise InputError(
-            f"{path}: labels in {column!r} must be 0/1 (or the run must set data.positive_classes)"
-        )
-    return y[:, None]
-
-
-def _int_ids(classes: Sequence[int | str] | None) -> list[int]:
-    return [int(c) for c in classes or () if isinstance(c, int) or str(c).isdigit()]
 
 
 # ---- metrics ------------------------------------------------------------------------------------

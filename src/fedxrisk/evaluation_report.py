@@ -12,6 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedxrisk.evaluation_against import console_table as against_table
+from fedxrisk.evaluation_against import markdown_lines as against_lines
+from fedxrisk.evaluation_clinic import markdown_lines as clinic_lines
+from fedxrisk.evaluation_clinic import reliability_png
+from fedxrisk.evaluation_federated import console_table, markdown_lines
+
 if TYPE_CHECKING:
     from fedxrisk.evaluation import Scored
 
@@ -66,7 +72,7 @@ def markdown(result: dict[str, Any]) -> str:
         for g, labels in result["groups"].items():
             lines += [row(f"{g} / {k}" if multi else g, m) for k, m in labels.items()]
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + markdown_lines(result) + against_lines(result) + clinic_lines(result))
 
 
 def _plot(result: dict[str, Any], data: Scored, names: Sequence[str]) -> dict[str, bytes]:
@@ -125,13 +131,20 @@ def write_files(result: dict[str, Any], data: Scored, names: Sequence[str], fold
     from fedxrisk.outfiles import bytes_writer, make_folder, text_writer, write_together
     from fedxrisk.run.folder import json_safe
 
-    result["files"] = [str(folder / f) for f in FILES]
+    extra = (
+        {"reliability.png": reliability_png(next(iter(result["calibration"].values())))}
+        if result.get("calibration")
+        else {}
+    )
+    result["files"] = [str(folder / f) for f in (*FILES, *extra)]
     texts = {
         "evaluation.json": json.dumps(json_safe(_tuples_to_lists(result)), indent=2, allow_nan=False) + "\n",
         "evaluation.md": markdown(result),
     }
     files = {folder / name: text_writer(text) for name, text in texts.items()}
-    files |= {folder / name: bytes_writer(data) for name, data in _plot(result, data, names).items()}
+    files |= {
+        folder / name: bytes_writer(data) for name, data in (_plot(result, data, names) | extra).items()
+    }
     make_folder(folder)
     write_together(files, "no evaluation file was written or replaced")
 
@@ -194,4 +207,5 @@ def console_tables(result: dict[str, Any]) -> list[Any]:
                 per.add_row(g[:16], f"{m['positives']}/{m['negatives']}", _num(m["auroc"]), _ci(m["auroc_ci"]),
                             _num(m["ap"]), _num(m["pauc30"]))  # fmt: skip
         tables.append(per)
+    tables += [t for t in (console_table(result), against_table(result)) if t is not None]
     return tables

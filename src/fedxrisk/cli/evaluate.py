@@ -34,14 +34,40 @@ from fedxrisk.textsafe import printable
     "--out", type=click.Path(file_okay=False), default=None, help="output folder (default: RUN_DIR)"
 )
 @click.option("--overwrite", is_flag=True, help="replace evaluation files already in the output folder")
+@click.option(
+    "--against",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="a second run scored on the same patients: paired DeLong test (AUROC), paired bootstrap (AP, pAUC)",
+)
+@click.option(
+    "--at-specificity", type=float, default=None, help="report sensitivity [CI] at this specificity"
+)
+@click.option(
+    "--at-sensitivity", type=float, default=None, help="report specificity [CI] at this sensitivity"
+)
+@click.option(
+    "--calibration",
+    is_flag=True,
+    help="Brier, ECE, reliability.png, temperature scaling fitted on the run's validation data",
+)
+@click.option(
+    "--dp-epsilon",
+    type=float,
+    default=None,
+    help="data with sites: also the pooled AUROC [CI] from one (ε, δ)-DP release of the pooled histogram",
+)
+@click.option("--dp-delta", type=float, default=1e-5, show_default=True, help="δ of --dp-epsilon")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar or tables; print the evaluation.json path")
 def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     """AUROC [DeLong 95% CI], AP and pAUC [bootstrap CIs] of a finished run, per label and client/site.
 
-    Writes evaluation.json, evaluation.md, roc.png and pr.png (docs/cli.md).
+    Writes evaluation.json, evaluation.md, roc.png and pr.png (+ reliability.png with --calibration;
+    docs/cli.md, docs/evaluation.md).
     """
     from fedxrisk.data.readers import DataFileError
     from fedxrisk.evaluation import evaluate
+    from fedxrisk.evaluation_clinic import markdown_lines as clinic_lines
     from fedxrisk.evaluation_report import console_tables
 
     with config_errors():
@@ -61,4 +87,37 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     out = Console()
     for table in console_tables(result):
         out.print(table)
+    for line in clinic_lines(result):
+        if line:
+            out.print(printable(line.removeprefix("## ")), markup=False)
     out.print(printable(f"written: {', '.join(result['files'])}"), markup=False)
+
+
+@main.command(name="cross-site")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--dataset", default=None, help="evaluate on this dataset's split (default: the first run's test set)"
+)
+@click.option("--data-dir", default=None, help="folder read by --dataset")
+@click.option("--split", default="test", show_default=True, help="--dataset: test | train")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="output folder")
+@click.option("--overwrite", is_flag=True, help="replace cross-site files already in --out")
+@click.option("--device", default="cpu", show_default=True)
+def cross_site_(runs: tuple[str, ...], **options: Any) -> None:
+    """Every run's model at every site: AUROC [DeLong 95% CI] per cell, as a table and a heatmap.
+
+    Typically the federated run first, then each site's local-only run. Writes cross_site.json,
+    cross_site.md and cross_site.png into --out (docs/evaluation.md).
+    """
+    from fedxrisk.data.readers import DataFileError
+    from fedxrisk.evaluation_cross import cross_site
+
+    with config_errors():
+        try:
+            result = cross_site(list(runs), **options)
+        except DataFileError as e:
+            raise BadConfig(str(e)) from None
+    from fedxrisk.evaluation_cross import markdown
+
+    click.echo(printable(markdown(result)))
+    click.echo(printable(f"written: {', '.join(result['files'])}"))

@@ -114,5 +114,40 @@ def export_trial_cmd(dataset: str, sites: int, out: str, settings: tuple[str, ..
     click.echo(f"wrote {Path(out) / 'test.npz'}")
 
 
+@main.command("evaluate")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--model", required=True, help="the model to evaluate: model.pt or a run folder on the server")
+@click.option("--against", default=None, help="a second model on the same sites: the paired DeLong test")
+@click.option(
+    "--site-auroc", is_flag=True, help="each site also releases its own AUROC [CI] and class counts"
+)
+@click.option(
+    "--dp-epsilon", type=float, default=None, help="one model: one (ε, δ)-DP release of the histogram"
+)
+@click.option("--dp-delta", type=float, default=1e-5, show_default=True)
+@click.option("--set", "settings", multiple=True, help="run-config value, e.g. --set secure-aggregation=true")
+def evaluate_cmd(
+    folder: str, model: str, against: str | None, site_auroc: bool, dp_epsilon: float | None, dp_delta: float,
+    settings: tuple[str, ...],
+) -> None:  # fmt: skip
+    """Write an app folder whose ServerApp evaluates MODEL at every site's test.npz (two secure sums)."""
+    from fedxrisk.flower.evaluate import evaluation_app_module
+
+    try:
+        root = write_app(folder, _parse_set(settings))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    (root / "fedxrisk_app.py").write_text(
+        evaluation_app_module(
+            [model, *([against] if against else [])],
+            site_auroc,
+            None if dp_epsilon is None else (dp_epsilon, dp_delta),
+        )
+    )
+    click.echo(
+        f"wrote {root / 'pyproject.toml'} and {root / 'fedxrisk_app.py'}; run it with: flwr run {root}"
+    )
+
+
 if __name__ == "__main__":
     main()

@@ -35,6 +35,8 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
+from fedxrisk.flower.evaluate import OP as EVALUATE  # noqa: E402
+from fedxrisk.flower.evaluate import site_evaluate  # noqa: E402
 from fedxrisk.flower.secagg import secure_exchange, secure_step_handler  # noqa: E402
 from fedxrisk.flower.site import SiteLoader, site_setup, site_step  # noqa: E402
 from fedxrisk.flower.sitedata import SiteData, load_site  # noqa: E402
@@ -95,6 +97,8 @@ def build_client_app(
 
     def run_step(context: Context, request: Packet) -> Packet:
         """The site's step on ``request``, its state kept in ``context.state`` (never sent)."""
+        if request.config.get("op") == EVALUATE:  # a federated evaluation's exchange (flower/evaluate.py)
+            return site_evaluate(context.node_config, context.run_config, request)
         saved = from_records(context.state, SITE) if f"{SITE}config" in context.state else None
         reply, new = site_step(context.node_config, context.run_config, saved, request, loader(context))
         if new is not None and new is not saved:
@@ -108,6 +112,13 @@ def build_client_app(
     def step(msg: Message, context: Context) -> Message:
         """One protocol step on this site's data (message type ``train.step``)."""
         return Message(to_records(run_step(view(context), from_records(msg.content))), reply_to=msg)
+
+    @app.query(EVALUATE)
+    def evaluate(msg: Message, context: Context) -> Message:
+        """A federated evaluation's exchange without secure aggregation (message type ``query.evaluate``)."""
+        context = view(context)
+        reply = site_evaluate(context.node_config, context.run_config, from_records(msg.content))
+        return Message(to_records(reply), reply_to=msg)
 
     # ``train`` messages are SecAgg+'s (secure-aggregation = true): the mod runs the key exchange and
     # masks the mean payload the handler returns (flower/secagg.py)

@@ -1,0 +1,148 @@
+"""The data ``fedxrisk evaluate`` scores: :class:`Scored`, and labelled manifests read in streamed batches.
+
+Split from :mod:`fedxrisk.evaluation` (which rebuilds a run's test set or reads a registered dataset).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedxrisk.inference import InputError, TrainedModel
+
+Progress = Callable[[int, int], None]
+
+
+def _columns(a: np.ndarray) -> np.ndarray:
+    return a.reshape(len(a), -1).astype(np.float64)
+
+
+@dataclass
+class Scored:
+    """Labels ``[N, L]`` (NaN: unknown) and logits ``[N, L]``, with optional named groups of rows."""
+
+    y: np.ndarray
+    scores: np.ndarray
+    description: str
+    group_kind: str | None = None  # "client" | "site"
+    groups: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # (name, y, scores)
+    groups_split: str = (
+        "test"  # "train": the groups are training shards (in-sample), apart from the test table
+    )
+    shards: list[tuple[np.ndarray, np.ndarray]] | None = None  # (y, scores) per client's training
+    # shard: summary.json's client_auroc_mean is defined on them
+    validation: tuple[np.ndarray, np.ndarray] | None = None  # the run's validation (y, scores), if any
+
+
+def _manifest_data(
+    trained: TrainedModel, manifest: str | Path, batch_size: int, workers: int, progress
+) -> Scored:
+    from fedxrisk.inputs import open_input
+
+    source = open_input(manifest, trained.input_shape, workers, trained.preprocessing)
+    if source.kind != "manifest":
+        raise InputError(
+            f"{manifest}: --manifest expects a CSV (or a folder with manifest.csv) with a 'path' column"
+        )
+    y = _manifest_labels(source.path, source.rows, trained)
+    scores = []
+    for batch in source.batches(batch_size):
+        scores.append(_columns(trained.logits(batch.x)))
+        if progress:
+            progress(sum(len(s) for s in scores), source.count)
+    s = np.concatenate(scores)
+    groups = []
+    if "source" in source.rows[0]:
+        sites = np.array([r["source"] for r in source.rows])
+        groups = [(f"site {v}", y[sites == v], s[sites == v]) for v in sorted(set(sites))]
+    return Scored(y, s, f"manifest {manifest}", "site" if groups else None, groups)
+
+
+def _manifest_labels(path: Path, rows: Sequence[dict[str, str]], trained: TrainedModel) -> np.ndarray:
+    """``[N, L]`` labels of a manifest for this model: its label columns (multi-label) or one class column."""
+    header = list(rows[0])
+    if trained.num_labels > 1:
+        missing = [c for c in trained.label_names if c not in header]
+        if missing:
+            raise InputError(f"{path}: label column(s) {missing} missing (header: {header})")
+        columns = trained.label_names
+    else:
+        from fedxrisk.data.readers.images import RESERVED_COLUMNS
+
+        candidates = (
+            ["label"]
+            if "label" in header
+            else [c for c in header if c not in (*RESERVED_COLUMNS, "Path", "id")]
+        )
+        if len(candidates) != 1:
+            raise InputError(f"{path}: needs one label column ('label'), found candidates {candidates}")
+        columns = candidates
+    if trained.num_labels == 1:
+        return _class_labels(path, [(r[columns[0]] or "").strip() for r in rows], columns[0], trained)
+    y = np.empty((len(rows), len(columns)))
+    for i, r in enumerate(rows):
+        for j, c in enumerate(columns):
+            text = (r[c] or "").strip()
+            try:
+                y[i, j] = float(text) if text else 0.0
+            except ValueError:
+                raise InputError(f"{path} row {i + 2}: label {c}={text!r} is not a number") from None
+            if not math.isfinite(y[i, j]):
+                raise InputError(
+                    f"{path} row {i + 2}: label column {c!r} holds {text!r}, not a finite number; "
+                    "give 1, 0, blank or -1 (uncertain)"
+                )
+    y[y == -1] = np.nan  # uncertain: left out of that label
+    if not np.isin(y[~np.isnan(y)], (0, 1)).all():
+        raise InputError(f"{path}: multi-label values must be 1, 0, blank or -1 (uncertain)")
+    return y
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _class_labels(path: Path, texts: list[str], column: str, trained: TrainedModel) -> np.ndarray:
+    """``[N, 1]`` 0/1 labels of one class column: class names or ids of the run's data, mapped
+    through the run's positive class(es); without a record of them, the values must be 0/1."""
+    rec = trained.positive or {}
+    names, ids = rec.get("names") or [], rec.get("ids") or _int_ids(trained.config.positive_classes)
+    for i, t in enumerate(texts):
+        if t and _number(t) is not None and not math.isfinite(_number(t)):
+            raise InputError(
+                f"{path} row {i + 2}: label column {column!r} holds {t!r}, not a finite number; "
+                "give 1, 0, blank or -1 (uncertain)"
+            )
+    if any(t and _number(t) is None for t in texts):
+        if not names:
+            raise InputError(
+                f"{path}: {column!r} holds class names, but the run records none; use 0/1 labels"
+            )
+        return np.isin(texts, names).astype(np.float64)[:, None]
+    y = np.array([float(t) if t else 0.0 for t in texts])
+    y[y == -1] = np.nan  # uncertain: left out
+    if ids:  # class ids of the run's data; the run records its positive ids, not how many classes there were
+        top = max(1, *ids)
+        known = y[~np.isnan(y)]
+        if not (np.isin(known, np.arange(top + 1))).all():
+            raise InputError(
+                f"{path}: labels in {column!r} must be class ids 0..{top} of the run's data (positive: "
+                f"{', '.join(map(str, ids))}), or 0/1"
+            )
+        return np.where(np.isnan(y), np.nan, np.isin(y, ids))[:, None].astype(np.float64)
+    if not np.isin(y[~np.isnan(y)], (0, 1)).all():
+        raise InputError(
+            f"{path}: labels in {column!r} must be 0/1 (or the run must set data.positive_classes)"
+        )
+    return y[:, None]
+
+
+def _int_ids(classes: Sequence[int | str] | None) -> list[int]:
+    return [int(c) for c in classes or () if isinstance(c, int) or str(c).isdigit()]
