@@ -80,9 +80,12 @@ class _Conditional(Algorithm):
     monitor = "val_ap"  # the AP objective
     default_lr = 0.1
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.objective is not None and not isinstance(self.objective, ConditionalObjective):
             raise TypeError(f"objective must be a ConditionalObjective, got {type(self.objective).__name__}")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._objective = self.objective if self.objective is not None else APSurrogate(self.margin)
         running = [k for k, v in self.problem.model.named_buffers() if v.is_floating_point()]
         if running and not self._objective.updates_buffers:
@@ -125,8 +128,8 @@ class FCSG(_Conditional):
 
     init_batches: int = 1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         if self.init_batches < 1:
             raise ValueError(f"init_batches must be ≥ 1, got {self.init_batches}")
 
@@ -166,8 +169,8 @@ class FCSGM(FCSG):
 
     beta: float = 0.1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         _check_beta("beta", self.beta)
 
     def direction(self, state: State, est, sample: Sample) -> Any:
@@ -221,8 +224,8 @@ class LocalSCGD(_Conditional):
     gamma: float = 0.5  # weight of the new inner estimate ("inner state momentum")
     inner_state: str = "per_task"  # "per_task" (FCSG authors' code) | "shared"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         _check_beta("gamma", self.gamma)
         if self.inner_state not in ("per_task", "shared"):
             raise ValueError(f"inner_state must be 'per_task' or 'shared', got {self.inner_state!r}")
@@ -287,8 +290,8 @@ class LocalSCGDM(LocalSCGD):
 
     beta: float = 0.1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         _check_beta("beta", self.beta)
 
     def init(self, client: ClientInfo) -> State:
