@@ -267,7 +267,7 @@ TORCH_FREE = (
     "fedxrisk.engines.launch", "fedxrisk.data.stream_choice", "fedxrisk.data.preprocessing",
     "fedxrisk.data.partition", "fedxrisk.run.spec", "fedxrisk.run.privacy", "fedxrisk.run.rules", "fedxrisk.run.checks",
     "fedxrisk.run.names", "fedxrisk.run.configtypes", "fedxrisk.run.configfile", "fedxrisk.cli",
-    "fedxrisk.cli.common", "fedxrisk.cli.run",
+    "fedxrisk.cli.common", "fedxrisk.cli.run", "fedxrisk.cli.flags", "fedxrisk.cli.check",
 )  # fmt: skip
 HEAVY_LIBRARIES = ("torch", "sklearn", "scipy", "matplotlib")
 

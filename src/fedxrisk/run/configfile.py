@@ -39,6 +39,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.run import checks
 from fedxrisk.run.configtypes import MISMATCH, NONE, check_value, coerce, hyperparameter_types, unknown_key
 from fedxrisk.run.names import resolve
+from fedxrisk.run.privacy import DEFAULTS as PRIVACY_DEFAULTS
 from fedxrisk.run.privacy import privacy_from_table
 from fedxrisk.run.spec import (
     PRETRAIN_ALGORITHM,
@@ -46,6 +47,7 @@ from fedxrisk.run.spec import (
     STAGE_KEYS,
     RunConfig,
     check_stage_algorithm,
+    non_default,
     settings,
     stage_algorithm,
 )
@@ -329,6 +331,22 @@ def dumps_toml(doc: Mapping[str, Mapping[str, Any]], header: str = "") -> str:
     for section, table in doc.items():
         lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def changed_settings(cfg: RunConfig) -> list[str]:
+    """``section.key = value`` for every setting of ``cfg`` that differs from its default, the
+    algorithm's hyperparameters and the ``[pretrain]`` / ``[privacy]`` keys included."""
+    lines = []
+    for name, value in non_default(cfg).items():
+        if name == "options" or name in NESTED:
+            table = "algorithm" if name == "options" else name
+            unset = PRIVACY_DEFAULTS if name == PRIVACY else {}  # [privacy]'s defaults are filled in
+            lines += [
+                f"{table}.{k} = {_toml_value(v)}" for k, v in value.items() if k not in unset or unset[k] != v
+            ]
+        else:
+            lines.append(f"{section_of(name)}.{name} = {_toml_value(value)}")
+    return lines
 
 
 def config_to_toml(cfg: RunConfig, header: str = "") -> str:

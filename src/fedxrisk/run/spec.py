@@ -154,7 +154,10 @@ class RunConfig:
     # [algorithm]
     algorithm: str = setting("codasca", section="algorithm", help="see `fedxrisk list`", flag="--algorithm")
     lr: float | None = setting(
-        None, section="algorithm", help="step size; none: the algorithm's (see `fedxrisk list`)", flag="--lr"
+        None,
+        section="algorithm",
+        help="step size (default: the algorithm's, see `fedxrisk list`)",
+        flag="--lr",
     )
     local_steps: int | None = setting(
         None, section="algorithm", flag="--local-steps", short="-I",
