@@ -77,8 +77,7 @@ def _messages(cfg: RunConfig, thorough: bool = False) -> list[str]:
     typed = not out  # with a value of the wrong type, a range check may meet it: reported already
     for one in CHECKS:
         _collect(one, cfg, out, typed)
-    algorithms = table("algorithms")
-    if cfg.algorithm in algorithms:
+    if isinstance(cfg.algorithm, str) and cfg.algorithm in table("algorithms"):
         for one in ALGORITHM_CHECKS:
             _collect(one, cfg, out, typed)
         if typed and (cfg.options or thorough):  # torch from here on
@@ -123,7 +122,7 @@ def algorithm_errors(cfg: RunConfig) -> list[str]:
     try:
         plan = schedule(cfg)
     except ValueError:
-        return []  # reported by the schedule's check
+        plan = None  # reported by the schedule's check (or its numbers' own): hyperparameters only
     try:
         ALGORITHMS[cfg.algorithm].check_values(cfg.options, plan)
     except ValueError as e:
