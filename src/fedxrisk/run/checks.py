@@ -71,9 +71,10 @@ def validate(cfg: RunConfig) -> None:
     checked(cfg)
 
 
-def _messages(cfg: RunConfig, thorough: bool = False) -> list[str]:
-    """The unqualified messages of every failing check (a type error first, then ranges)."""
-    out = type_errors(cfg)
+def _messages(cfg: RunConfig, thorough: bool = False, table_name: str = "algorithm") -> list[str]:
+    """The messages of every failing check (a type error first, then ranges), the settings not yet
+    qualified with their section, hyperparameters with ``table_name`` (``pretrain`` for a stage)."""
+    out = type_errors(cfg, table_name)
     typed = not out  # with a value of the wrong type, a range check may meet it: reported already
     for one in CHECKS:
         _collect(one, cfg, out, typed)
@@ -81,7 +82,7 @@ def _messages(cfg: RunConfig, thorough: bool = False) -> list[str]:
         for one in ALGORITHM_CHECKS:
             _collect(one, cfg, out, typed)
         if typed and (cfg.options or thorough):  # torch from here on
-            out += algorithm_errors(cfg)
+            out += algorithm_errors(cfg, table_name)
     _collect(lambda c: check_device(c.device), cfg, out, typed)
     if cfg.pretrain is not None:
         out += [m for m in pretrain_errors(cfg, thorough) if m not in out]
@@ -98,7 +99,7 @@ def _collect(one: Callable[[RunConfig], None], cfg: RunConfig, out: list[str], t
             raise
 
 
-def type_errors(cfg: RunConfig) -> list[str]:
+def type_errors(cfg: RunConfig, table_name: str = "algorithm") -> list[str]:
     """A setting (or a known hyperparameter) whose value has not its declared type."""
     out = []
     for name, s in settings().items():
@@ -108,11 +109,13 @@ def type_errors(cfg: RunConfig) -> list[str]:
         hints = hyperparameter_types(cfg.algorithm)
         for key, value in cfg.options.items() if isinstance(cfg.options, Mapping) else ():
             if key in hints:
-                _collect(lambda c, k=key, v=value: check_value(f"algorithm.{k}", v, hints[k]), cfg, out, True)
+                _collect(
+                    lambda c, k=key, v=value: check_value(f"{table_name}.{k}", v, hints[k]), cfg, out, True
+                )
     return out
 
 
-def algorithm_errors(cfg: RunConfig) -> list[str]:
+def algorithm_errors(cfg: RunConfig, table_name: str = "algorithm") -> list[str]:
     """What the algorithm declares about its values (``Algorithm.check_values``: its hyperparameter
     checks and ``validate_schedule``), run on ``cfg.options`` before anything is built; loads torch."""
     from fedxrisk.algorithms import ALGORITHMS
@@ -126,7 +129,7 @@ def algorithm_errors(cfg: RunConfig) -> list[str]:
     try:
         ALGORITHMS[cfg.algorithm].check_values(cfg.options, plan)
     except ValueError as e:
-        message = qualify(str(e), dict.fromkeys(cfg.options, "algorithm"))
+        message = qualify(str(e), dict.fromkeys(cfg.options, table_name))
         return [f"{message} ({cfg.algorithm})"]
     return []
 
@@ -181,7 +184,7 @@ def pretrain_errors(cfg: RunConfig, thorough: bool = False) -> list[str]:
     if name == CENTRALIZED and cfg.engine == "distributed":
         return ["pretrain.algorithm: 'centralized' runs in one process; use engine loop, vmap or compile"]
     names = dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
-    return [qualify(m, names) for m in _messages(pretrain_config(cfg), thorough)]
+    return [qualify(m, names) for m in _messages(pretrain_config(cfg), thorough, "pretrain")]
 
 
 def qualify(message: str, sections: Mapping[str, str]) -> str:
