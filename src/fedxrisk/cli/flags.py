@@ -41,21 +41,23 @@ def _kind(hint: Any) -> tuple[click.ParamType, str | None]:
     return SettingValue(), "|".join(NAMES.get(a, "VALUE") for a in typing.get_args(hint))
 
 
+def _shown(default: Any) -> str:
+    """The field's default as ``--help`` shows it; nothing for None / False (the help says)."""
+    if default is None or default is False:
+        return ""
+    return f"  [default: {'true' if default is True else default}]"
+
+
 def setting_option(s: Setting) -> Callable[[Any], Any]:
     """The click option of one setting; its default is shown from the field, never repeated here."""
     names = [s.flag, *([s.short] if s.short else []), s.name]
-    shown = (
-        ""
-        if s.default is None or s.default is False
-        else f"  [default: {str(s.default).lower() if isinstance(s.default, bool) else s.default}]"
-    )
+    if s.hint is bool and s.default is True:  # a switch that is on unless --no-…
+        names[0] = f"{s.flag}/--no-{s.flag.removeprefix('--')}"  # type: ignore[union-attr]
+        return click.option(*names, default=None, help=s.help + _shown(s.default))
     if s.hint is bool:
-        if s.default is True:
-            names[0] = f"{s.flag}/--no-{s.flag.removeprefix('--')}"  # type: ignore[union-attr]
-            return click.option(*names, default=None, help=s.help + shown)
         return click.option(*names, is_flag=True, default=None, help=s.help)
     kind, metavar = _kind(s.hint)
-    return click.option(*names, type=kind, metavar=metavar, default=None, help=s.help + shown)
+    return click.option(*names, type=kind, metavar=metavar, default=None, help=s.help + _shown(s.default))
 
 
 def flag_settings() -> list[Setting]:

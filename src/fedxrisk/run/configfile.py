@@ -1,28 +1,19 @@
 """Experiment configs as TOML: sections ↔ :class:`~fedxrisk.run.spec.RunConfig`, validated up front.
 
-A config file has these sections; every key is optional (missing keys keep
-:class:`RunConfig`'s defaults)::
-
-    [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard,
-                  selection, monitor, early_stopping (run/callbacks.py)
-    [data]        dataset, imratio, partition, clients, dirichlet_alpha,
-                  positive_classes, batch_size, allow_missing_class,
-                  stream, workers, memory_budget, on_bad_file (data/stream.py),
-                  num_samples, positives_per_batch, validation (data/validation.py)
-    [model]       model, buffer_policy, init_from, reset_head
-    [algorithm]   algorithm, lr, local_steps, stages, lr_decay, window_growth,
-                  pos_ratio_mode, and the algorithm's own hyperparameters
-                  (see ``fedxrisk list``), e.g. eta_g, prox
-    [engine]      engine, device
-    [pretrain]    optional first stage (fedxrisk.run.recipes): algorithm, rounds, lr, …
-    [privacy]     optional differential privacy (fedxrisk.run.privacy): level, clip, …
+A config file has the tables ``[experiment]``, ``[data]``, ``[model]``, ``[algorithm]`` (which
+also takes the algorithm's own hyperparameters, see ``fedxrisk list``) and ``[engine]``; which key
+goes in which is declared on :class:`RunConfig`'s fields (``section``, run/spec.py) and
+:data:`SECTIONS` is read from them. ``[pretrain]`` is an optional first stage
+(:mod:`fedxrisk.run.recipes`), ``[privacy]`` optional differential privacy
+(:mod:`fedxrisk.run.privacy`). Every key is optional (missing keys keep the defaults).
 
 TOML has no null: the string ``"none"`` sets a key that accepts None (e.g.
 ``imratio = "none"`` keeps the dataset's own class ratio). ``summary.json``
 (its flat ``config`` object) is accepted wherever a config file is.
 
-Every check raises :class:`~fedxrisk.errors.ConfigError` with one message
-that names the key (``section.key``) and what is allowed.
+Every error is a :class:`~fedxrisk.errors.ConfigError` with one message that names the key
+(``section.key``) and what is allowed; :func:`read_sections` collects all of them,
+:func:`config_from_sections` raises the first.
 """
 
 from __future__ import annotations
