@@ -261,3 +261,13 @@ def test_build_lets_a_bug_raise_and_keeps_the_users_errors_as_config_errors(monk
     monkeypatch.setattr(build_module, "build_model", broken_model)
     with pytest.raises(TypeError, match="a bug in build_model"):
         build(cfg)
+
+
+def test_the_python_api_gets_the_type_checks_of_the_config_file():
+    import numpy as np
+
+    assert check(RunConfig(rounds=np.int64(3), stages=1, lr=np.float64(0.5))) == []  # a search's numbers
+    assert [str(e) for e in check(RunConfig(rounds="3", options={"eta_g": "x"}))] == [
+        "experiment.rounds: expected an integer, got '3' (str)",
+        "algorithm.eta_g: expected a number, got 'x' (str)",
+    ]
