@@ -124,32 +124,36 @@ def read_sections(doc: Mapping[str, Any], thorough: bool = False) -> tuple[RunCo
             values.get("algorithm", RunConfig.algorithm), catalog.table("algorithms"), "algorithm.algorithm"
         )
     )
-    options = {}
-    table = doc.get("algorithm", {})
+    options: dict[str, Any] = {}
     if algorithm is not MISMATCH:
         values["algorithm"] = algorithm
-    if algorithm is not MISMATCH and isinstance(table, Mapping):
-        hparams = hyperparameter_types(algorithm)
-        for key, value in table.items():
-            if key in section_keys("algorithm"):
-                continue
-            if key not in hparams:
-                allowed = [*section_keys("algorithm"), *hparams]
-                errors.append(
-                    unknown_key(f"algorithm.{key}", allowed, f"[algorithm] with algorithm = {algorithm!r}")
-                )
-                continue
-            out = collect(lambda k=key, v=value: check_value(f"algorithm.{k}", v, hparams[k]))
-            if out is not MISMATCH:
-                options[key] = out
+        options = _options(algorithm, doc.get("algorithm", {}), collect, errors)
     cfg = RunConfig(**values, options=options)
     seen = {str(e) for e in errors}
-    for e in checks.check(
-        cfg, thorough
-    ):  # an unknown algorithm was reported by resolve(), with a "did you mean"
-        if str(e) not in seen and not (algorithm is MISMATCH and str(e).startswith("unknown algorithm")):
+    for e in checks.check(cfg, thorough):
+        unknown_algorithm = algorithm is MISMATCH and str(e).startswith("unknown algorithm")
+        if str(e) not in seen and not unknown_algorithm:  # resolve() said it, with a "did you mean"
             errors.append(e)
     return cfg, errors
+
+
+def _options(algorithm: str, table: Any, collect: Callable[..., Any], errors: list[ConfigError]) -> dict:
+    """The algorithm's hyperparameters of an ``[algorithm]`` table, type-checked; errors collected."""
+    options: dict[str, Any] = {}
+    hparams = hyperparameter_types(algorithm)
+    for key, value in table.items() if isinstance(table, Mapping) else ():
+        if key in section_keys("algorithm"):
+            continue
+        if key not in hparams:
+            allowed = [*section_keys("algorithm"), *hparams]
+            errors.append(
+                unknown_key(f"algorithm.{key}", allowed, f"[algorithm] with algorithm = {algorithm!r}")
+            )
+            continue
+        out = collect(lambda k=key, v=value: check_value(f"algorithm.{k}", v, hparams[k]))
+        if out is not MISMATCH:
+            options[key] = out
+    return options
 
 
 def _unknown_section(section: str, fields: Mapping[str, Any]) -> None:
