@@ -125,13 +125,14 @@ def run(
     from fedxrisk.errors import BadFileError, DistributedError, NonFiniteLoss
     from fedxrisk.run.checks import check_data_dir
     from fedxrisk.run.configfile import config_from_sections
+    from fedxrisk.run.spec import settings
 
     pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
     given = typed_flags(click.get_current_context(), flags)
     with config_errors():
         if resume is not None:
             rounds = given.pop("rounds", None)  # --resume RUN --rounds N: extend a finished run
-            extra = [f"--{k.replace('_', '-')}" for k in given] + (["--config"] if config_file else [])
+            extra = [settings()[k].flag for k in given] + (["--config"] if config_file else [])
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
             extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:
