@@ -271,3 +271,19 @@ def test_the_python_api_gets_the_type_checks_of_the_config_file():
         "experiment.rounds: expected an integer, got '3' (str)",
         "algorithm.eta_g: expected a number, got 'x' (str)",
     ]
+
+
+def test_every_algorithm_checks_its_values_without_a_problem():
+    """check_hyperparameters reads the fields alone: every registered algorithm's defaults pass with
+    no problem at all, and a bad value of each numeric knob below is refused the same way."""
+    from fedxrisk.algorithms import ALGORITHMS
+    from fedxrisk.schedule import Schedule
+
+    for cls in ALGORITHMS.values():
+        plan = Schedule.build(100, cls.fixed_window or 8, cls.default_lr, 3, 3.0, 1.0)
+        cls.check_values({}, plan)  # the defaults of a default run: nothing raised, nothing built
+    for name, key, bad in [("codasca", "eta_g", 0.0), ("fedprox", "mu", -1.0), ("fedxl2", "gamma", 2.0),
+                           ("localsgdm_rl", "round_batch_size", 0), ("fedxl1", "tau", 0)]:  # fmt: skip
+        with pytest.raises(ValueError, match=key):
+            ALGORITHMS[name].check_values({key: bad})
+        assert [e for e in check(RunConfig(algorithm=name, options={key: bad})) if key in str(e)], name
