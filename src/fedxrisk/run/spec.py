@@ -14,6 +14,7 @@ loaded. :func:`pretrain_config` derives a two-stage run's first stage
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import MISSING, dataclass, field
 from typing import Any, NamedTuple
@@ -233,6 +234,11 @@ class Setting(NamedTuple):
 
 def settings() -> dict[str, Setting]:
     """Every run setting, in field order: the schema the config file, the flags and the checks read."""
+    return dict(_settings())
+
+
+@functools.cache
+def _settings() -> dict[str, Setting]:
     hints = typing.get_type_hints(RunConfig)
     out = {}
     for f in dataclasses.fields(RunConfig):
