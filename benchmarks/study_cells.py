@@ -77,7 +77,7 @@ def train_cell(
     from fedxrisk.metrics import predict
     from fedxrisk.run.build import build, build_data
     from fedxrisk.run.callbacks import default_callbacks
-    from fedxrisk.run.checks import check
+    from fedxrisk.run.checks import checked as check
     from fedxrisk.run.folder import RunFolder
     from fedxrisk.run.loop import train
     from fedxrisk.run.tune import validation_value

@@ -20,7 +20,7 @@ from fedxrisk.data.federated import make_federated
 from fedxrisk.errors import ConfigError
 from fedxrisk.evaluation import inversion_warnings
 from fedxrisk.experiment import RunConfig, run_experiment
-from fedxrisk.run.checks import check
+from fedxrisk.run.checks import checked
 from helpers import write_image_folder
 
 TINY = dict(rounds=2, stages=1, eval_every=2, clients=2, tensorboard=False, checkpoint_every=0)
@@ -133,4 +133,4 @@ def test_test_imratio_thins_the_test_set_the_same_for_every_seed():
     assert (int(a.data.y_test.sum()), len(a.data.y_test)) == (30, 301)  # 271 negatives, 30 positives
     assert torch.equal(a.data.x_test, b.data.x_test) and torch.equal(a.data.y_test, b.data.y_test)
     with pytest.raises(ConfigError, match=r"data.test_imratio must lie in \(0, 1\)"):
-        check(RunConfig(test_imratio=1.5))
+        checked(RunConfig(test_imratio=1.5))

@@ -16,7 +16,7 @@ from fedxrisk.engines.validation import exact_validation, federated_validation, 
 from fedxrisk.errors import ConfigError
 from fedxrisk.metrics import auroc, predict
 from fedxrisk.run.build import build, build_data
-from fedxrisk.run.checks import check
+from fedxrisk.run.checks import checked
 from fedxrisk.run.folder import LAST_MODEL, MODEL, load_model
 from fedxrisk.run.recipes import resume_experiment, run_experiment
 from fedxrisk.run.spec import RunConfig
@@ -96,7 +96,7 @@ def test_official_split_is_dealt_to_clients_and_auto_picks_it():
 
 @pytest.mark.parametrize("engine", ["loop", "vmap"])
 def test_training_never_draws_a_validation_sample(engine, monkeypatch):
-    cfg = check(RunConfig(dataset="digits", engine=engine, **RUN)).config
+    cfg = checked(RunConfig(dataset="digits", engine=engine, **RUN)).config
     setup = build(cfg)
     b = setup.data.data
     val = {tuple(r.tolist()) for r in b.x_val.flatten(1)}  # type: ignore[union-attr]
@@ -121,7 +121,7 @@ def test_training_never_draws_a_validation_sample(engine, monkeypatch):
 
 def test_distributed_histograms_match_exact_within_the_bound():
     """The distributed path (per-rank histograms, summed) against the exact metrics of the same model."""
-    cfg = check(RunConfig(dataset="digits", engine="loop", **RUN)).config
+    cfg = checked(RunConfig(dataset="digits", engine="loop", **RUN)).config
     setup = build(cfg)
     for _ in range(4):
         setup.simulation.run_round()
@@ -153,7 +153,7 @@ def test_distributed_histograms_match_exact_within_the_bound():
 
 
 def _test_auroc_of(run_dir, cfg: RunConfig) -> float:
-    data, _ = build_data(check(cfg).config)
+    data, _ = build_data(checked(cfg).config)
     model = load_model(run_dir)
     with torch.no_grad():
         s = model(data.data.x_test).reshape(-1).numpy()
@@ -240,22 +240,22 @@ def test_resume_keeps_selection_and_early_stopping_bit_for_bit(tmp_path):
 
 def test_selection_settings_are_checked():
     with pytest.raises(ConfigError, match="set data.validation"):
-        check(RunConfig(selection="best"))
+        checked(RunConfig(selection="best"))
     with pytest.raises(ConfigError, match="set data.validation"):
-        check(RunConfig(early_stopping=3))
+        checked(RunConfig(early_stopping=3))
     with pytest.raises(ConfigError, match="validation"):
-        check(RunConfig(validation=1.5))
+        checked(RunConfig(validation=1.5))
     with pytest.raises(ConfigError, match="validation"):
-        check(RunConfig(validation="test"))
+        checked(RunConfig(validation="test"))
     with pytest.raises(ConfigError, match="monitor"):
-        check(RunConfig(validation=0.2, monitor="test_auroc"))
+        checked(RunConfig(validation=0.2, monitor="test_auroc"))
     assert RunConfig(algorithm="fedxl2").resolved_monitor() == "val_pauc30_norm"
     assert RunConfig(algorithm="fcsg").resolved_monitor() == "val_ap"
     assert RunConfig(algorithm="codasca").resolved_monitor() == "val_auroc"
 
 
 def test_predict_matches_the_module_forward_used_for_model_pt():
-    setup = build(check(RunConfig(dataset="digits", **{**RUN, "rounds": 1})).config)
+    setup = build(checked(RunConfig(dataset="digits", **{**RUN, "rounds": 1})).config)
     params, buffers = setup.simulation.global_model()
     s = predict(setup.problem, params, buffers, setup.data.data.x_test)
     assert s.shape[0] == len(setup.data.data.y_test)

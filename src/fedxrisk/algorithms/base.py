@@ -17,8 +17,8 @@ client layout, collectives, byte accounting, evaluation.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -207,6 +207,14 @@ class Algorithm:
         """Once before the first round (stacked state, like ``communicate``), if ``begin_batch``."""
         return state
 
+    def __post_init__(self) -> None:
+        self.check_hyperparameters()
+
+    def check_hyperparameters(self) -> None:
+        """Range checks of the hyperparameter fields alone (never ``self.problem``): a ValueError
+        naming the field. Run at construction, and by the config checks on the values before
+        anything is built (:meth:`check_values`); work that needs the problem stays in ``__post_init__``."""
+
     def validate_schedule(self, schedule: Schedule) -> None:
         """Check hyperparameters that depend on the step sizes (engines call it before training)."""
 
@@ -218,6 +226,19 @@ class Algorithm:
     def default_lr_for(cls, pos_ratio: float) -> float:
         """The step size a run without ``lr`` uses on data with this positive ratio (default: ``default_lr``)."""
         return cls.default_lr
+
+    @classmethod
+    def check_values(cls, options: Mapping[str, Any], schedule: Schedule | None = None) -> None:
+        """What the class declares about its hyperparameters (:meth:`check_hyperparameters`, then
+        :meth:`validate_schedule`), run on ``options`` over the defaults, without a problem."""
+        values = object.__new__(cls)  # the fields only: no __init__, no problem
+        for f in fields(cls):  # type: ignore[arg-type]
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            default = None if default is MISSING else default  # the problem
+            object.__setattr__(values, f.name, options.get(f.name, default))
+        values.check_hyperparameters()
+        if schedule is not None:
+            values.validate_schedule(schedule)
 
     @classmethod
     def hyperparameters(cls) -> dict[str, Any]:

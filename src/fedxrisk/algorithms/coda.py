@@ -110,7 +110,7 @@ class CODAPlus(Algorithm):
     dual_order: str | None = None  # "simultaneous" (paper) | "sequential" (code: α after v, at the new a, b)
     prox_reference: str | None = None  # "global" (paper: v0 = mean stage average) | "local" (code: own)
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.form not in FORMS:
             raise ValueError(f"form must be one of {sorted(FORMS)}, got {self.form!r}")
         explicit_order = self.dual_order is not None
@@ -295,8 +295,8 @@ class CODASCA(CODAPlus):
     alpha_variate: str = "direction"  # gradients variate of α: "direction" of α's step (code) | "gradient"
     reset_variates: bool | None = None  # zero variates at stage starts (paper Alg. 4) or never (code)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         self._check_choice("control_variate", ["iterates", "gradients"])
         self._check_choice("alpha_variate", ["direction", "gradient"])
         if self.eta_g <= 0:

@@ -33,10 +33,10 @@ class CoDA(CODAPlus):
 
     stage_batch_size: int = 256
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.restart not in (None, "average"):
             raise ValueError("CoDA always restarts a stage from the average iterate")
-        super().__post_init__()
+        super().check_hyperparameters()
         if self.loss != "square":
             raise ValueError("CoDA's closed-form α is the AUC square loss's; use loss='square'")
         if self.stage_batch_size < 1:

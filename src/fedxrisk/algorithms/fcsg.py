@@ -81,9 +81,12 @@ class _Conditional(Algorithm):
     default_lr = 0.1
     couples_samples = "conditional: its inner function is a mean over samples, so one sample moves every term"
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.objective is not None and not isinstance(self.objective, ConditionalObjective):
             raise TypeError(f"objective must be a ConditionalObjective, got {type(self.objective).__name__}")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._objective = self.objective if self.objective is not None else APSurrogate(self.margin)
         running = [k for k, v in self.problem.model.named_buffers() if v.is_floating_point()]
         if running and not self._objective.updates_buffers:
@@ -126,8 +129,8 @@ class FCSG(_Conditional):
 
     init_batches: int = 1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         if self.init_batches < 1:
             raise ValueError(f"init_batches must be ≥ 1, got {self.init_batches}")
 
@@ -167,8 +170,8 @@ class FCSGM(FCSG):
 
     beta: float = 0.1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         _check_beta("beta", self.beta)
 
     def direction(self, state: State, est, sample: Sample) -> Any:
@@ -225,8 +228,8 @@ class LocalSCGD(_Conditional):
     gamma: float = 0.5  # weight of the new inner estimate ("inner state momentum")
     inner_state: str = "per_task"  # "per_task" (FCSG authors' code) | "shared"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         _check_beta("gamma", self.gamma)
         if self.inner_state not in ("per_task", "shared"):
             raise ValueError(f"inner_state must be 'per_task' or 'shared', got {self.inner_state!r}")
@@ -291,8 +294,8 @@ class LocalSCGDM(LocalSCGD):
 
     beta: float = 0.1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         _check_beta("beta", self.beta)
 
     def init(self, client: ClientInfo) -> State:

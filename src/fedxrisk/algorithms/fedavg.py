@@ -41,7 +41,7 @@ class LocalSGDM(Algorithm):
     momentum: float = 0.9
     weight_decay: float = 0.0
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:

@@ -56,7 +56,7 @@ class FedProx(Algorithm):
     problem: Problem
     mu: float = 0.01
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.mu < 0:
             raise ValueError(f"mu (the proximal coefficient) must be ≥ 0, got {self.mu}")
 
@@ -87,7 +87,7 @@ class SCAFFOLD(Algorithm):
     problem: Problem
     eta_g: float = 1.0
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.eta_g <= 0:
             raise ValueError(f"eta_g (the server step) must be > 0, got {self.eta_g}")
 
@@ -157,14 +157,17 @@ class LocalSGDMRL(LocalSGDM):
     ra_max: float | None = 10.0
     last_layer: str | None = None  # parameter name; None: the last parameter with ≥ 2 dims
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         if self.ra_alpha < 0 or self.ra_beta < 0:
             raise ValueError("ra_alpha and ra_beta must be ≥ 0")
         if self.ra_max is not None and self.ra_max <= 0:
             raise ValueError(f"ra_max must be > 0 or None, got {self.ra_max}")
         if self.round_batch_size < 1:
             raise ValueError(f"round_batch_size must be ≥ 1, got {self.round_batch_size}")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         names = [n for n, p in self.problem.model.named_parameters() if p.dim() >= 2]
         if self.last_layer is None:
             if not names:

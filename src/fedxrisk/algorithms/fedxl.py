@@ -95,12 +95,15 @@ class FeDXL1(PairwiseBase):
     tau: int = 2  # rounds kept in the pools
     passive_samples: int = 16  # S: scores drawn from each pool per step
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         if self.tau < 1:
             raise ValueError(f"tau (rounds kept in the score pools) must be ≥ 1, got {self.tau}")
         if self.passive_samples < 1:
             raise ValueError(f"passive_samples must be ≥ 1, got {self.passive_samples}")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.uniforms_per_step = 2 * self.passive_samples  # first S for H1, next S for H2
 
     # -- state ---------------------------------------------------------------
@@ -235,8 +238,8 @@ class FeDXL2(FeDXL1):
     gamma: float = 0.1  # moving-average rate of u (code: 0.1)
     grad_scale: str = "objective"  # "objective": ∇F; "code": the authors' ∇F / λ
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         check_lambda(self.lam)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {self.gamma}")

@@ -35,8 +35,8 @@ class LocalPair(PairwiseBase):
     gamma: float = 0.1
     grad_scale: str = "objective"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         if self.objective not in ("auroc", "pauc"):
             raise ValueError(f"objective must be 'auroc' or 'pauc', got {self.objective!r}")
         check_lambda(self.lam)

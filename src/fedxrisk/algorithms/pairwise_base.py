@@ -58,7 +58,7 @@ class PairwiseBase(Algorithm):
     beta: float = 1.0  # m ← (1 − β) m + β G, w ← w − η m; β = 1 is plain SGD (no momentum state)
     momentum_init: str = "grad"  # "grad": m = G on the first step (authors' code); "zero": m starts at 0
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         check_surrogate(self.surrogate)
         if self.momentum_init not in MOMENTUM_INITS:
             raise ValueError(f"momentum_init must be one of {MOMENTUM_INITS}, got {self.momentum_init!r}")

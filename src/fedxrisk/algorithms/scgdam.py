@@ -86,7 +86,7 @@ class LocalSCGDAM(Algorithm):
     margin: float = 1.0  # AUCM margin
     first_order: bool = False  # ∇g ≈ I instead of the exact Hessian-vector product
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.rho <= 0:
             raise ValueError(f"rho (the inner cross-entropy step ρ) must be > 0, got {self.rho}")
         for name in ("gamma_x", "gamma_y", "beta_x", "beta_y", "alpha_h"):
@@ -208,7 +208,7 @@ class LocalSGDAM(Algorithm):
     loss: str = "square"
     margin: float = 1.0
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
         _check_loss(self.loss)

@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from fedxrisk.cli.common import (
-    DEFAULTS,
     ConfigError,
     config_errors,
     console,
@@ -21,21 +20,12 @@ from fedxrisk.cli.common import (
     typed_flags,
     with_config_options,
 )
+from fedxrisk.cli.flags import with_setting_flags
 from fedxrisk.cli.progress import Bar, training_progress
 from fedxrisk.textsafe import printable
 
 if TYPE_CHECKING:
     from fedxrisk.engines import NonFiniteLoss
-
-
-def _imratio(text: str | None) -> float | None:
-    """``--imratio``: a float, or ``none`` to keep the data's own positive ratio."""
-    if text is None or text.lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is neither a number nor 'none'", param_hint="--imratio") from None
 
 
 SMALL_MODELS = ("linear", "mlp", "cnn", "cnn28", "cnn1d")  # a second thread costs more CPU than it saves
@@ -83,79 +73,13 @@ def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
     default=None,
     help="continue a killed run from its folder (its own config); with --rounds N, extend a finished one",
 )
-@click.option("--algorithm", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
-@click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
-@click.option("--data-dir", default=None, help="folder of a file dataset (see docs/data.md)")
-@click.option("--clients", "-K", type=int, default=DEFAULTS.clients, show_default=True)
-@click.option(
-    "--imratio",
-    default=str(DEFAULTS.imratio),
-    show_default=True,
-    callback=lambda ctx, param, v: _imratio(v),
-    help="positive ratio kept in training data; 'none' keeps the data's own (multi-label, natural sets)",
-)
-@click.option("--partition", default=DEFAULTS.partition, show_default=True, help="see `fedxrisk list`")
-@click.option("--dirichlet-alpha", type=float, default=DEFAULTS.dirichlet_alpha, show_default=True)
-@click.option("--model", default=DEFAULTS.model, show_default=True)
-@click.option(
-    "--init-from",
-    default=None,
-    metavar="PATH",
-    help="start from a run folder's model.pt or a PyTorch state dict (two-stage: the first stage)",
-)
-@click.option("--reset-head", is_flag=True, help="re-initialise the classifier head after --init-from")
+@with_setting_flags  # one flag per RunConfig field declared with flag= (run/spec.py)
 @click.option(
     "--pretrain-rounds",
     type=int,
     default=None,
     help="rounds of a cross-entropy [pretrain] stage before this run (same as --set pretrain.rounds=N)",
 )
-@click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)
-@click.option("--local-steps", "-I", type=int, default=None, help="window I (default 8; NPA: 1)")
-@click.option("--batch-size", type=int, default=DEFAULTS.batch_size, show_default=True)
-@click.option(
-    "--lr", type=float, default=None, help="step size (default: the algorithm's, see `fedxrisk list`)"
-)
-@click.option(
-    "--stages", type=int, default=DEFAULTS.stages, show_default=True, help="lr ÷ lr-decay per stage"
-)
-@click.option("--lr-decay", type=float, default=DEFAULTS.lr_decay, show_default=True)
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
-@click.option(
-    "--engine", default=DEFAULTS.engine, show_default=True, help="loop | vmap | compile | auto | distributed"
-)
-@click.option(
-    "--clients-per-rank",
-    default=str(DEFAULTS.clients_per_rank),
-    show_default=True,
-    help="distributed: clients per rank (WORLD_SIZE × this = --clients), or 'auto'",
-)
-@click.option(
-    "--dist-timeout",
-    type=float,
-    default=DEFAULTS.dist_timeout,
-    show_default=True,
-    help="distributed: seconds before a collective fails",
-)
-@click.option("--device", default=DEFAULTS.device, show_default=True)
-@click.option("--eval-every", type=int, default=DEFAULTS.eval_every, show_default=True)
-@click.option(
-    "--checkpoint-every",
-    type=int,
-    default=DEFAULTS.checkpoint_every,
-    show_default=True,
-    help="rounds between checkpoints (0: none)",
-)
-@click.option("--buffer-policy", default=DEFAULTS.buffer_policy, show_default=True, help="average | local")
-@click.option(
-    "--pos-ratio",
-    "pos_ratio_mode",
-    default=DEFAULTS.pos_ratio_mode,
-    show_default=True,
-    help="global | local | batch",
-)
-@click.option("--allow-missing-class", is_flag=True, help="train even if a client lacks a class")
-@click.option("--feature-shift", is_flag=True, help="FeDXL heterogeneity: per-client Gaussian feature shift")
 @click.option(
     "--option", "-o", "options", multiple=True, help="algorithm hyperparameter KEY=VALUE (repeatable)"
 )
@@ -201,13 +125,14 @@ def run(
     from fedxrisk.errors import BadFileError, DistributedError, NonFiniteLoss
     from fedxrisk.run.checks import check_data_dir
     from fedxrisk.run.configfile import config_from_sections
+    from fedxrisk.run.spec import settings
 
     pretrain_rounds = flags.pop("pretrain_rounds")  # not a RunConfig field: a [pretrain] key
     given = typed_flags(click.get_current_context(), flags)
     with config_errors():
         if resume is not None:
             rounds = given.pop("rounds", None)  # --resume RUN --rounds N: extend a finished run
-            extra = [f"--{k.replace('_', '-')}" for k in given] + (["--config"] if config_file else [])
+            extra = [settings()[k].flag for k in given] + (["--config"] if config_file else [])
             extra += [*(["--option"] if options else []), *(["--out"] if out else [])]
             extra += ["--pretrain-rounds"] if pretrain_rounds is not None else []
             if extra:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from fedxrisk.engines import DistributedSimulation, Simulation
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
-from fedxrisk.run.checks import CheckedConfig, check
+from fedxrisk.run.checks import CheckedConfig, checked
 from fedxrisk.run.privacy import PrivacyPlan, instance_noise, instance_pos_ratio, plan_privacy
 from fedxrisk.run.spec import RunConfig
 
@@ -63,75 +65,88 @@ def build(
 ) -> Setup:
     """Check (unless checked already) and build everything; :class:`ConfigError` before any output.
 
+    Only the user's mistakes become :class:`ConfigError`: the config's (:func:`checked`) and those
+    met where the settings meet the data, the model and the algorithm (:func:`users_error`); any
+    other ValueError or TypeError is a bug and raises as itself.
+
     The model starts from ``init`` (a path, or a state dict in memory) if given, else from
     ``cfg.init_from`` (a two-stage config's ``init_from`` belongs to its first stage).
     ``data_from``: reuse the data (and stream) of an earlier build with the same data settings.
     ``privacy_ledger``: the DP ledger of the rounds a resumed or extended run already ran.
     """
-    cfg = check(cfg).config
+    cfg = checked(cfg).config
     from fedxrisk.data.stream import attach_stream, eval_batch_size, parse_bytes
 
     if init is None and cfg.pretrain is None:
         init = cfg.init_from
-    try:
-        if data_from is not None:  # its stream restarts when the new Simulation starts
-            data, choice = data_from.data, data_from.stream
-        else:
+    if data_from is not None:  # its stream restarts when the new Simulation starts
+        data, choice = data_from.data, data_from.stream
+    else:
+        with users_error():  # the data settings meet the data: too few samples, no class, …
             data, choice = build_data(cfg)
             attach_stream(data, choice, cfg.device, cfg.batch_size)
-        if cfg.augment != "none":  # training batches only; the padding is 1/8 of the image side
-            from fedxrisk.data.augment import RandomCropFlip
+    if cfg.augment != "none":  # training batches only; the padding is 1/8 of the image side
+        from fedxrisk.data.augment import RandomCropFlip
 
-            padding = max(1, data.data.input_shape[-1] // 8) if cfg.augment == "crop_flip" else 0
-            data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
-        batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
-        cfg = with_data_lr(cfg, instance_pos_ratio(cfg) or data.data.pos_ratio)  # DP: the public p
-        labels = data.data.num_labels
+        padding = max(1, data.data.input_shape[-1] // 8) if cfg.augment == "crop_flip" else 0
+        data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
+    batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
+    cfg = with_data_lr(cfg, instance_pos_ratio(cfg) or data.data.pos_ratio)  # DP: the public p
+    labels = data.data.num_labels
+    with users_error():  # data.normalize's mean and std against the image channels
         norm = normalization(cfg.normalize, data.data.input_shape[0])
-        if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
-            data.data.preprocessing = {**data.data.preprocessing, "normalize": norm}
+    if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
+        data.data.preprocessing = {**data.data.preprocessing, "normalize": norm}
+    with users_error():  # a model that does not take this data's inputs
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels, norm)
-        source = None
-        if init is not None or cfg.reset_head:
-            from fedxrisk.run.weights import load_weights
+    source = None
+    if init is not None or cfg.reset_head:
+        from fedxrisk.run.weights import load_weights
 
-            source = load_weights(model, cfg.model, init, cfg.reset_head)
-        problem = Problem(
-            model.to(cfg.device),
-            data.data.pos_ratio,
-            cfg.buffer_policy,
-            cfg.pos_ratio_mode,
-            labels,
-            eval_batch_size=eval_batch_size(
-                data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size
-            ),
-        )
+        source = load_weights(model, cfg.model, init, cfg.reset_head)
+    problem = Problem(
+        model.to(cfg.device),
+        data.data.pos_ratio,
+        cfg.buffer_policy,
+        cfg.pos_ratio_mode,
+        labels,
+        eval_batch_size=eval_batch_size(
+            data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size
+        ),
+    )
+    schedule = Schedule.build(
+        cfg.rounds, cfg.resolved_local_steps(), cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth
+    )
+    with users_error():  # hyperparameters that meet the model or the data
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
         algorithm = class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
-        schedule = Schedule.build(
-            cfg.rounds,
-            cfg.resolved_local_steps(),
-            cfg.resolved_lr(),
-            cfg.stages,
-            cfg.lr_decay,
-            cfg.window_growth,
-        )
+        algorithm.validate_schedule(schedule)  # a data-dependent default lr (with_data_lr) included
         algorithm, client_dp, privacy = plan_privacy(
             cfg, algorithm, data, schedule, batch_size, privacy_ledger
         )
-        if cfg.engine == "distributed":
-            sim: Simulation = DistributedSimulation(
-                algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
-                cfg.clients_per_rank, cfg.dist_timeout, privacy=client_dp, noise=instance_noise(cfg),
-            )  # fmt: skip
-        else:
-            sim = Simulation(
-                algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp,
-                noise=instance_noise(cfg),
-            )  # fmt: skip
-    except (ValueError, TypeError) as e:
-        raise ConfigError(str(e)) from e
+    if cfg.engine == "distributed":
+        sim: Simulation = DistributedSimulation(
+            algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
+            cfg.clients_per_rank, cfg.dist_timeout, privacy=client_dp, noise=instance_noise(cfg),
+        )  # fmt: skip
+    else:
+        sim = Simulation(
+            algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp,
+            noise=instance_noise(cfg),
+        )  # fmt: skip
     return Setup(cfg, data, algorithm.problem, algorithm, sim, choice, source, privacy)
+
+
+@contextmanager
+def users_error() -> Iterator[None]:
+    """A ValueError raised where the user's settings meet their data or model becomes a
+    :class:`ConfigError` (exit 2); anywhere else a ValueError or TypeError is a bug, and raises."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def with_data_lr(cfg: RunConfig, pos_ratio: Any) -> RunConfig:

@@ -1,29 +1,31 @@
-"""Every check of a run's settings, run once per run, before any data is loaded or output written.
+"""Every check of a run's settings, in one pass that collects every error.
 
-:func:`check` is the entry: it validates a :class:`RunConfig` (and a two-stage
-run's first stage) and returns a :class:`CheckedConfig`; the config remembers
-that it passed, so building, the two stages and a config read from a file do
-not check it again unless it changed. Each check raises :class:`ConfigError`
-(exit status 2 at the CLI) with one line naming the setting.
+:func:`check` returns the list of :class:`ConfigError` of a :class:`RunConfig`
+(and of a two-stage run's first stage): empty when the config is fine, else one
+error per problem, each one line naming the setting as the config file spells it
+(``data.imratio must …``). ``fedxrisk check`` prints them all; a run calls
+:func:`checked` once where it starts, which raises the first one (saying how many
+more there are) and returns a :class:`CheckedConfig`, the proof that it passed:
+building and the two stages take it instead of checking again. Nothing is cached
+on the config object.
 
-No torch: names, types and ranges are checked against the catalogue
-(:mod:`fedxrisk.catalog`), so that a config error costs a fraction of a second
-(tests/test_startup.py). Only a non-CPU device and the algorithms' own range checks of
-hyperparameters that are set (:func:`check_hyperparameters`) load torch, last.
+No torch: names, types and ranges are checked against :class:`RunConfig`'s
+declared types and the catalogue (:mod:`fedxrisk.catalog`), so that a config
+error costs a fraction of a second (tests/test_startup.py). Only a non-CPU device
+and the algorithm's own checks (:func:`algorithm_errors`: what its class declares,
+run on the values) load torch, last.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from fedxrisk.catalog import table
-from fedxrisk.engines.launch import check_launch
 from fedxrisk.errors import ConfigError, missing_data_dir
-from fedxrisk.run.privacy import check_privacy
+from fedxrisk.run.configtypes import check_value, hyperparameter_types
+from fedxrisk.run.rules import ALGORITHM_CHECKS, CHECKS, MONITORS, SELECTIONS, schedule  # noqa: F401  (re-exported)
 from fedxrisk.run.spec import (
     CENTRALIZED,
     PRETRAIN_ALGORITHM,
@@ -31,6 +33,7 @@ from fedxrisk.run.spec import (
     RunConfig,
     check_stage_algorithm,
     pretrain_config,
+    settings,
     stage_algorithm,
 )
 
@@ -43,181 +46,92 @@ class CheckedConfig:
     pretrain: CheckedConfig | None = None
 
 
-_MARK = "_fedxrisk_checked"  # instance attribute (not a field): (repr when checked, CheckedConfig)
+def check(cfg: RunConfig, thorough: bool = False) -> list[ConfigError]:
+    """Every error of ``cfg`` and of its first stage, in a fixed order; ``[]`` when it is fine.
+
+    The algorithm's declared checks load torch: they run when ``cfg.options`` sets hyperparameters
+    or when ``thorough`` (``fedxrisk check``); else ``build`` runs them (``validate_schedule``)."""
+    sections = {name: s.section for name, s in settings().items() if s.section is not None}
+    return [ConfigError(qualify(message, sections)) for message in _messages(cfg, thorough)]
 
 
-def check(cfg: RunConfig | CheckedConfig) -> CheckedConfig:
-    """``cfg`` checked: :func:`validate` runs unless this very config (unchanged) passed already."""
+def checked(cfg: RunConfig | CheckedConfig) -> CheckedConfig:
+    """``cfg`` as a :class:`CheckedConfig`, or its first error raised (with how many follow)."""
     if isinstance(cfg, CheckedConfig):
         return cfg
-    mark = cfg.__dict__.get(_MARK)
-    if mark is not None and mark[0] == repr(cfg):
-        return mark[1]
-    stage = validate(cfg)
-    checked = CheckedConfig(cfg, stage)
-    cfg.__dict__[_MARK] = (repr(cfg), checked)
-    return checked
+    errors = check(cfg)
+    if errors:
+        more = f" (and {len(errors) - 1} more: `fedxrisk check` lists them)" if len(errors) > 1 else ""
+        raise ConfigError(f"{errors[0]}{more}")
+    return CheckedConfig(cfg, CheckedConfig(pretrain_config(cfg)) if cfg.pretrain is not None else None)
 
 
-def _choice(name: str, value: Any, allowed) -> None:
-    if value not in allowed:
-        raise ConfigError(f"unknown {name} {value!r}; choose one of {sorted(allowed)}")
+def validate(cfg: RunConfig) -> None:
+    """Raise the first error of ``cfg`` (the old entry point; :func:`check` lists them all)."""
+    checked(cfg)
 
 
-def validate(cfg: RunConfig) -> CheckedConfig | None:
-    """Check every setting that can be checked without loading data; the checked first stage, if any."""
-    algorithms = table("algorithms")
-    _choice("algorithm", cfg.algorithm, algorithms)
-    for name, key in (("dataset", "datasets"), ("partition", "partitions"), ("model", "models"),
-                      ("engine", "engines"), ("buffer_policy", "buffer_policies"),
-                      ("pos_ratio_mode", "pos_ratio_modes")):  # fmt: skip
-        _choice(name, getattr(cfg, name), table(key))
-    if cfg.imratio is not None and not 0.0 < cfg.imratio < 1.0:
-        raise ConfigError(f"imratio must lie in (0, 1), got {cfg.imratio}")
-    for name in ("clients", "rounds", "batch_size", "eval_every", "stages"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be ≥ 1, got {getattr(cfg, name)}")
-    if cfg.lr is not None and cfg.lr <= 0:
-        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
-    if cfg.checkpoint_every < 0:
-        raise ConfigError(f"checkpoint_every must be ≥ 0 (0: no checkpoints), got {cfg.checkpoint_every}")
-    _check_stream_settings(cfg)
-    _check_selection(cfg)
-    if cfg.dirichlet_alpha <= 0:
-        raise ConfigError(f"dirichlet_alpha must be > 0, got {cfg.dirichlet_alpha}")
-    steps = cfg.resolved_local_steps()
-    fixed = algorithms[cfg.algorithm]["window"]
-    if fixed is not None and steps != fixed:
-        raise ConfigError(
-            f"{cfg.algorithm} communicates every {fixed} step(s); local_steps must be {fixed}, got {steps}"
-        )
-    validate_settings(cfg)
-    _validate_batches(cfg)
-    check_privacy(cfg)
-    known = algorithms[cfg.algorithm]["hyperparameters"]
-    unknown = sorted(set(cfg.options) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown option(s) {unknown} for {cfg.algorithm}; allowed: {sorted(known)}")
+def _messages(cfg: RunConfig, thorough: bool = False, table_name: str = "algorithm") -> list[str]:
+    """The messages of every failing check (a type error first, then ranges), the settings not yet
+    qualified with their section, hyperparameters with ``table_name`` (``pretrain`` for a stage)."""
+    out = type_errors(cfg, table_name)
+    typed = not out  # with a value of the wrong type, a range check may meet it: reported already
+    for one in CHECKS:
+        _collect(one, cfg, out, typed)
+    if isinstance(cfg.algorithm, str) and cfg.algorithm in table("algorithms"):
+        for one in ALGORITHM_CHECKS:
+            _collect(one, cfg, out, typed)
+        if typed and (cfg.options or thorough):  # torch from here on
+            out += algorithm_errors(cfg, table_name)
+    _collect(lambda c: check_device(c.device), cfg, out, typed)
+    if cfg.pretrain is not None:
+        out += [m for m in pretrain_errors(cfg, thorough) if m not in out]
+    return out
+
+
+def _collect(one: Callable[[RunConfig], None], cfg: RunConfig, out: list[str], typed: bool) -> None:
     try:
-        if cfg.engine == "distributed":
-            check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
-        from fedxrisk.schedule import Schedule  # torch-free
-
-        Schedule.build(cfg.rounds, steps, cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    check_device(cfg.device)
-    return check_pretrain(cfg) if cfg.pretrain is not None else None
+        one(cfg)
+    except ConfigError as e:
+        out.append(str(e))
+    except TypeError:
+        if typed:  # every value has its declared type: the check has a bug
+            raise
 
 
-SELECTIONS = ("last", "best")
-MONITORS = ("val_auroc", "val_ap", "val_pauc30_norm", "val_pauc50_norm")  # engines/validation.py VAL_KEYS
+def type_errors(cfg: RunConfig, table_name: str = "algorithm") -> list[str]:
+    """A setting (or a known hyperparameter) whose value has not its declared type."""
+    out = []
+    for name, s in settings().items():
+        if s.section is not None:
+            _collect(lambda c, n=name, h=s.hint: check_value(n, getattr(c, n), h), cfg, out, True)
+    if isinstance(cfg.algorithm, str) and cfg.algorithm in table("algorithms"):
+        hints = hyperparameter_types(cfg.algorithm)
+        for key, value in cfg.options.items() if isinstance(cfg.options, Mapping) else ():
+            if key in hints:
+                _collect(
+                    lambda c, k=key, v=value: check_value(f"{table_name}.{k}", v, hints[k]), cfg, out, True
+                )
+    return out
 
 
-def _check_selection(cfg: RunConfig) -> None:
-    """``validation`` is 0, a fraction in (0, 1), "official" or "auto"; ``selection``, ``monitor``
-    and ``early_stopping`` are known, and the last two need validation data."""
-    v = cfg.validation
-    if isinstance(v, str) and v not in ("official", "auto"):
-        raise ConfigError(f"validation: expected a fraction in (0, 1), 'official' or 'auto', got {v!r}")
-    if not isinstance(v, str) and not (v == 0 or 0.0 < v < 1.0):
-        raise ConfigError(f"validation must be 0 (none) or a fraction in (0, 1), got {v}")
-    _choice("selection", cfg.selection, SELECTIONS)
-    if cfg.monitor is not None:
-        _choice("monitor", cfg.monitor, MONITORS)
-    if cfg.early_stopping < 0:
-        raise ConfigError(f"early_stopping must be ≥ 0 (0: off), got {cfg.early_stopping}")
-    needs = (
-        "selection = 'best'" if cfg.selection == "best" else "early_stopping" if cfg.early_stopping else None
-    )
-    if needs and v == 0:
-        raise ConfigError(f"{needs} chooses on validation data: set data.validation (e.g. 0.2 or 'auto')")
+def algorithm_errors(cfg: RunConfig, table_name: str = "algorithm") -> list[str]:
+    """What the algorithm declares about its values (``Algorithm.check_values``: its hyperparameter
+    checks and ``validate_schedule``), run on ``cfg.options`` before anything is built; loads torch."""
+    from fedxrisk.algorithms import ALGORITHMS
 
-
-def _check_stream_settings(cfg: RunConfig) -> None:
-    from fedxrisk.data.preprocessing import AUGMENTATIONS, IMAGE_DATASETS, normalization
-    from fedxrisk.data.stream_choice import (
-        ON_BAD_FILE,
-        STREAM_CHOICES,
-        check_cache,
-        eval_batch_size,
-        parse_bytes,
-    )
-
-    if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
-        raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
-    from fedxrisk.data.stream_choice import MAX_WORKERS
-
-    if cfg.workers is not None and not 0 <= cfg.workers <= MAX_WORKERS:
-        raise ConfigError(
-            f"data.workers must be between 0 (decode in the training process) and {MAX_WORKERS}, got {cfg.workers}"
-        )
-    _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
+    if set(cfg.options) - set(ALGORITHMS[cfg.algorithm].hyperparameters()):
+        return []  # unknown options are reported by name already
     try:
-        parse_bytes(cfg.memory_budget)
-        eval_batch_size((1,), 1, cfg.eval_batch_size)
-        normalization(cfg.normalize)
-        check_cache(getattr(cfg, "cache", False), cfg.dataset, cfg.stream, IMAGE_DATASETS)
+        plan = schedule(cfg)
+    except ValueError:
+        plan = None  # reported by the schedule's check (or its numbers' own): hyperparameters only
+    try:
+        ALGORITHMS[cfg.algorithm].check_values(cfg.options, plan)
     except ValueError as e:
-        raise ConfigError(str(e)) from None
-    size = cfg.image_size
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 4096):
-        raise ConfigError(f"data.image_size must be an integer between 1 and 4096, got {size!r}")
-    _choice("data.augment", cfg.augment, AUGMENTATIONS)
-    images = size is not None or cfg.normalize not in (None, "none") or cfg.augment != "none"
-    if images and cfg.dataset not in IMAGE_DATASETS:
-        raise ConfigError(
-            f"data.image_size, data.normalize and data.augment apply to image datasets {list(IMAGE_DATASETS)}, not {cfg.dataset!r}"
-        )
-
-
-def _validate_batches(cfg: RunConfig) -> None:
-    """data.num_samples and class-aware batches (data.positives_per_batch), before any data."""
-    sized = table("sized_datasets")
-    if cfg.num_samples is not None and (cfg.dataset not in sized or cfg.num_samples < 100):
-        raise ConfigError(
-            f"num_samples sizes a generated dataset {list(sized)} and must be ≥ 100, "
-            f"got {cfg.num_samples} for {cfg.dataset!r}"
-        )
-    p = cfg.positives_per_batch
-    owns = "positives_per_batch" in table("algorithms")[cfg.algorithm]["hyperparameters"]  # FeDXL's B1
-    if "positives_per_batch" in cfg.options and not owns:
-        raise ConfigError(
-            f"positives_per_batch is a data setting for {cfg.algorithm}: use data.positives_per_batch "
-            "(--set data.positives_per_batch=N); it works for every algorithm"
-        )
-    own = cfg.options.get("positives_per_batch")
-    if p and own is not None and own != p:
-        raise ConfigError(f"positives_per_batch = {p} but the {cfg.algorithm} option says {own}; set one")
-
-
-FINITE = ("lr", "lr_decay", "window_growth", "dirichlet_alpha", "imratio", "dist_timeout")
-
-
-def validate_settings(cfg: Any) -> None:
-    """Settings the type checks let through: NaN/inf numbers, a negative seed, an unknown
-    device, an empty positive-class list, distributed-only settings on another engine."""
-    for name in FINITE:
-        value = getattr(cfg, name, None)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number, got {value}")
-    for name, value in cfg.options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"algorithm.{name} must be a finite number, got {value} ({cfg.algorithm})")
-    if cfg.seed < 0:
-        raise ConfigError(f"seed must be ≥ 0, got {cfg.seed}")
-    if cfg.test_imratio is not None and not 0 < cfg.test_imratio < 1:
-        raise ConfigError(f'data.test_imratio must lie in (0, 1), or be "none", got {cfg.test_imratio}')
-    if cfg.positive_classes is not None and len(cfg.positive_classes) == 0:
-        raise ConfigError(
-            "positive_classes is empty: name at least one class, or leave the key out for the default "
-            "(the upper half of the classes)"
-        )
-    if cfg.engine != "distributed" and str(cfg.clients_per_rank) != "1":
-        raise ConfigError(
-            f"clients_per_rank = {cfg.clients_per_rank!r} applies to engine = 'distributed' only "
-            f"(engine is {cfg.engine!r}); drop it"
-        )
+        message = qualify(str(e), dict.fromkeys(cfg.options, table_name))
+        return [f"{message} ({cfg.algorithm})"]
+    return []
 
 
 def check_data_dir(cfg: RunConfig) -> None:
@@ -254,38 +168,23 @@ def check_device(device: str) -> None:
         raise ConfigError(f"device {device!r}: only cpu, cuda and mps are supported")
 
 
-def check_pretrain(cfg: RunConfig) -> CheckedConfig:
-    """Check the first stage as a run of its own; messages name ``pretrain.KEY``."""
+def pretrain_errors(cfg: RunConfig, thorough: bool = False) -> list[str]:
+    """The first stage checked as a run of its own; messages name ``pretrain.KEY``."""
     if not isinstance(cfg.pretrain, Mapping):
-        raise ConfigError(f"pretrain must be a dict of settings or None, got {cfg.pretrain!r}")
-    unknown = set(cfg.pretrain) - set(STAGE_KEYS)
+        return [f"pretrain must be a dict of settings or None, got {cfg.pretrain!r}"]
     name = cfg.pretrain.get("algorithm", PRETRAIN_ALGORITHM)
-    check_stage_algorithm(name)
+    try:
+        check_stage_algorithm(name)
+    except ConfigError as e:
+        return [str(e)]
+    unknown = set(cfg.pretrain) - set(STAGE_KEYS)
     unknown -= set(table("algorithms")[stage_algorithm(name)]["hyperparameters"])
     if unknown:
-        raise ConfigError(
-            f"unknown pretrain key(s) {sorted(unknown)}; allowed: {[*STAGE_KEYS]} and hyperparameters"
-        )
+        return [f"unknown pretrain key(s) {sorted(unknown)}; allowed: {[*STAGE_KEYS]} and hyperparameters"]
     if name == CENTRALIZED and cfg.engine == "distributed":
-        raise ConfigError(
-            "pretrain.algorithm: 'centralized' runs in one process; use engine loop, vmap or compile"
-        )
-    stage, names = pretrain_config(cfg), dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
-    try:
-        checked = check(stage)
-    except ConfigError as e:
-        raise ConfigError(qualify(str(e), names)) from None
-    if not stage.options:  # the defaults pass the algorithm's own checks
-        return checked
-    from fedxrisk.algorithms import ALGORITHMS  # torch from here on
-
-    try:  # the algorithm's own range checks, before any data is loaded
-        ALGORITHMS[stage.algorithm](None, **stage.options)  # type: ignore[arg-type]
-    except ValueError as e:
-        raise ConfigError(f"{qualify(str(e), names)} ({stage.algorithm})") from None
-    except Exception:  # the constructor needs a real problem: checked when the stage is built
-        pass
-    return checked
+        return ["pretrain.algorithm: 'centralized' runs in one process; use engine loop, vmap or compile"]
+    names = dict.fromkeys([*STAGE_KEYS, *cfg.pretrain], "pretrain")
+    return [qualify(m, names) for m in _messages(pretrain_config(cfg), thorough, "pretrain")]
 
 
 def qualify(message: str, sections: Mapping[str, str]) -> str:
@@ -299,19 +198,3 @@ def qualify(message: str, sections: Mapping[str, str]) -> str:
         value, sep, tail = rest.partition(";")
         return f"{unknown}{name}{value} ({sections[name]}.{name}){sep}{tail}"
     return f"{sections[name]}.{name}{rest}"
-
-
-def check_hyperparameters(cfg: RunConfig) -> None:
-    """Let the algorithm's own ``__post_init__`` range checks run now, before any data is loaded
-    (this loads torch; with no options set there is nothing to check)."""
-    if not cfg.options:
-        return
-    from fedxrisk.algorithms import ALGORITHMS
-
-    try:
-        ALGORITHMS[cfg.algorithm](None, **cfg.options)  # type: ignore[arg-type]
-    except ValueError as e:
-        message = qualify(str(e), dict.fromkeys(cfg.options, "algorithm"))
-        raise ConfigError(f"{message} ({cfg.algorithm})") from e
-    except Exception:  # the constructor needs a real problem: checked when the run is built
-        pass

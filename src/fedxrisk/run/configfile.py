@@ -1,52 +1,45 @@
 """Experiment configs as TOML: sections ↔ :class:`~fedxrisk.run.spec.RunConfig`, validated up front.
 
-A config file has these sections; every key is optional (missing keys keep
-:class:`RunConfig`'s defaults)::
-
-    [experiment]  seed, rounds, eval_every, checkpoint_every, tensorboard,
-                  selection, monitor, early_stopping (run/callbacks.py)
-    [data]        dataset, imratio, partition, clients, dirichlet_alpha,
-                  positive_classes, batch_size, allow_missing_class,
-                  stream, workers, memory_budget, on_bad_file (data/stream.py),
-                  num_samples, positives_per_batch, validation (data/validation.py)
-    [model]       model, buffer_policy, init_from, reset_head
-    [algorithm]   algorithm, lr, local_steps, stages, lr_decay, window_growth,
-                  pos_ratio_mode, and the algorithm's own hyperparameters
-                  (see ``fedxrisk list``), e.g. eta_g, prox
-    [engine]      engine, device
-    [pretrain]    optional first stage (fedxrisk.run.recipes): algorithm, rounds, lr, …
-    [privacy]     optional differential privacy (fedxrisk.run.privacy): level, clip, …
+A config file has the tables ``[experiment]``, ``[data]``, ``[model]``, ``[algorithm]`` (which
+also takes the algorithm's own hyperparameters, see ``fedxrisk list``) and ``[engine]``; which key
+goes in which is declared on :class:`RunConfig`'s fields (``section``, run/spec.py) and
+:data:`SECTIONS` is read from them. ``[pretrain]`` is an optional first stage
+(:mod:`fedxrisk.run.recipes`), ``[privacy]`` optional differential privacy
+(:mod:`fedxrisk.run.privacy`). Every key is optional (missing keys keep the defaults).
 
 TOML has no null: the string ``"none"`` sets a key that accepts None (e.g.
 ``imratio = "none"`` keeps the dataset's own class ratio). ``summary.json``
 (its flat ``config`` object) is accepted wherever a config file is.
 
-Every check raises :class:`~fedxrisk.errors.ConfigError` with one message
-that names the key (``section.key``) and what is allowed.
+Every error is a :class:`~fedxrisk.errors.ConfigError` with one message that names the key
+(``section.key``) and what is allowed; :func:`read_sections` collects all of them,
+:func:`config_from_sections` raises the first.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
-import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from fedxrisk import catalog
 from fedxrisk.errors import ConfigError
-from fedxrisk.run.checks import check, check_hyperparameters, qualify
+from fedxrisk.run import checks
 from fedxrisk.run.configtypes import MISMATCH, NONE, check_value, coerce, hyperparameter_types, unknown_key
 from fedxrisk.run.names import resolve
+from fedxrisk.run.privacy import DEFAULTS as PRIVACY_DEFAULTS
 from fedxrisk.run.privacy import privacy_from_table
 from fedxrisk.run.spec import (
     PRETRAIN_ALGORITHM,
+    SECTION_ORDER,
     STAGE_KEYS,
     RunConfig,
     check_stage_algorithm,
+    non_default,
+    settings,
     stage_algorithm,
 )
 
@@ -55,99 +48,120 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-# Keys named here that RunConfig lacks (fields other work may add) are simply skipped.
-_EXPERIMENT = ("seed", "rounds", "eval_every", "checkpoint_every", "tensorboard", "selection", "monitor")
-_DATA = (
-    "dataset", "data_dir", "imratio", "partition", "clients", "dirichlet_alpha", "positive_classes", "test_imratio",
-)  # fmt: skip
-_READING = ("stream", "workers", "memory_budget", "eval_batch_size", "on_bad_file", "validation",
-            "image_size", "normalize", "augment", "cache")  # fmt: skip
+# Each section's keys, in RunConfig's field order: read from the fields' ``section`` (run/spec.py).
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "experiment": (*_EXPERIMENT, "early_stopping"),
-    "data": (
-        *_DATA,
-        "batch_size",
-        "allow_missing_class",
-        "feature_shift",
-        "num_samples",
-        "positives_per_batch",
-        *_READING,
-    ),  # fmt: skip
-    "model": ("model", "buffer_policy", "init_from", "reset_head"),
-    "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),
-    "engine": ("engine", "device", "clients_per_rank", "dist_timeout"),
+    section: tuple(s.name for s in settings().values() if s.section == section) for section in SECTION_ORDER
 }
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
 PRIVACY, NESTED = "privacy", (PRETRAIN, "privacy")  # sections kept as one dict field of RunConfig
 
 
 def _fields() -> dict[str, Any]:
-    """RunConfig field name → type hint (``options`` excluded)."""
-    hints = typing.get_type_hints(RunConfig)
-    return {
-        f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if f.name not in ("options", *NESTED)
-    }
+    """RunConfig field name → type hint, for the fields a section holds (``options`` excluded)."""
+    return {s.name: s.hint for s in settings().values() if s.section is not None}
 
 
 def section_keys(section: str) -> tuple[str, ...]:
     """The RunConfig fields a section holds (``[algorithm]`` also takes hyperparameters)."""
-    fields = _fields()
-    return tuple(k for k in SECTIONS[section] if k in fields)
+    return SECTIONS[section]
 
 
 def section_of(key: str) -> str:
     for section in SECTIONS:
         if key in section_keys(section):
             return section
-    raise KeyError(
-        f"RunConfig field {key!r} has no config section; add it to fedxrisk.run.configfile.SECTIONS"
-    )
+    raise KeyError(f"RunConfig field {key!r} has no config section; give it one in run/spec.py")
 
 
 # -- sections ↔ RunConfig ------------------------------------------------------
 def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
-    """Build and validate a RunConfig from a sectioned dict (a parsed TOML file)."""
+    """Build and validate a RunConfig from a sectioned dict (a parsed TOML file); the first error
+    raised (:func:`read_sections` gives them all)."""
+    cfg, errors = read_sections(doc)
+    if errors:
+        more = f" (and {len(errors) - 1} more: `fedxrisk check` lists them)" if len(errors) > 1 else ""
+        raise ConfigError(f"{errors[0]}{more}")
+    return cfg
+
+
+def read_sections(doc: Mapping[str, Any], thorough: bool = False) -> tuple[RunConfig, list[ConfigError]]:
+    """The RunConfig a sectioned dict describes and every error in it: unknown keys, wrong types
+    (such a value keeps its default), then :func:`~fedxrisk.run.checks.check` of the rest."""
     values: dict[str, Any] = {}
+    errors: list[ConfigError] = []
     fields = _fields()
+
+    def collect(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except ConfigError as e:
+            errors.append(e)
+            return MISMATCH
+
     for section, table in doc.items():
         if section in NESTED and table is not None:
-            values[section] = (pretrain_from_table if section == PRETRAIN else privacy_from_table)(table)
-            continue
-        if section not in SECTIONS:
-            if section in fields:
-                raise ConfigError(
-                    f"{section!r} belongs in [{section_of(section)}], as {section_of(section)}.{section}"
-                )
-            raise unknown_key(section, SECTIONS, "a config file")
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"[{section}] must be a table of keys, got {table!r}")
-        for key, value in table.items():
-            if key in section_keys(section):
-                values[key] = check_value(f"{section}.{key}", value, fields[key])
-            elif section != "algorithm":
-                raise unknown_key(f"{section}.{key}", section_keys(section), f"[{section}]")
+            parse = pretrain_from_table if section == PRETRAIN else privacy_from_table
+            value = collect(lambda p=parse, t=table: p(t))
+            if value is not MISMATCH:
+                values[section] = value
+        elif section not in SECTIONS:
+            collect(lambda s=section: _unknown_section(s, fields))
+        elif not isinstance(table, Mapping):
+            errors.append(ConfigError(f"[{section}] must be a table of keys, got {table!r}"))
+        else:
+            for key, value in table.items():
+                if key in section_keys(section):
+                    out = collect(lambda k=key, v=value, s=section: check_value(f"{s}.{k}", v, fields[k]))
+                    if out is not MISMATCH:
+                        values[key] = out
+                elif section != "algorithm":
+                    errors.append(unknown_key(f"{section}.{key}", section_keys(section), f"[{section}]"))
     rounds = values.get("rounds", RunConfig.rounds)
     if "stages" not in values and 1 <= rounds < RunConfig.stages:  # --rounds 2: one stage per round
         values["stages"] = rounds
-    algorithm = values["algorithm"] = resolve(  # "CODA+" → codaplus: the key is what gets recorded
-        values.get("algorithm", RunConfig.algorithm), catalog.table("algorithms"), "algorithm.algorithm"
+    algorithm = collect(  # "CODA+" → codaplus: the key is what gets recorded
+        lambda: resolve(
+            values.get("algorithm", RunConfig.algorithm), catalog.table("algorithms"), "algorithm.algorithm"
+        )
     )
+    options: dict[str, Any] = {}
+    if algorithm is not MISMATCH:
+        values["algorithm"] = algorithm
+        options = _options(algorithm, doc.get("algorithm", {}), collect, errors)
+    cfg = RunConfig(**values, options=options)
+    seen = {str(e) for e in errors}
+    for e in checks.check(cfg, thorough):
+        unknown_algorithm = algorithm is MISMATCH and str(e).startswith("unknown algorithm")
+        if str(e) not in seen and not unknown_algorithm:  # resolve() said it, with a "did you mean"
+            errors.append(e)
+    return cfg, errors
+
+
+def _options(algorithm: str, table: Any, collect: Callable[..., Any], errors: list[ConfigError]) -> dict:
+    """The algorithm's hyperparameters of an ``[algorithm]`` table, type-checked; errors collected."""
+    options: dict[str, Any] = {}
     hparams = hyperparameter_types(algorithm)
-    options = {}
-    for key, value in doc.get("algorithm", {}).items():
+    for key, value in table.items() if isinstance(table, Mapping) else ():
         if key in section_keys("algorithm"):
             continue
         if key not in hparams:
             allowed = [*section_keys("algorithm"), *hparams]
-            raise unknown_key(f"algorithm.{key}", allowed, f"[algorithm] with algorithm = {algorithm!r}")
-        options[key] = check_value(f"algorithm.{key}", value, hparams[key])
-    cfg = RunConfig(**values, options=options)
-    try:
-        check(cfg)
-    except ConfigError as e:
-        raise ConfigError(qualify(str(e), {k: section_of(k) for k in fields})) from None
-    check_hyperparameters(cfg)
-    return cfg
+            errors.append(
+                unknown_key(f"algorithm.{key}", allowed, f"[algorithm] with algorithm = {algorithm!r}")
+            )
+            continue
+        out = collect(lambda k=key, v=value: check_value(f"algorithm.{k}", v, hparams[k]))
+        if out is not MISMATCH:
+            options[key] = out
+    return options
+
+
+def _unknown_section(section: str, fields: Mapping[str, Any]) -> None:
+    if section in fields:
+        raise ConfigError(
+            f"{section!r} belongs in [{section_of(section)}], as {section_of(section)}.{section}"
+        )
+    raise unknown_key(section, SECTIONS, "a config file")
 
 
 def pretrain_from_table(table: Any) -> dict[str, Any]:
@@ -312,6 +326,22 @@ def dumps_toml(doc: Mapping[str, Mapping[str, Any]], header: str = "") -> str:
     for section, table in doc.items():
         lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def changed_settings(cfg: RunConfig) -> list[str]:
+    """``section.key = value`` for every setting of ``cfg`` that differs from its default, the
+    algorithm's hyperparameters and the ``[pretrain]`` / ``[privacy]`` keys included."""
+    lines = []
+    for name, value in non_default(cfg).items():
+        if name == "options" or name in NESTED:
+            table = "algorithm" if name == "options" else name
+            unset = PRIVACY_DEFAULTS if name == PRIVACY else {}  # [privacy]'s defaults are filled in
+            lines += [
+                f"{table}.{k} = {_toml_value(v)}" for k, v in value.items() if k not in unset or unset[k] != v
+            ]
+        else:
+            lines.append(f"{section_of(name)}.{name} = {_toml_value(value)}")
+    return lines
 
 
 def config_to_toml(cfg: RunConfig, header: str = "") -> str:

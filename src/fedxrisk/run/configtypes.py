@@ -4,6 +4,7 @@ hyperparameter types (read from the catalogue, so that a wrong type is reported 
 from __future__ import annotations
 
 import difflib
+import numbers
 import types
 import typing
 from collections.abc import Iterable
@@ -56,10 +57,10 @@ def coerce(value: Any, hint: Any) -> Any:
         return MISMATCH if any(i is MISMATCH for i in items) else items
     if hint is bool:
         return value if isinstance(value, bool) else MISMATCH
-    if hint is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else MISMATCH
+    if hint is int:  # numbers.Integral: a NumPy integer from a search too
+        return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else MISMATCH
     if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return float(value)
         return MISMATCH
     if hint is str:

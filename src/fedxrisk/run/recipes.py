@@ -1,7 +1,7 @@
 """Recipes: a whole run, composed of check → build → train; one stage, two stages, resume.
 
 :func:`run_experiment` and :func:`resume_experiment` are the public entries;
-the config is checked once (:func:`fedxrisk.run.checks.check`) and the checked
+the config is checked once (:func:`fedxrisk.run.checks.checked`) and the checked
 value travels to every build. Nothing in the package below this module imports it.
 
 Two-stage runs: a ``[pretrain]`` stage, then the main (AUC) stage from its model.
@@ -40,9 +40,10 @@ from typing import Any
 
 from fedxrisk.engines.distributed import launched_rank
 from fedxrisk.errors import ConfigError
+from fedxrisk.run import checks
 from fedxrisk.run.build import Setup, build
 from fedxrisk.run.callbacks import Callback, ProgressFn, default_callbacks
-from fedxrisk.run.checks import CheckedConfig, check
+from fedxrisk.run.checks import CheckedConfig
 from fedxrisk.run.folder import (
     CHECKPOINT,
     PRETRAIN_DIR,
@@ -76,7 +77,7 @@ def run_experiment(
     :class:`NonFiniteLoss` is raised. ``callback(row or {}, rounds done, total)`` reports
     progress; ``callbacks`` (:class:`~fedxrisk.run.callbacks.Callback`) hook into the loop.
     """
-    checked = check(cfg)
+    checked = checks.checked(cfg)
     out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
     if launched_rank() == 0:  # before the data is loaded: a bad --out fails fast
         check_out_dir(out)
@@ -128,7 +129,7 @@ def resume_experiment(
     if overrides:
         cfg = resume_overrides(cfg, overrides)
         write_config(out, cfg)
-    checked = check(cfg)
+    checked = checks.checked(cfg)
     if cfg.pretrain is not None:
         return resume_two_stage(checked, out, ckpt, callback, callbacks)
     setup = build(checked, privacy_ledger=ckpt.get("privacy_ledger") if ckpt else None)
@@ -217,7 +218,7 @@ def extend_experiment(
             stacklevel=2,
         )
     cfg = replace_rounds(cfg, rounds)
-    checked = check(cfg)
+    checked = checks.checked(cfg)
     if cfg.privacy is not None and "privacy_ledger" not in ckpt:
         raise ConfigError(f"{out} kept no DP ledger (run before issue 30): its ε cannot be extended")
     setup = build(checked, privacy_ledger=ckpt.get("privacy_ledger"))
@@ -304,7 +305,7 @@ def run_two_stage(
 
     Both stages are built (data loaded, ``init_from`` read) before anything is written.
     """
-    checked = check(cfg)
+    checked = checks.checked(cfg)
     first = checked.pretrain
     assert first is not None, "run_two_stage needs a config with [pretrain]"
     main = build(checked)  # loads the main stage's data
@@ -329,7 +330,7 @@ def resume_two_stage(
     callbacks: Sequence[Callback] = (),
 ) -> RunResult:
     """Continue a killed two-stage run: finish stage 1 if needed, then the main stage."""
-    checked = check(cfg)
+    checked = checks.checked(cfg)
     folder = out / PRETRAIN_DIR
     stage1 = None
     if ckpt is None and not (folder / "summary.json").exists():

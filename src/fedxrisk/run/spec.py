@@ -1,82 +1,200 @@
 """What defines a run (:class:`RunConfig`) and its optional first stage, without importing torch.
 
-The bottom of the run layer: pure data, so that the command line can show its
-defaults and reject bad arguments in a fraction of a second; default step sizes
-and windows come from the catalogue (:mod:`fedxrisk.catalog`), which is the live
-algorithm registry once that is loaded. :func:`pretrain_config` derives a two-stage run's first
-stage (``[pretrain]``, see :mod:`fedxrisk.run.recipes`).
+The bottom of the run layer and the one schema of a run: every setting is a
+:class:`RunConfig` field declared with :func:`setting`, which records its default,
+its config-file section, its help text and its command-line flag. The config
+file's sections (:mod:`fedxrisk.run.configfile`), the flags of ``fedxrisk run``
+(:mod:`fedxrisk.cli.flags`) and ``fedxrisk check`` are read from these fields
+(:func:`settings`). Default step sizes and windows come from the catalogue
+(:mod:`fedxrisk.catalog`), which is the live algorithm registry once that is
+loaded. :func:`pretrain_config` derives a two-stage run's first stage
+(``[pretrain]``, see :mod:`fedxrisk.run.recipes`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+import functools
+import typing
+from dataclasses import MISSING, dataclass, field
+from typing import Any, NamedTuple
 
 from fedxrisk.catalog import algorithm  # registry facts without torch
 from fedxrisk.engines.launch import DEFAULT_TIMEOUT  # the engine owns it; torch-free
 from fedxrisk.errors import ConfigError  # noqa: F401  (re-exported)
 
 DEFAULT_LOCAL_STEPS = 8
+# the config file's tables, in the order a config file lists them; RunConfig's fields follow it
+SECTION_ORDER = ("experiment", "data", "model", "algorithm", "engine")
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    section: str | None,
+    help: str,  # noqa: A002  (click's word for it)
+    flag: str | None = None,
+    short: str | None = None,
+    factory: Any = MISSING,
+) -> Any:
+    """A :class:`RunConfig` field: its default, the config table it is written in (``None``: a table
+    of its own), a one-line help text and its ``fedxrisk run`` flag (``None``: ``--set`` only)."""
+    meta = {"section": section, "help": help, "flag": flag, "short": short}
+    return field(default=default, default_factory=factory, metadata=meta)
 
 
 @dataclass
 class RunConfig:
-    """Everything that defines a run. ``options`` holds the algorithm's hyperparameters."""
+    """Everything that defines a run, one field per setting (see :func:`setting`); ``options`` holds
+    the algorithm's hyperparameters, ``pretrain`` and ``privacy`` their own tables."""
 
-    algorithm: str = "codasca"
-    dataset: str = "digits"
-    clients: int = 8
-    imratio: float | None = 0.1
-    test_imratio: float | None = None  # None: the test set's own prevalence
-    partition: str = "class"
-    dirichlet_alpha: float = 0.5
-    positive_classes: list[int | str] | None = None  # class ids or names
-    model: str = "mlp"
-    rounds: int = 100
-    local_steps: int | None = None  # None: the algorithm's fixed window, else 8
-    batch_size: int = 32
-    lr: float | None = None  # None: the algorithm's default_lr
-    stages: int = 3
-    lr_decay: float = 3.0
-    window_growth: float = 1.0
-    seed: int = 0
-    engine: str = "vmap"
-    device: str = "cpu"
-    eval_every: int = 5
-    buffer_policy: str = "average"
-    pos_ratio_mode: str = "global"
-    allow_missing_class: bool = False
-    feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
-    data_dir: str | None = None  # folder read by file datasets (cifar10, chexpert, …)
-    num_samples: int | None = None  # size of a generated dataset (mnist1d, synthetic); None: its default
-    positives_per_batch: int = 0  # > 0: class-aware batches for any algorithm (fedxrisk.classaware)
-    stream: bool | str = "auto"  # file datasets: decode from disk while training (data/stream.py)
-    workers: int | None = None  # decoding worker processes when streaming; None: half the cores
-    memory_budget: int | str | None = None  # "auto" streams above it, e.g. "4GB"; None: ¼ of RAM
-    image_size: int | None = None  # image datasets: resize to S×S; None: the reader's default (32 or 224)
-    normalize: str | dict | None = (
-        None  # images: "none", "imagenet" or {mean = [...], std = [...]} per channel
+    # [experiment]
+    seed: int = setting(
+        0, section="experiment", help="seed of the data split, model and sampling", flag="--seed"
     )
-    augment: str = "none"  # training images: "none", "flip" or "crop_flip" (data/augment.py)
-    eval_batch_size: int | None = None  # samples per evaluation forward pass; None: from memory_budget
-    on_bad_file: str = "error"  # an undecodable file met while streaming: "error" or "skip"
-    cache: bool | str = (
-        False  # streamed images: decode once into a file; true: the user cache folder, or a path
+    rounds: int = setting(100, section="experiment", help="communication rounds", flag="--rounds")
+    eval_every: int = setting(5, section="experiment", help="rounds between evaluations", flag="--eval-every")
+    checkpoint_every: int = setting(
+        10, section="experiment", help="rounds between checkpoints (0: none)", flag="--checkpoint-every"
     )
-    clients_per_rank: int | str = 1  # distributed engine: clients held by each rank, or "auto"
-    dist_timeout: float = DEFAULT_TIMEOUT  # distributed engine: seconds before a collective fails
-    checkpoint_every: int = 10  # rounds between checkpoints; 0: none
-    validation: float | str = 0.0  # per-client validation: a fraction, "official" or "auto"; 0: none
-    selection: str = "last"  # model.pt: "last" (the final model) or "best" (best validation evaluation)
-    monitor: str | None = None  # the val_* column selection and early stopping follow; None: the algorithm's
-    early_stopping: int = 0  # stop after this many evaluations without improvement; 0: off
-    tensorboard: bool = True  # write TensorBoard events when tensorboard is installed
-    init_from: str | None = None  # start from a run folder's model.pt or a state dict file (run/weights.py)
-    reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
-    pretrain: dict[str, Any] | None = None  # a first stage's settings (run/recipes.py); None: one stage
-    privacy: dict[str, Any] | None = None  # [privacy]: differential privacy (run/privacy.py); None: off
-    options: dict[str, Any] = field(default_factory=dict)
+    tensorboard: bool = setting(True, section="experiment", help="write TensorBoard events when installed")
+    selection: str = setting(
+        "last",
+        section="experiment",
+        help='model.pt: "last" (the final model) or "best" (best validation evaluation)',
+    )
+    monitor: str | None = setting(
+        None,
+        section="experiment",
+        help="the val_* column selection and early stopping follow; none: the algorithm's",
+    )
+    early_stopping: int = setting(
+        0, section="experiment", help="stop after this many evaluations without improvement (0: off)"
+    )
+    # [data]
+    dataset: str = setting("digits", section="data", help="see `fedxrisk list`", flag="--dataset")
+    data_dir: str | None = setting(
+        None, section="data", help="folder of a file dataset (see docs/data.md)", flag="--data-dir"
+    )
+    imratio: float | None = setting(
+        0.1, section="data", flag="--imratio",
+        help="positive ratio kept in training data; 'none' keeps the data's own (multi-label, natural sets)",
+    )  # fmt: skip
+    partition: str = setting("class", section="data", help="see `fedxrisk list`", flag="--partition")
+    clients: int = setting(8, section="data", help="clients K", flag="--clients", short="-K")
+    dirichlet_alpha: float = setting(
+        0.5, section="data", help="concentration of the dirichlet partition", flag="--dirichlet-alpha"
+    )
+    positive_classes: list[int | str] | None = setting(
+        None, section="data", help="class ids or names of the positive class; none: the upper half"
+    )
+    test_imratio: float | None = setting(
+        None, section="data", help="positive ratio of the test set; none: the test set's own prevalence"
+    )
+    batch_size: int = setting(32, section="data", help="samples per local step", flag="--batch-size")
+    allow_missing_class: bool = setting(
+        False, section="data", help="train even if a client lacks a class", flag="--allow-missing-class"
+    )
+    feature_shift: bool = setting(
+        False, section="data", flag="--feature-shift",
+        help="FeDXL heterogeneity: per-client Gaussian feature shift (data/shift.py)",
+    )  # fmt: skip
+    num_samples: int | None = setting(
+        None, section="data", help="size of a generated dataset (mnist1d, synthetic); none: its default"
+    )
+    positives_per_batch: int = setting(
+        0, section="data", help="> 0: class-aware batches with this many positives, for any algorithm"
+    )
+    stream: bool | str = setting(
+        "auto", section="data", help="file datasets: decode from disk while training (true, false, auto)"
+    )
+    workers: int | None = setting(
+        None, section="data", help="decoding worker processes when streaming; none: half the cores"
+    )
+    memory_budget: int | str | None = setting(
+        None, section="data", help='"auto" streams above it, e.g. "4GB"; none: a quarter of the RAM'
+    )
+    eval_batch_size: int | None = setting(
+        None, section="data", help="samples per evaluation forward pass; none: from memory_budget"
+    )
+    on_bad_file: str = setting(
+        "error", section="data", help='an undecodable file met while streaming: "error" or "skip"'
+    )
+    validation: float | str = setting(
+        0.0, section="data", help='per-client validation: a fraction, "official" or "auto"; 0: none'
+    )
+    image_size: int | None = setting(
+        None, section="data", help="image datasets: resize to S×S; none: the reader's default (32 or 224)"
+    )
+    normalize: str | dict | None = setting(
+        None, section="data", help='images: "none", "imagenet" or {mean = [...], std = [...]} per channel'
+    )
+    augment: str = setting(
+        "none", section="data", help='training images: "none", "flip" or "crop_flip" (data/augment.py)'
+    )
+    cache: bool | str = setting(
+        False,
+        section="data",
+        help="streamed images: decode once into a file; true: the user cache, or a path",
+    )
+    # [model]
+    model: str = setting("mlp", section="model", help="see `fedxrisk list`", flag="--model")
+    buffer_policy: str = setting(
+        "average", section="model", help="BatchNorm statistics: average | local", flag="--buffer-policy"
+    )
+    init_from: str | None = setting(
+        None, section="model", flag="--init-from",
+        help="start from a run folder's model.pt or a PyTorch state dict (two-stage: the first stage)",
+    )  # fmt: skip
+    reset_head: bool = setting(
+        False,
+        section="model",
+        help="re-initialise the classifier head after --init-from",
+        flag="--reset-head",
+    )
+    # [algorithm]
+    algorithm: str = setting("codasca", section="algorithm", help="see `fedxrisk list`", flag="--algorithm")
+    lr: float | None = setting(
+        None,
+        section="algorithm",
+        help="step size (default: the algorithm's, see `fedxrisk list`)",
+        flag="--lr",
+    )
+    local_steps: int | None = setting(
+        None, section="algorithm", flag="--local-steps", short="-I",
+        help=f"window I; none: the algorithm's fixed window, else {DEFAULT_LOCAL_STEPS}",
+    )  # fmt: skip
+    stages: int = setting(3, section="algorithm", help="lr ÷ lr-decay per stage", flag="--stages")
+    lr_decay: float = setting(3.0, section="algorithm", help="step size divisor per stage", flag="--lr-decay")
+    window_growth: float = setting(1.0, section="algorithm", help="window multiplier per stage")
+    pos_ratio_mode: str = setting(
+        "global", section="algorithm", help="global | local | batch", flag="--pos-ratio"
+    )
+    # [engine]
+    engine: str = setting(
+        "vmap", section="engine", help="loop | vmap | compile | auto | distributed", flag="--engine"
+    )
+    device: str = setting(
+        "cpu", section="engine", help="torch device: cpu, cuda, cuda:N, mps", flag="--device"
+    )
+    clients_per_rank: int | str = setting(
+        1, section="engine", flag="--clients-per-rank",
+        help="distributed: clients per rank (WORLD_SIZE × this = --clients), or 'auto'",
+    )  # fmt: skip
+    dist_timeout: float = setting(
+        DEFAULT_TIMEOUT, section="engine", help="distributed: seconds before a collective fails",
+        flag="--dist-timeout",
+    )  # fmt: skip
+    # tables of their own
+    pretrain: dict[str, Any] | None = setting(
+        None, section=None, help="[pretrain]: a first stage's settings (run/recipes.py); none: one stage"
+    )
+    privacy: dict[str, Any] | None = setting(
+        None, section=None, help="[privacy]: differential privacy (run/privacy.py); none: off"
+    )
+    options: dict[str, Any] = setting(
+        section=None, factory=dict, help="[algorithm]: the algorithm's hyperparameters (`fedxrisk list`)"
+    )
 
     def resolved_local_steps(self) -> int:
         fixed = (algorithm(self.algorithm) or {}).get("window")
@@ -100,6 +218,39 @@ class RunConfig:
         if out["privacy"] is None:  # summaries of runs without DP stay as they were
             del out["privacy"]
         return out
+
+
+class Setting(NamedTuple):
+    """One run setting as :func:`setting` declared it."""
+
+    name: str
+    default: Any
+    hint: Any  # the field's type hint
+    section: str | None  # its config-file table; None: a table of its own (pretrain, privacy, options)
+    help: str
+    flag: str | None  # `fedxrisk run`'s flag; None: --set only
+    short: str | None
+
+
+def settings() -> dict[str, Setting]:
+    """Every run setting, in field order: the schema the config file, the flags and the checks read."""
+    return dict(_settings())
+
+
+@functools.cache
+def _settings() -> dict[str, Setting]:
+    hints = typing.get_type_hints(RunConfig)
+    out = {}
+    for f in dataclasses.fields(RunConfig):
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        m = f.metadata
+        out[f.name] = Setting(f.name, default, hints[f.name], m["section"], m["help"], m["flag"], m["short"])
+    return out
+
+
+def non_default(cfg: RunConfig) -> dict[str, Any]:
+    """The settings of ``cfg`` that differ from their defaults (``fedxrisk check`` prints them)."""
+    return {n: getattr(cfg, n) for n, s in settings().items() if getattr(cfg, n) != s.default}
 
 
 PRETRAIN_ALGORITHM = "localsgdm"  # cross-entropy FedAvg with local momentum

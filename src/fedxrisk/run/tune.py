@@ -197,9 +197,9 @@ def tune(
 
     out = Path(out)
     base = tune_config(cfg, settings.monitor)
-    from fedxrisk.run.checks import check
+    from fedxrisk.run.checks import checked
 
-    check(base)  # a bad base config (or monitor) fails here, not in every trial
+    checked(base)  # a bad base config (or monitor) fails here, not in every trial
     monitor = base.resolved_monitor()
     name = settings.study_name or study_name(cfg)
     info = {"algorithm": cfg.algorithm, "study": name, "dataset": cfg.dataset, "monitor": monitor, "trials": settings.trials,

@@ -1,0 +1,53 @@
+"""``fedxrisk check``: every error of a config at once, or "ok" and what it changes."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fedxrisk.cli.common import ConfigError, config_errors, main
+
+
+@main.command()
+@click.argument("config_file", metavar="[CONFIG]", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="override one config key, as `fedxrisk run --set` (repeatable; applied last)",
+)
+def check(config_file: str | None, overrides: tuple[str, ...]) -> None:
+    """Check a config (TOML, or a run's config.toml / summary.json) without running it.
+
+    Prints every error, one line each, and exits with status 2; else prints "ok" and the
+    settings that differ from the defaults, and exits 0. The algorithm's own checks of its
+    hyperparameters and step sizes run too (they load torch); a file dataset's data_dir is
+    checked on this machine.
+    """
+    from fedxrisk.run.checks import check_data_dir
+    from fedxrisk.run.configfile import apply_override, changed_settings, read_config_file, read_sections
+    from fedxrisk.textsafe import printable
+
+    errors: list[ConfigError] = []
+    with config_errors():  # a file that cannot be read at all: one line, exit 2
+        doc = read_config_file(config_file) if config_file is not None else {}
+    for text in overrides:
+        try:
+            apply_override(doc, text)
+        except ConfigError as e:
+            errors.append(e)
+    cfg, found = read_sections(doc, thorough=True)
+    errors += found
+    try:
+        check_data_dir(cfg)
+    except ConfigError as e:
+        errors.append(e)
+    if errors:
+        for e in errors:
+            click.echo(f"Error: {printable(str(e))}", err=True)
+        sys.exit(2)
+    click.echo("ok")
+    for line in changed_settings(cfg):
+        click.echo(printable(line))

@@ -1,0 +1,237 @@
+"""The rules of a run's settings, one function each: ``rule(cfg)`` raises one :class:`ConfigError`
+(one line, naming the setting without its section) or returns. :data:`CHECKS` reads only the config
+and the catalogue; :data:`ALGORITHM_CHECKS` need a registered algorithm. :mod:`fedxrisk.run.checks`
+runs every rule and collects the errors; no torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from fedxrisk.catalog import table
+from fedxrisk.engines.launch import check_launch
+from fedxrisk.errors import ConfigError
+from fedxrisk.run.privacy import check_privacy
+from fedxrisk.run.spec import RunConfig
+
+
+def _choice(name: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of {sorted(allowed)}")
+
+
+def _at_least(name: str, low: int) -> Callable[[RunConfig], None]:
+    def one(cfg: RunConfig) -> None:
+        if getattr(cfg, name) < low:
+            raise ConfigError(f"{name} must be ≥ {low}, got {getattr(cfg, name)}")
+
+    return one
+
+
+def _choice_of(name: str, key: str) -> Callable[[RunConfig], None]:
+    return lambda cfg: _choice(name, getattr(cfg, name), table(key))
+
+
+def _imratio(cfg: RunConfig) -> None:
+    if cfg.imratio is not None and not 0.0 < cfg.imratio < 1.0:
+        raise ConfigError(f"imratio must lie in (0, 1), got {cfg.imratio}")
+
+
+def _lr(cfg: RunConfig) -> None:
+    if cfg.lr is not None and cfg.lr <= 0:
+        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+
+
+def _checkpoint_every(cfg: RunConfig) -> None:
+    if cfg.checkpoint_every < 0:
+        raise ConfigError(f"checkpoint_every must be ≥ 0 (0: no checkpoints), got {cfg.checkpoint_every}")
+
+
+def _dirichlet_alpha(cfg: RunConfig) -> None:
+    if cfg.dirichlet_alpha <= 0:
+        raise ConfigError(f"dirichlet_alpha must be > 0, got {cfg.dirichlet_alpha}")
+
+
+SELECTIONS = ("last", "best")
+MONITORS = ("val_auroc", "val_ap", "val_pauc30_norm", "val_pauc50_norm")  # engines/validation.py VAL_KEYS
+
+
+def _validation(cfg: RunConfig) -> None:
+    """``validation`` is 0, a fraction in (0, 1), "official" or "auto"."""
+    v = cfg.validation
+    if isinstance(v, str) and v not in ("official", "auto"):
+        raise ConfigError(f"validation: expected a fraction in (0, 1), 'official' or 'auto', got {v!r}")
+    if not isinstance(v, str) and not (v == 0 or 0.0 < v < 1.0):
+        raise ConfigError(f"validation must be 0 (none) or a fraction in (0, 1), got {v}")
+
+
+def _selection(cfg: RunConfig) -> None:
+    """``selection``, ``monitor`` and ``early_stopping`` are known; the last two need validation data."""
+    _choice("selection", cfg.selection, SELECTIONS)
+    if cfg.monitor is not None:
+        _choice("monitor", cfg.monitor, MONITORS)
+    if cfg.early_stopping < 0:
+        raise ConfigError(f"early_stopping must be ≥ 0 (0: off), got {cfg.early_stopping}")
+    needs = (
+        "selection = 'best'" if cfg.selection == "best" else "early_stopping" if cfg.early_stopping else None
+    )
+    if needs and cfg.validation == 0:
+        raise ConfigError(f"{needs} chooses on validation data: set data.validation (e.g. 0.2 or 'auto')")
+
+
+def _stream(cfg: RunConfig) -> None:
+    from fedxrisk.data.stream_choice import MAX_WORKERS, ON_BAD_FILE, STREAM_CHOICES
+
+    if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
+        raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
+    if cfg.workers is not None and not 0 <= cfg.workers <= MAX_WORKERS:
+        raise ConfigError(
+            f"data.workers must be between 0 (decode in the training process) and {MAX_WORKERS}, got {cfg.workers}"
+        )
+    _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
+
+
+def _reading(cfg: RunConfig) -> None:
+    """Memory budget, evaluation batch, normalization and cache: the data layer's own parsers."""
+    from fedxrisk.data.preprocessing import IMAGE_DATASETS, normalization
+    from fedxrisk.data.stream_choice import check_cache, eval_batch_size, parse_bytes
+
+    try:
+        parse_bytes(cfg.memory_budget)
+        eval_batch_size((1,), 1, cfg.eval_batch_size)
+        normalization(cfg.normalize)
+        check_cache(cfg.cache, cfg.dataset, cfg.stream, IMAGE_DATASETS)
+    except ConfigError:
+        raise
+    except ValueError as e:  # the parsers' one-line refusals of a setting
+        raise ConfigError(str(e)) from None
+
+
+def _images(cfg: RunConfig) -> None:
+    from fedxrisk.data.preprocessing import AUGMENTATIONS, IMAGE_DATASETS
+
+    size = cfg.image_size
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 4096):
+        raise ConfigError(f"data.image_size must be an integer between 1 and 4096, got {size!r}")
+    _choice("data.augment", cfg.augment, AUGMENTATIONS)
+    images = size is not None or cfg.normalize not in (None, "none") or cfg.augment != "none"
+    if images and cfg.dataset not in IMAGE_DATASETS:
+        raise ConfigError(
+            f"data.image_size, data.normalize and data.augment apply to image datasets {list(IMAGE_DATASETS)}, not {cfg.dataset!r}"
+        )
+
+
+def _num_samples(cfg: RunConfig) -> None:
+    sized = table("sized_datasets")
+    if cfg.num_samples is not None and (cfg.dataset not in sized or cfg.num_samples < 100):
+        raise ConfigError(
+            f"num_samples sizes a generated dataset {list(sized)} and must be ≥ 100, "
+            f"got {cfg.num_samples} for {cfg.dataset!r}"
+        )
+
+
+FINITE = ("lr", "lr_decay", "window_growth", "dirichlet_alpha", "imratio", "dist_timeout")
+
+
+def _finite(name: str) -> Callable[[RunConfig], None]:
+    def one(cfg: RunConfig) -> None:
+        value = getattr(cfg, name, None)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+
+    return one
+
+
+def _seed(cfg: RunConfig) -> None:
+    if cfg.seed < 0:
+        raise ConfigError(f"seed must be ≥ 0, got {cfg.seed}")
+
+
+def _test_imratio(cfg: RunConfig) -> None:
+    if cfg.test_imratio is not None and not 0 < cfg.test_imratio < 1:
+        raise ConfigError(f'data.test_imratio must lie in (0, 1), or be "none", got {cfg.test_imratio}')
+
+
+def _positive_classes(cfg: RunConfig) -> None:
+    if cfg.positive_classes is not None and len(cfg.positive_classes) == 0:
+        raise ConfigError(
+            "positive_classes is empty: name at least one class, or leave the key out for the default "
+            "(the upper half of the classes)"
+        )
+
+
+def _clients_per_rank(cfg: RunConfig) -> None:
+    if cfg.engine != "distributed" and str(cfg.clients_per_rank) != "1":
+        raise ConfigError(
+            f"clients_per_rank = {cfg.clients_per_rank!r} applies to engine = 'distributed' only "
+            f"(engine is {cfg.engine!r}); drop it"
+        )
+
+
+def _launch(cfg: RunConfig) -> None:
+    if cfg.engine == "distributed":
+        try:
+            check_launch(cfg.clients, cfg.clients_per_rank, cfg.dist_timeout)
+        except ValueError as e:  # the launcher's refusal of the layout or the rendezvous variables
+            raise ConfigError(str(e)) from None
+
+
+CHECKS: tuple[Callable[[RunConfig], None], ...] = (
+    _choice_of("algorithm", "algorithms"),
+    *(_choice_of(name, key) for name, key in (
+        ("dataset", "datasets"), ("partition", "partitions"), ("model", "models"), ("engine", "engines"),
+        ("buffer_policy", "buffer_policies"), ("pos_ratio_mode", "pos_ratio_modes"))),
+    _imratio,
+    *(_at_least(name, 1) for name in ("clients", "rounds", "batch_size", "eval_every", "stages")),
+    _lr, _checkpoint_every, _stream, _reading, _images, _validation, _selection, _dirichlet_alpha,
+    *(_finite(name) for name in FINITE),
+    _seed, _test_imratio, _positive_classes, _clients_per_rank, _num_samples, _launch,
+)  # fmt: skip
+
+
+def _window(cfg: RunConfig) -> None:
+    steps, fixed = cfg.resolved_local_steps(), table("algorithms")[cfg.algorithm]["window"]
+    if fixed is not None and steps != fixed:
+        raise ConfigError(
+            f"{cfg.algorithm} communicates every {fixed} step(s); local_steps must be {fixed}, got {steps}"
+        )
+
+
+def _options(cfg: RunConfig) -> None:
+    """Option names the algorithm declares; ``positives_per_batch`` is a data setting but FeDXL's."""
+    known = table("algorithms")[cfg.algorithm]["hyperparameters"]
+    if "positives_per_batch" in cfg.options and "positives_per_batch" not in known:
+        raise ConfigError(
+            f"positives_per_batch is a data setting for {cfg.algorithm}: use data.positives_per_batch "
+            "(--set data.positives_per_batch=N); it works for every algorithm"
+        )
+    unknown = sorted(set(cfg.options) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {unknown} for {cfg.algorithm}; allowed: {sorted(known)}")
+    own, p = cfg.options.get("positives_per_batch"), cfg.positives_per_batch
+    if p and own is not None and own != p:
+        raise ConfigError(f"positives_per_batch = {p} but the {cfg.algorithm} option says {own}; set one")
+
+
+def _schedule(cfg: RunConfig) -> None:
+    """The step-size schedule builds (numbers that failed their own checks are not read again)."""
+    if cfg.rounds < 1 or cfg.stages < 1 or (cfg.lr is not None and cfg.lr <= 0):
+        return
+    try:
+        schedule(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def schedule(cfg: RunConfig) -> Any:
+    """The run's :class:`~fedxrisk.schedule.Schedule` (raises ValueError on bad numbers)."""
+    from fedxrisk.schedule import Schedule  # torch-free
+
+    return Schedule.build(
+        cfg.rounds, cfg.resolved_local_steps(), cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth
+    )
+
+
+ALGORITHM_CHECKS = (_window, _options, check_privacy, _schedule)
