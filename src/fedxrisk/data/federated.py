@@ -63,7 +63,8 @@ class FederatedData:
         return out
 
     def batch(self, positions: np.ndarray, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index."""
+        """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index, and
+        ``time`` for survival data (float32: days and the like are exact)."""
         local = torch.from_numpy(positions)
         index = self._table[self._rows, local]
         if self.stream is not None:  # decoded (and augmented) by DataLoader workers
@@ -71,12 +72,16 @@ class FederatedData:
         else:
             x = self.data.x_train[index]
             x = self.augment(x) if self.augment is not None else x
-        return {
+        batch = {
             "x": x.to(device),
             "y": self.data.y_train[index].to(device),
             "index": index.to(device),
             "local_index": local.to(device),
         }
+        if "time" in self.data.groups_train:  # survival data: y is the event, time beside it
+            times = self.data.groups_train["time"][index.numpy()]
+            batch["time"] = torch.from_numpy(times.astype(np.float32)).to(device)
+        return batch
 
     def subset(self, clients: Sequence[int]) -> FederatedData:
         """The shards of ``clients`` only (a rank's or a site's), with the same augmentation and

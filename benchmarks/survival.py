@@ -1,0 +1,311 @@
+"""Federated survival on Fed-TCGA-BRCA (issue 35): FLamby's split and metric, equal selection budgets.
+
+Data: FLamby's ``fed_tcga_brca`` files in ``--data`` (default ``../shared/data/tcga-brca``; never
+copied here): six regions = six clients (``partition = source``), FLamby's static train/test
+split, 39 clinical features standardized on the training rows, ``nn.Linear(39 → 1)`` as FLamby.
+
+Protocol, the same for every row:
+
+1. Validation: per seed, 20 % of every client's training patients per event class (at least
+   one when a class has ≥ 2), seeded by (seed, 35, client); the clients train on the rest.
+   The test sets never choose anything.
+2. Each row trains ``ROUNDS`` rounds of ``LOCAL_STEPS`` local steps, batch ``BATCH``, at each
+   of the three learning rates of its grid (a factor 3 apart around the default); every
+   ``EVAL_EVERY`` rounds the pooled validation C-index is computed; the (lr, round) with the
+   best validation C-index is the row's model for that seed. Same grid size, rounds and
+   evaluations for every row. A run that diverges (NaN) stops there and keeps its best
+   earlier round, as ``selection = "best"`` does; the table counts such runs.
+3. Metrics of the selected model, FLamby's two conventions: the mean of the six regions' test
+   C-indices (Harrell's, lifelines' convention: ``fedxrisk.stats.concordance``) and the C-index
+   on the pooled test set.
+4. Rows: ``fedavg_cox`` (FLamby's baseline: the Cox loss of each local batch), ``fedxl2_cox``
+   (the Cox partial likelihood with risk sets across regions), ``fedxl1_cindex`` (smoothed
+   C-index over pairs across regions), each also with a server optimizer when
+   ``--server-opt`` names one the library has; ``pooled`` (one client holding every training
+   patient, the batch Cox loss, batch 6·B: the same steps and samples per step); ``local<r>``
+   (region r alone, its own validation).
+5. Paired tests across the seeds against ``fedavg_cox`` (paired t-test on the mean regional
+   C-index) and, per seed, a paired bootstrap of the pooled test C-index difference.
+
+    nice -n 10 python benchmarks/survival.py --data ../shared/data/tcga-brca     # the study
+    python benchmarks/survival.py --render-only                                  # the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+OUT_JSON, OUT_MD = RESULTS / "survival.json", RESULTS / "survival.md"
+ROUNDS, LOCAL_STEPS, BATCH, EVAL_EVERY = 60, 8, 16, 5
+SEEDS = tuple(range(10))  # ≥ 5 asked; the study is cheap (minutes), so ten for the paired tests
+GRID_FACTORS = (1 / 3, 1.0, 3.0)
+FLAMBY = {  # FLamby's published Fed-TCGA-BRCA numbers (5 seeds): mean regional test C-index, pooled test
+    "FedAvg": (0.732, 0.735), "FedProx": (0.729, None), "SCAFFOLD": (0.687, None),
+    "FedAdam / FedYogi": (0.815, 0.842), "FedAdagrad": (0.813, None), "pooled training": (0.676, 0.704),
+    "best local (region 1)": (0.750, None),
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    algorithm: str  # a key of SURVIVAL_ALGORITHMS
+    clients: str = "federated"  # "federated", "pooled" or "local<r>"
+    server: str | None = None  # a server optimizer (when the library has them)
+
+
+def rows(server_opt: str | None) -> list[Row]:
+    out = [
+        Row("fedavg_cox", "fedavg_cox"),
+        Row("fedxl2_cox", "fedxl2_cox"),
+        Row("fedxl1_cindex", "fedxl1_cindex"),
+    ]
+    if server_opt:
+        out += [Row(f"{r.name}+{server_opt}", r.algorithm, server=server_opt) for r in list(out)]
+    out.append(Row("pooled", "fedavg_cox", "pooled"))
+    out += [Row(f"local{r}", "fedavg_cox", f"local{r}") for r in range(6)]
+    return out
+
+
+def load(data_dir: str):
+    from fedxrisk.data import make_federated
+    from fedxrisk.data.readers.survival import read_tcga_brca
+    from fedxrisk.data.types import binarize
+
+    return make_federated(binarize(read_tcga_brca(data_dir)), 6, "source", None, 0, allow_missing_class=True)
+
+
+def carve(fed, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(training, validation) positions of every client, per event class (protocol step 1)."""
+    y = fed.data.y_train.numpy()
+    train, val = [], []
+    for k, shard in enumerate(fed.shards):
+        rng = np.random.default_rng([seed, 35, k])
+        held = []
+        for c in (0, 1):
+            members = rng.permutation(shard[y[shard] == c])
+            n = len(members)
+            held.append(members[: min(max(1, round(0.2 * n)), n - 1) if n >= 2 else 0])
+        v = np.sort(np.concatenate(held))
+        val.append(v)
+        train.append(np.setdiff1d(shard, v))
+    return train, val
+
+
+def c_index_of(scores: np.ndarray, times: np.ndarray, events: np.ndarray) -> float:
+    from fedxrisk.stats.concordance import c_index
+
+    try:
+        return c_index(times, events, scores)
+    except ValueError:
+        return float("nan")
+
+
+def scores_of(sim, x: torch.Tensor) -> np.ndarray:
+    params, buffers = sim.global_model()
+    with torch.no_grad():
+        logits, _ = sim.algorithm.problem.logits(params, buffers, x, train=False)
+    return logits.double().numpy()
+
+
+def train_cell(fed, row: Row, lr: float, seed: int) -> dict[str, Any]:
+    """One (row, lr, seed): train, evaluating validation every EVAL_EVERY rounds; the best round's
+    test metrics."""
+    from fedxrisk.algorithms import Schedule
+    from fedxrisk.algorithms.survival import SURVIVAL_ALGORITHMS
+    from fedxrisk.data.federated import FederatedData
+    from fedxrisk.engines import Simulation
+    from fedxrisk.errors import NonFiniteLoss
+    from fedxrisk.problem import Problem
+
+    train, val = carve(fed, seed)
+    batch = BATCH
+    if row.clients == "pooled":
+        train, val, batch = [np.sort(np.concatenate(train))], [np.sort(np.concatenate(val))], BATCH * 6
+    elif row.clients.startswith("local"):
+        r = int(row.clients[5:])
+        train, val = [train[r]], [val[r]]
+    data = FederatedData(fed.data, train)
+    torch.manual_seed(seed)
+    net = nn.Linear(fed.data.input_shape[0], 1)
+    algorithm = SURVIVAL_ALGORITHMS[row.algorithm](Problem(net, fed.data.pos_ratio))
+    sim_kwargs = {}
+    if row.server:
+        sim_kwargs = server_optimizer_kwargs(row.server)
+    sim = Simulation(
+        algorithm, data, Schedule.build(ROUNDS, LOCAL_STEPS, lr, 1), batch, seed, "vmap", **sim_kwargs
+    )
+    times_tr = fed.data.groups_train["time"]
+    vrows = np.concatenate(val)
+    xv, tv, ev = fed.data.x_train[torch.from_numpy(vrows)], times_tr[vrows], fed.data.y_train.numpy()[vrows]
+    te = fed.data.groups_test
+    best = {"val": -1.0}
+    while not sim.done:
+        try:
+            sim.run_round()
+        except NonFiniteLoss:  # a diverged run keeps its best earlier round; with none it ranks last
+            best["diverged_at"] = sim.round + 1
+            break
+        if sim.round % EVAL_EVERY and not sim.done:
+            continue
+        s = scores_of(sim, xv)
+        v = c_index_of(s, tv, ev) if np.isfinite(s).all() else float("nan")
+        if np.isfinite(v) and v > best["val"]:
+            test = scores_of(sim, fed.data.x_test)
+            best = {"val": v, "round": sim.round, "test_scores": test.tolist()}
+    if "test_scores" not in best:
+        return {
+            **best,
+            "val": float("nan"),
+            "round": None,
+            "regional": [float("nan")] * 6,
+            "pooled": float("nan"),
+        }
+    test = np.array(best["test_scores"])
+    y_te = fed.data.y_test.numpy()
+    regional = [c_index_of(test[te["source"] == r], te["time"][te["source"] == r], y_te[te["source"] == r])
+                for r in range(6)]  # fmt: skip
+    return {**best, "regional": regional, "pooled": c_index_of(test, te["time"], y_te)}
+
+
+def server_optimizer_kwargs(name: str) -> dict[str, Any]:
+    """The Simulation arguments for a server optimizer, once the library has them (issue 33)."""
+    raise SystemExit(f"--server-opt {name}: this fedxrisk has no server optimizers yet")
+
+
+def run_study(data_dir: str, server_opt: str | None, seeds: tuple[int, ...]) -> dict[str, Any]:
+    from fedxrisk.algorithms.survival import SURVIVAL_ALGORITHMS
+
+    fed = load(data_dir)
+    results = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {"cells": {}}
+    for row in rows(server_opt):
+        default = SURVIVAL_ALGORITHMS[row.algorithm].default_lr
+        for seed in seeds:
+            for factor in GRID_FACTORS:
+                lr = default * factor
+                key = f"{row.name}|{seed}|{lr:.6g}"
+                if key in results["cells"]:
+                    continue
+                t0 = time.process_time()
+                cell = train_cell(fed, row, lr, seed)
+                cell["cpu_s"] = round(time.process_time() - t0, 2)
+                results["cells"][key] = cell
+                OUT_JSON.write_text(json.dumps(results, indent=1))
+                print(f"{key}: val {cell['val']:.4f} regional {np.nanmean(cell['regional']):.4f} "
+                      f"pooled {cell['pooled']:.4f}", flush=True)  # fmt: skip
+    return results
+
+
+def selected(results: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Per row and seed, the cell with the best validation C-index over the lr grid."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for key, cell in results["cells"].items():
+        name, seed, lr = key.split("|")
+        out.setdefault(name, {})
+        if "test_scores" not in cell:  # no validation value at any round (diverged, or nothing comparable)
+            continue
+        best = out[name].get(int(seed))
+        val = cell["val"] if np.isfinite(cell["val"]) else -1.0
+        if best is None or val > (best["val"] if np.isfinite(best["val"]) else -1.0):
+            out[name][int(seed)] = {**cell, "lr": float(lr)}
+    return out
+
+
+def paired_bootstrap_p(a: np.ndarray, b: np.ndarray, times, events, draws: int = 1000) -> float:
+    """Two-sided p of the pooled-test C-index difference a − b over patient resamples (same patients)."""
+    rng = np.random.default_rng(0)
+    n, diffs = len(times), []
+    for _ in range(draws):
+        i = rng.integers(0, n, n)
+        diffs.append(c_index_of(a[i], times[i], events[i]) - c_index_of(b[i], times[i], events[i]))
+    diffs = np.array(diffs)
+    diffs = diffs[np.isfinite(diffs)]
+    return float(min(1.0, 2 * min((diffs <= 0).mean(), (diffs >= 0).mean())))
+
+
+def render(results: dict[str, Any], data_dir: str | None) -> str:
+    from scipy.stats import ttest_rel
+
+    sel = selected(results)
+    base = sel.get("fedavg_cox", {})
+    fed = load(data_dir) if data_dir else None
+    lines = [
+        "| row | mean regional test C-index | pooled test C-index | vs fedavg_cox (regional, paired t) "
+        "| seeds with pooled-test p < 0.05 (paired bootstrap) up / down | selected lr | runs that diverged (NaN) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, per_seed in sel.items():
+        seeds = sorted(per_seed)
+        if not seeds:
+            lines.append(f"| {name} | no validation C-index at any lr and seed (its validation part has no "
+                         "comparable pair) | — | — | — | — | — |")  # fmt: skip
+            continue
+        reg = np.array([np.nanmean(per_seed[s]["regional"]) for s in seeds])
+        pooled = np.array([per_seed[s]["pooled"] for s in seeds])
+        versus, counts = "—", "—"
+        common = [s for s in seeds if s in base]
+        if name != "fedavg_cox" and len(common) >= 2:
+            a = np.array([np.nanmean(per_seed[s]["regional"]) for s in common])
+            b = np.array([np.nanmean(base[s]["regional"]) for s in common])
+            versus = f"{(a - b).mean():+.3f}, p = {ttest_rel(a, b).pvalue:.3f}"
+            if fed is not None:
+                te = fed.data.groups_test
+                y = fed.data.y_test.numpy()
+                up = down = 0
+                for s in common:
+                    sa, sb = np.array(per_seed[s]["test_scores"]), np.array(base[s]["test_scores"])
+                    p = paired_bootstrap_p(sa, sb, te["time"], y, 300)
+                    if p < 0.05:
+                        up += per_seed[s]["pooled"] > base[s]["pooled"]
+                        down += per_seed[s]["pooled"] < base[s]["pooled"]
+                counts = f"{up} / {down}"
+        lrs = sorted({per_seed[s]["lr"] for s in seeds})
+        name_cells = [c for k, c in results["cells"].items() if k.split("|")[0] == name]
+        diverged = sum("diverged_at" in c for c in name_cells)
+        lines.append(
+            f"| {name} | {np.nanmean(reg):.3f} ± {np.nanstd(reg):.3f} | {np.nanmean(pooled):.3f} ± "
+            f"{np.nanstd(pooled):.3f} | {versus} | {counts} | {', '.join(f'{v:.3g}' for v in lrs)} | {diverged} of {len(name_cells)} |"
+        )
+    lines += ["", "FLamby's published numbers on the same split (5 seeds; their training budgets):", "",
+              "| FLamby row | mean regional test C-index | pooled test C-index |", "|---|---|---|"]  # fmt: skip
+    for name, (reg, pooled) in FLAMBY.items():
+        lines.append(f"| {name} | {reg:.3f} | {'—' if pooled is None else f'{pooled:.3f}'} |")
+    cpu = sum(c.get("cpu_s", 0) for c in results["cells"].values())
+    lines += ["", f"{len(results['cells'])} cells, {cpu / 60:.1f} CPU minutes; seeds {sorted({int(k.split('|')[1]) for k in results['cells']})}; "
+              f"{ROUNDS} rounds × {LOCAL_STEPS} local steps, batch {BATCH}, validation every {EVAL_EVERY} rounds."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "tcga-brca"))
+    p.add_argument(
+        "--server-opt", default=None, help="also run every federated row with this server optimizer"
+    )
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    p.add_argument("--render-only", action="store_true")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    torch.set_num_threads(1)
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    results = (
+        json.loads(OUT_JSON.read_text()) if args.render_only else run_study(args.data, args.server_opt, seeds)
+    )
+    OUT_MD.write_text(render(results, args.data if Path(args.data).is_dir() else None))
+    print(OUT_MD.read_text())
+
+
+if __name__ == "__main__":
+    main()
