@@ -2,7 +2,8 @@
 
 Core layer (imports only :mod:`fedxrisk.errors`). :func:`replace_atomic` writes one
 file through ``NAME.tmp`` (opened with ``O_EXCL | O_NOFOLLOW`` after removing a stale
-one, so a planted ``.tmp`` link is never followed), ``fsync`` and a rename;
+one, so a planted ``.tmp`` link is never followed; on Linux written unnamed, ``O_TMPFILE``,
+and linked as ``NAME.tmp`` once complete, so a kill -9 mid-write leaves no ``.tmp``), ``fsync`` and a rename;
 :func:`write_together` does the same for a set of files that must appear together
 (all temporary files are written before the first rename). On any failure the
 temporary files are removed; ``ENOSPC``, ``EROFS``, ``EACCES``, ``EPERM`` and
@@ -95,12 +96,42 @@ def _unlink(path: Path) -> None:
 
 
 def _write_tmp(path: Path, write: Writer, binary: bool) -> Path:
+    """``path.tmp``, written in full. On Linux the bytes go to an unnamed file (``O_TMPFILE``) that is
+    given the name ``.tmp`` only once complete: a process killed while writing leaves no file."""
     tmp = _tmp(path)
-    with _open_new(tmp, binary) as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = _open_unnamed(path.parent)
+    if fd is None:
+        with _open_new(tmp, binary) as f:
+            _fill(f, write)
+        return tmp
+    with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+        _fill(f, write)
+        _unlink(tmp)  # a stale file or link of that name; link() never follows one
+        folder = os.open(tmp.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:  # a dir fd makes os.link call linkat(…, AT_SYMLINK_FOLLOW): the unnamed file gets a name
+            os.link(f"/proc/self/fd/{f.fileno()}", tmp.name, dst_dir_fd=folder, follow_symlinks=True)
+        finally:
+            os.close(folder)
     return tmp
+
+
+def _fill(f: IO[Any], write: Writer) -> None:
+    write(f)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _open_unnamed(folder: Path) -> int | None:
+    """An unnamed file in ``folder`` (Linux ``O_TMPFILE``), or None where the system has none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder or ".", flag | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None  # a file system without O_TMPFILE: the named .tmp path
+        raise
 
 
 def replace_atomic(path: str | Path, write: Writer, mode: str = "w", intact: str | None = None) -> None:

@@ -18,6 +18,13 @@ from fedxrisk.run.spec import RunConfig
 
 INT_FIELDS = ("local_steps", "batch_size", "rounds", "stages", "positives_per_batch")
 FLOAT_FIELDS = ("lr", "lr_decay", "window_growth", "dirichlet_alpha")
+# Hyperparameters whose meaning bounds them (the config check does not see algorithm options):
+# key -> (lowest allowed, highest allowed, highest is excluded).
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "momentum": (0.0, 1.0, True), "beta": (0.0, 1.0, False), "gamma": (0.0, 1.0, False),
+    "margin": (0.0, math.inf, False), "mu": (0.0, math.inf, False), "prox": (0.0, math.inf, False),
+    "weight_decay": (0.0, math.inf, False), "eta_g": (0.0, math.inf, False),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,27 @@ def parse_space(spec: str, algorithm: str) -> Param:
         raise ConfigError(
             f"--space {spec}: {key} is not a number (default {default!r}); set it with --option"
         )
+    if key in BOUNDS:
+        lo, hi, open_high = BOUNDS[key]
+        if low < lo or high > hi or (open_high and high >= hi):
+            right = ")" if open_high else "]"
+            raise ConfigError(f"--space {spec}: {key} must lie in [{lo:g}, {hi:g}{right}")
     return Param(key, low, high, log, integer)
+
+
+def check_space(base: RunConfig, space: dict[str, Param]) -> None:
+    """Both ends of every searched range pass the run's own checks (``lr = 0``, ``local_steps = 0``, …),
+    so a bad range is refused before the first trial, not by a trial's traceback."""
+    from fedxrisk.run.checks import check
+
+    for p in space.values():
+        for value in dict.fromkeys((p.low, p.high)):
+            try:
+                check(apply_params(base, {p.name: int(value) if p.integer else value}))
+            except ConfigError as e:
+                raise ConfigError(
+                    f"--space {p.name}={p.low:g}:{p.high:g}: {p.name} = {value:g} is refused: {e}"
+                ) from None
 
 
 def space_for(algorithm: str, overrides: tuple[str, ...] = ()) -> dict[str, Param]:
