@@ -57,9 +57,14 @@ def disk_errors(path: Path, intact: str | None = None) -> Iterator[None]:
 
 
 def make_folder(path: Path) -> None:
-    """``mkdir -p``, a full or read-only disk reported in one line."""
-    with disk_errors(path, "nothing was written"):
+    """``mkdir -p``; any folder that cannot be made (a full or read-only disk, ``/proc``, a file in
+    the way) is one line naming it."""
+    try:
         path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(
+            f"cannot create the folder {path}: {e.strerror or e}; nothing was written"
+        ) from None
 
 
 def _open_new(path: Path, binary: bool) -> IO[Any]:
@@ -179,7 +184,10 @@ def check_folder(out: Path, ours: Callable[[Path], bool], what: str, option: str
         raise OutputError(f"{option} {out} is a dangling symbolic link; choose another folder")
     if out.exists() and not out.is_dir():
         raise OutputError(f"{option} {out} is a file, not a folder")
-    if not out.is_dir() or ours(out):
+    if not out.is_dir():
+        check_creatable(out, option)
+        return
+    if ours(out):
         return
     names = sorted(p.name for p in out.iterdir())
     if names:
@@ -187,6 +195,23 @@ def check_folder(out: Path, ours: Callable[[Path], bool], what: str, option: str
         raise OutputError(
             f"{option} {out} is not empty and holds no {what} ({shown}); choose a new or empty folder"
         )
+
+
+def check_creatable(out: Path, option: str = "--out") -> None:
+    """A folder ``out`` can be made here (``/proc/…``, a read-only disk or a file in the way are refused
+    in one line before any work): its first missing ancestor is created and removed again."""
+    first = Path(os.path.abspath(out))
+    while not first.parent.exists() and first.parent != first:
+        first = first.parent
+    if first.exists():
+        return
+    try:
+        first.mkdir()
+        first.rmdir()
+    except OSError as e:
+        raise OutputError(
+            f"{option} {out} cannot be created ({e.strerror or e}); nothing was written"
+        ) from None
 
 
 def same_file(a: Path, b: Path) -> bool:

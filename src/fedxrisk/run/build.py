@@ -90,7 +90,7 @@ def build(
             data.data.preprocessing = {**data.data.preprocessing, "normalize": norm}
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels, norm)
         source = None
-        if init is not None or cfg.reset_head:
+        if init is not None or (cfg.reset_head and cfg.pretrain is None):  # two stages: the 2nd loads
             from fedxrisk.run.weights import load_weights
 
             source = load_weights(model, cfg.model, init, cfg.reset_head)

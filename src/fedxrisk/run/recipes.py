@@ -115,7 +115,7 @@ def resume_experiment(
     if rounds is not None:
         return extend_experiment(out, rounds, callback, overrides, callbacks)
     if (out / "summary.json").exists():
-        status = json.loads((out / "summary.json").read_text()).get("status")
+        status = _status(out)
         if status == "completed" and (out / "model.pt").exists():
             raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
     ckpt = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
@@ -136,6 +136,21 @@ def resume_experiment(
         setup.simulation.load_state_dict(ckpt["simulation"])
     folder = RunFolder(out, setup.simulation.is_primary)
     return train(setup, folder, default_callbacks(callback, callbacks), ckpt)
+
+
+def _status(out: Path) -> str | None:
+    """summary.json's status; a damaged summary is no status, unless model.pt says the run may have
+    finished (a restart would then replace a finished model): one line."""
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        return summary.get("status") if isinstance(summary, dict) else None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        if (out / "model.pt").exists():
+            raise ConfigError(
+                f"{out / 'summary.json'} is unreadable ({type(e).__name__}) and model.pt exists: the run may "
+                "have finished; nothing to resume (move summary.json away to resume anyway)"
+            ) from None
+        return None
 
 
 def check_identity(out: Path, ckpt: dict[str, Any], cfg: RunConfig) -> RunConfig:
