@@ -38,21 +38,11 @@ def _imratio(text: str | None) -> float | None:
         raise click.BadParameter(f"{text!r} is neither a number nor 'none'", param_hint="--imratio") from None
 
 
-SMALL_MODELS = ("linear", "mlp", "cnn", "cnn28", "cnn1d")  # a second thread costs more CPU than it saves
-
-
 def set_threads(threads: int | None, model: str | None) -> int:
-    """torch's intra-op threads for this run: ``threads`` (0: torch's default), else 1 for the
-    small models unless OMP_NUM_THREADS says otherwise; the count in use is returned."""
-    import os
+    """:func:`fedxrisk.run.threads.set_threads` (imported when a run starts: it imports torch)."""
+    from fedxrisk.run.threads import set_threads as set_run_threads
 
-    import torch
-
-    if threads is None and model in SMALL_MODELS and "OMP_NUM_THREADS" not in os.environ:
-        threads = 1
-    if threads:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
+    return set_run_threads(threads, model)
 
 
 def _model_of(model: str | None, resume: str | None) -> str | None:
@@ -83,7 +73,7 @@ def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
     default=None,
     help="continue a killed run from its folder (its own config); with --rounds N, extend a finished one",
 )
-@click.option("--algorithm", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
+@click.option("--algorithm", "-a", default=DEFAULTS.algorithm, show_default=True, help="see `fedxrisk list`")
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
 @click.option("--data-dir", default=None, help="folder of a file dataset (see docs/data.md)")
 @click.option("--clients", "-K", type=int, default=DEFAULTS.clients, show_default=True)
@@ -92,7 +82,8 @@ def non_finite_advice(e: NonFiniteLoss, folder: Path) -> str:
     default=str(DEFAULTS.imratio),
     show_default=True,
     callback=lambda ctx, param, v: _imratio(v),
-    help="positive ratio kept in training data; 'none' keeps the data's own (multi-label, natural sets)",
+    help="positive ratio kept in training data; 'none' keeps the data's own (the default for any dataset "
+    "but the resampled benchmarks: synthetic, digits, breast_cancer, mnist1d, mnist, fashionmnist, cifar*, stl10)",
 )
 @click.option("--partition", default=DEFAULTS.partition, show_default=True, help="see `fedxrisk list`")
 @click.option("--dirichlet-alpha", type=float, default=DEFAULTS.dirichlet_alpha, show_default=True)

@@ -21,6 +21,7 @@ from fedxrisk.cli.common import (
     typed_flags,
     with_config_options,
 )
+from fedxrisk.cli.run import _imratio
 
 
 @main.command()
@@ -31,6 +32,12 @@ from fedxrisk.cli.common import (
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
 @click.option("--data-dir", default=None, help="folder of a file dataset (see docs/data.md)")
 @click.option("--clients", "-K", type=int, default=DEFAULTS.clients, show_default=True)
+@click.option(
+    "--imratio",
+    default=None,
+    callback=lambda ctx, param, v: v if v is None else _imratio(v),
+    help="positive ratio kept in training data, or 'none' (default: as `fedxrisk run`)",
+)
 @click.option("--partition", default=DEFAULTS.partition, show_default=True)
 @click.option("--model", default=DEFAULTS.model, show_default=True)
 @click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)
@@ -103,7 +110,9 @@ def tune(
         from fedxrisk.run.tune import tune as run_tune
         from fedxrisk.run.tuneconfirm import confirm
 
-        require_optuna()
+        optuna = require_optuna()
+        # -q: no per-trial lines, Optuna's own ("Trial 3 failed with value nan") included
+        optuna.logging.set_verbosity(optuna.logging.ERROR if quiet else optuna.logging.WARNING)
         settings = TuneSettings(
             trials=trials,
             timeout=timeout,
@@ -149,7 +158,9 @@ def _job(name, config_file, given, options, overrides, spaces):
     from fedxrisk.run.names import resolve as resolve_name
 
     key = resolve_name(name, load()["algorithms"], "--algorithm")
-    cfg = config_from_sections(resolve(config_file, {**given, "algorithm": key}, options, overrides))
+    doc = resolve(config_file, {**given, "algorithm": key}, options, overrides)
+    doc.setdefault("data", {}).setdefault("validation", "auto")  # tune selects on validation (docs/tune.md)
+    cfg = config_from_sections(doc)
     return cfg, tuple(spaces)
 
 

@@ -57,6 +57,7 @@ from fedxrisk.run.folder import (
 from fedxrisk.run.identity import config_difference, differing_keys, fingerprint, same_config
 from fedxrisk.run.loop import train
 from fedxrisk.run.spec import CENTRALIZED, RunConfig
+from fedxrisk.run.threads import set_threads
 
 SUMMARY_KEYS = ("status", "algorithm", "rounds", "final", "selected", "wall_seconds", "communication")
 
@@ -77,6 +78,9 @@ def run_experiment(
     progress; ``callbacks`` (:class:`~fedxrisk.run.callbacks.Callback`) hook into the loop.
     """
     checked = check(cfg)
+    set_threads(
+        None, cfg.model
+    )  # one thread for the small models, as `fedxrisk run` (OMP_NUM_THREADS: yours)
     out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
     if launched_rank() == 0:  # before the data is loaded: a bad --out fails fast
         check_out_dir(out)

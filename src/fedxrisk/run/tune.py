@@ -53,7 +53,8 @@ def require_optuna() -> Any:
         import optuna
     except ImportError:
         raise ConfigError("fedxrisk tune needs Optuna: pip install 'fedxrisk[tune]'") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if optuna.logging.get_verbosity() < optuna.logging.WARNING:  # `tune -q` raised it to ERROR: kept
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
 
 
