@@ -126,3 +126,11 @@ def test_tune_quiet_silences_optuna_per_trial_warnings(monkeypatch, tmp_path):
     finally:
         logging.getLogger("optuna").removeHandler(handler)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_the_readme_python_snippet_says_where_it_writes():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = readme.split("```python", 1)[1].split("```", 1)[0]
+    assert "run_experiment(" in snippet and "./runs/" in snippet

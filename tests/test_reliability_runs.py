@@ -118,3 +118,19 @@ def test_init_from_integer_tensors_is_refused(run, tmp_path):
 def test_reset_head_without_init_from_is_refused():
     with pytest.raises(ConfigError, match="model.reset_head without model.init_from does nothing"):
         build(RunConfig(**TINY, reset_head=True))
+
+
+def test_a_selected_model_below_chance_on_its_own_validation_is_a_warning(run, tmp_path):
+    """A start whose logit is negated, trained with a vanishing step: every round ranks inverted."""
+    state = dict(torch.load(run / "model.pt", weights_only=True)["params"])
+    for key in list(state)[-2:]:  # the head's weight and bias
+        state[key] = -state[key]
+    torch.save(state, tmp_path / "inverted.pt")
+    cfg = RunConfig(**TINY | {"checkpoint_every": 0}, init_from=str(tmp_path / "inverted.pt"), lr=1e-9,
+                    selection="best", validation=0.2)  # fmt: skip
+    with pytest.warns(UserWarning, match=r"selected model's val_auroc is 0\.\d+ < 0\.5"):
+        result = run_experiment(cfg, tmp_path / "r")
+    assert (
+        result.summary["selected"]["value"] < 0.5
+        and "worse than chance" in result.summary["selected"]["warning"]
+    )

@@ -215,3 +215,16 @@ def test_a_diverging_confirmation_seed_keeps_the_others(tmp_path, monkeypatch):
     assert done["failed"] == {"2": "non-finite loss at round 3"}
     assert "seed 2 not counted: non-finite loss at round 3" in result.output
     assert "Traceback" not in result.output
+
+
+def test_best_config_names_the_data_by_an_absolute_path(tmp_path, fake, monkeypatch):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(60, 4)).astype(np.float32), np.arange(60) % 2
+    np.savez(tmp_path / "d.npz", x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:])
+    monkeypatch.chdir(tmp_path)
+    args = ["--dataset", "npz", "--data-dir", "d.npz", "--model", "linear", "--partition", "iid"]
+    assert tune(*args, "--trials", "1", "--out", "t").exit_code == 0
+    best = (tmp_path / "t" / "best_config.toml").read_text()
+    assert f'data_dir = "{tmp_path / "d.npz"}"' in best

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedxrisk.errors import ConfigError, DataFileError
@@ -90,3 +91,26 @@ def test_a_repeated_column_name_is_refused_at_load(tmp_path):
     (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
     with pytest.raises(DataFileError, match="column 'a' appears 2 times in the header"):
         read_tabular_csv(tmp_path)
+
+
+def test_csv_predict_for_an_npz_model_never_takes_an_id_column_as_a_feature(tmp_path):
+    import csv
+
+    from fedxrisk.experiment import RunConfig, run_experiment
+    from fedxrisk.prediction import predict
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, size=(120, 5)).astype(np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x_train=x[:80], y_train=y[:80], x_test=x[80:], y_test=y[80:])
+    cfg = RunConfig(dataset="npz", data_dir=str(tmp_path / "d.npz"), imratio=None, partition="iid", clients=2,
+                    rounds=1, stages=1, eval_every=1, tensorboard=False, checkpoint_every=0, model="linear")  # fmt: skip
+    run_experiment(cfg, tmp_path / "run")
+    np.savez(tmp_path / "new.npz", x=x[80:])
+    with open(tmp_path / "new.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["patient_id", *(f"f{i}" for i in range(5)), "PatientID"])
+        w.writerows([[1000 + i, *row, 7] for i, row in enumerate(x[80:].tolist())])
+    from_csv = predict(tmp_path / "run", tmp_path / "new.csv")
+    assert from_csv.id_columns == ("patient_id",) and from_csv.ids[0] == ("1000",)
+    np.testing.assert_array_equal(from_csv.logits, predict(tmp_path / "run", tmp_path / "new.npz").logits)

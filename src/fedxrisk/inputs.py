@@ -253,8 +253,10 @@ def _feature_columns(path: Path, header: list[str], input_shape: tuple[int, ...]
     if len(input_shape) != 1:
         raise InputError(f"{path}: the model takes inputs of shape {list(input_shape)}, not rows of features")
     names = prep.get("features")
-    if names is None:  # a model.pt from before feature names were stored: by position
-        features = [i for i, c in enumerate(header) if c not in NON_FEATURES]
+    if names is None:  # an .npz model (or one from before names were stored): by position, ids never
+        features = [
+            i for i, c in enumerate(header) if c not in NON_FEATURES and not prep_record.is_id_column(c)
+        ]
     else:
         skip = {*NON_FEATURES, *prep.get("id_columns", [])}
         missing = [n for n in names if n not in header]

@@ -41,10 +41,9 @@ from fedxrisk.run.tuneout import (
     write_trial_json,
     write_trials_csv,
 )
-from fedxrisk.run.tunespace import Param, apply_params, check_space, default_params
+from fedxrisk.run.tunespace import Param, apply_params, check_space, default_params, tune_config
 
 HOST = socket.gethostname()
-DEFAULT_VALIDATION = "auto"
 
 
 def require_optuna() -> Any:
@@ -71,17 +70,6 @@ class TuneSettings:
     prune: bool = True
     study_name: str | None = None
     monitor: str | None = None  # None: the run's own (RunConfig.resolved_monitor)
-
-
-def tune_config(cfg: RunConfig, monitor: str | None = None) -> RunConfig:
-    """The base config of every trial: validation data (``auto``: the dataset's own split, else 20 %
-    carved per client when the config sets none), the best-on-validation model selected, no TensorBoard."""
-    changes: dict[str, Any] = {"tensorboard": False, "selection": "best"}
-    if not cfg.validation:
-        changes["validation"] = DEFAULT_VALIDATION
-    if monitor is not None:
-        changes["monitor"] = monitor
-    return dataclasses.replace(cfg, **changes)
 
 
 def validation_value(summary: dict[str, Any], history: list[dict[str, Any]], monitor: str) -> float:

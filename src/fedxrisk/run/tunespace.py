@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fedxrisk.errors import ConfigError
@@ -167,3 +168,21 @@ def default_params(cfg: RunConfig, space: dict[str, Param]) -> dict[str, Any]:
         if p.integer:
             out[name] = int(out[name])
     return out
+
+
+DEFAULT_VALIDATION = "auto"
+
+
+def tune_config(cfg: RunConfig, monitor: str | None = None) -> RunConfig:
+    """The base config of every trial: validation data (``auto``: the dataset's own split, else 20 %
+    carved per client when the config sets none), the best-on-validation model selected, no TensorBoard."""
+    changes: dict[str, Any] = {"tensorboard": False, "selection": "best"}
+    for key in ("data_dir", "init_from"):  # absolute: best_config.toml runs from any folder
+        value = getattr(cfg, key)
+        if value not in (None, "none") and not Path(value).expanduser().is_absolute():
+            changes[key] = str(Path(value).expanduser().resolve())
+    if not cfg.validation:
+        changes["validation"] = DEFAULT_VALIDATION
+    if monitor is not None:
+        changes["monitor"] = monitor
+    return dataclasses.replace(cfg, **changes)
