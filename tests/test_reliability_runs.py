@@ -134,3 +134,79 @@ def test_a_selected_model_below_chance_on_its_own_validation_is_a_warning(run, t
         result.summary["selected"]["value"] < 0.5
         and "worse than chance" in result.summary["selected"]["warning"]
     )
+
+
+def test_predict_refuses_uint8_pixels_for_a_model_trained_on_0_1_images(run, tmp_path):
+    """digits' reader records no range; the run does, so 0–255 pixels are refused, not mis-scored."""
+    x = np.random.default_rng(0).uniform(0, 1, size=(6, 1, 8, 8))
+    np.savez(tmp_path / "pixels.npz", x=(x * 255).astype(np.uint8))
+    line = one_line(cli("predict", run, tmp_path / "pixels.npz", "--out", tmp_path / "s.csv", "-q"))
+    assert "the model was trained on inputs in [0, 1]" in line and not (tmp_path / "s.csv").exists()
+    np.savez(tmp_path / "scaled.npz", x=x.astype(np.float32))
+    assert cli("predict", run, tmp_path / "scaled.npz", "--out", tmp_path / "s.csv", "-q").exit_code == 0
+
+
+def test_predict_refuses_pre_standardized_rows_for_a_model_trained_on_raw_values(tmp_path):
+    from fedxrisk.inference import InputError
+    from fedxrisk.prediction import predict
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(loc=[50, 200, 5, 1000], scale=[5, 20, 1, 100], size=(120, 4)).astype(np.float32)
+    y = (x[:, 0] > 50).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x_train=x[:80], y_train=y[:80], x_test=x[80:], y_test=y[80:])
+    cfg = RunConfig(dataset="npz", data_dir=str(tmp_path / "d.npz"), imratio=None, partition="iid", clients=2,
+                    rounds=1, stages=1, eval_every=1, tensorboard=False, checkpoint_every=0, model="linear")  # fmt: skip
+    run_experiment(cfg, tmp_path / "run")
+    standardized = (x[80:] - x[:80].mean(0)) / x[:80].std(0)
+    np.savez(tmp_path / "std.npz", x=standardized)
+    with pytest.raises(InputError, match="training standard deviations away"):
+        predict(tmp_path / "run", tmp_path / "std.npz")
+    header = "a,b,c,d\n" + "\n".join(",".join(map(str, r)) for r in standardized.tolist())
+    (tmp_path / "std.csv").write_text(header + "\n")
+    with pytest.raises(InputError, match="training standard deviations away"):
+        predict(tmp_path / "run", tmp_path / "std.csv")
+    np.savez(tmp_path / "raw.npz", x=x[80:])
+    assert len(predict(tmp_path / "run", tmp_path / "raw.npz").ids) == 40  # the raw rows are scored
+
+
+def test_roc_and_pr_plots_name_the_run_and_the_positive_class_and_pr_has_its_baseline(
+    run, tmp_path, monkeypatch
+):
+    from matplotlib.figure import Figure
+
+    from fedxrisk.evaluation import evaluate
+
+    seen: list[tuple[str, list[str]]] = []
+    real = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        seen.append((ax.get_title(), [t.get_text() for t in ax.get_legend().get_texts()]))
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    result = evaluate(run, bootstrap=0, out=tmp_path / "e")
+    (roc_title, _), (pr_title, pr_legend) = seen
+    positive = "+".join(map(str, result["positive_class"]["names"] or result["positive_class"]["ids"]))
+    assert roc_title == f"ROC — run run, positive: {positive}"
+    assert pr_title == f"precision-recall — run run, positive: {positive}"
+    prevalence = result["overall"]["score"]["prevalence"]
+    assert any(t.startswith("prevalence ") and "random ranking" in t for t in pr_legend)
+    assert 0 < prevalence < 1
+
+
+def test_plot_legends_name_the_settings_that_differ_not_defaults_or_raw_tables():
+    from fedxrisk.plots import variant_labels
+
+    plain = RunConfig().to_dict()
+    dp = [RunConfig(privacy={"clip": 1.0, "noise_multiplier": s}).to_dict() for s in (1.1, 2.0)]
+    labels = variant_labels([plain, *dp])
+    assert labels == [
+        "codasca",
+        "codasca privacy.clip=1 privacy.noise_multiplier=1.1",
+        "codasca privacy.clip=1 privacy.noise_multiplier=2",
+    ]
+    two = variant_labels(
+        [RunConfig(algorithm="codasca", lr=1.09).to_dict(), RunConfig(algorithm="localsgdm").to_dict()]
+    )
+    assert two == ["codasca lr=1.09", "localsgdm"]  # localsgdm's lr is its default: not named

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.classaware import use_class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
-from fedxrisk.data.preprocessing import normalization
+from fedxrisk.data.preprocessing import normalization, value_range
 from fedxrisk.engines import DistributedSimulation, Simulation
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
@@ -85,6 +88,7 @@ def build(
         batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
         cfg = with_data_lr(cfg, data.data.pos_ratio)
         labels = data.data.num_labels
+        record_input_range(data.data)  # model.pt carries it: predict refuses inputs on another scale
         norm = normalization(cfg.normalize, data.data.input_shape[0])
         if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
             data.data.preprocessing = {**data.data.preprocessing, "normalize": norm}
@@ -165,3 +169,15 @@ def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:
             stacklevel=2,
         )
     return batch_size
+
+
+def record_input_range(data: Any) -> None:
+    """Add the training inputs' value range to ``data.preprocessing`` when its reader recorded none
+    (an image set in [0, 1]: uint8 0–255 pixels given to ``predict`` are then refused, not scored)."""
+    prep = data.preprocessing or {}
+    x = data.x_train
+    if "range" in prep or prep.get("kind") == "features" or not isinstance(x, (np.ndarray, torch.Tensor)):
+        return
+    found = value_range(x.numpy() if isinstance(x, torch.Tensor) else x).get("range")
+    if found is not None:
+        data.preprocessing = {**prep, "range": found}
