@@ -134,3 +134,14 @@ def test_the_readme_python_snippet_says_where_it_writes():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     snippet = readme.split("```python", 1)[1].split("```", 1)[0]
     assert "run_experiment(" in snippet and "./runs/" in snippet
+
+
+def test_every_results_file_the_readme_names_exists():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    named = set(
+        re.findall(r"benchmarks/results/[\w./-]+\.(?:json|md|csv|png)", (root / "README.md").read_text())
+    )
+    assert named and [n for n in sorted(named) if not (root / n).exists()] == []
