@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -228,3 +229,30 @@ def test_best_config_names_the_data_by_an_absolute_path(tmp_path, fake, monkeypa
     assert tune(*args, "--trials", "1", "--out", "t").exit_code == 0
     best = (tmp_path / "t" / "best_config.toml").read_text()
     assert f'data_dir = "{tmp_path / "d.npz"}"' in best
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 40 kB tmpfs (root only, else skipped): room for the study and a trial's first files only."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mount)]).returncode
+    ):
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_trial_on_a_really_full_disk_is_one_line_and_labelled_so(small_disk, monkeypatch):
+    from fedxrisk.run.tune import load_records
+
+    out = small_disk / "t"
+    line = one_line(CliRunner().invoke(main, ["tune", *TINY, "--clients", "2", "--model", "cnn", "--trials", "2",
+                                              "--out", str(out)]))  # fmt: skip
+    assert "No space left on device" in line
+    [record] = load_records(out)
+    assert record.state == "failed" and "No space left on device" in record.note and record.note != "killed"

@@ -269,7 +269,7 @@ def tune(
                 trial.set_user_attr("outcome", f"disk: {e.strerror}")
             raise
         except OutputError as e:
-            trial.set_user_attr("outcome", f"output refused: {str(e)[:200]}")
+            trial.set_user_attr("outcome", f"not written: {str(e)[:200]}")
             raise
         except NonFiniteLoss as e:
             trial.set_user_attr("outcome", "nonfinite")
