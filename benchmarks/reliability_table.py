@@ -212,6 +212,28 @@ def checkpoint(content: Callable[[bytes], bytes]) -> Callable[[Path], list[str]]
     return build
 
 
+PRIVATE = ["--set", "privacy.clip=1.0"]
+
+
+def init_from_integers(tmp: Path) -> list[str]:
+    """The linear model's own keys and shapes, as int64 tensors."""
+    import torch
+
+    from fedxrisk.models import build_model
+
+    state = build_model("linear", (4,), 0).state_dict()
+    torch.save({k: v.round().to(torch.int64) for k, v in state.items()}, tmp / "int.pt")
+    return [*npz()(tmp), "--set", f"model.init_from={str(tmp / 'int.pt')!r}"]
+
+
+def damaged_summary(tmp: Path) -> list[str]:
+    """A finished run (model.pt written) whose summary.json was cut short."""
+    (tmp / "run").mkdir()
+    (tmp / "run" / "model.pt").write_bytes(b"model")
+    (tmp / "run" / "summary.json").write_text('{"status": "compl')
+    return []
+
+
 CASES: list[Case] = [
     # 1. data lost
     Case("foreign-out", 1, "`--out` = a user's folder holding notes.txt and history.csv", flags(), "foreign"),
@@ -336,6 +358,47 @@ CASES: list[Case] = [
         "csv-latin1", 7, "tabular CSV in Latin-1 (not UTF-8)", tabular(_csv(header="a,café,label"), "latin-1")
     ),
     Case("manifest-short-row", 7, "a manifest row with fewer fields than the header", manifest_short_row),
+    # issue 34: settings that trained to the end and then lost the run, or did nothing silently
+    Case(
+        "privacy-sigma-zero",
+        34,
+        "`privacy.noise_multiplier = 0` (ε = ∞)",
+        flags(*PRIVATE, "--set", "privacy.noise_multiplier=0"),
+    ),
+    Case(
+        "privacy-fixed-no-client",
+        34,
+        "fixed DP sampling at q = 0.01 of 2 clients (0 per round)",
+        flags(
+            *PRIVATE,
+            "--set",
+            "privacy.noise_multiplier=1",
+            "--set",
+            "privacy.sampling='fixed'",
+            "--set",
+            "privacy.sampling_rate=0.01",
+        ),
+    ),  # fmt: skip
+    Case(
+        "csv-duplicate-column",
+        34,
+        "tabular CSV with the column name `a` twice",
+        tabular(_csv(header="a,a,label")),
+    ),
+    Case("init-from-integers", 34, "`--init-from` a state dict of integer tensors", init_from_integers),
+    Case(
+        "reset-head-alone",
+        34,
+        "`model.reset_head = true` without `init_from`",
+        flags("--set", "model.reset_head=true"),
+    ),
+    Case(
+        "resume-damaged-summary",
+        34,
+        "`--resume` a finished run whose summary.json is not JSON",
+        damaged_summary,
+        "resume",
+    ),
 ]
 
 

@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("run.loop", ("fedxrisk.run.loop",)),
     ("flower", ("fedxrisk.flower",)),  # may use only the run files above it (callbacks: selection, early stopping)
     ("run.recipes", ("fedxrisk.run.recipes",)),
-    ("run.tune", ("fedxrisk.run.tunespace", "fedxrisk.run.tuneout", "fedxrisk.run.tune")),  # only run.tune imports optuna
+    ("run.tune", ("fedxrisk.run.tunespace", "fedxrisk.run.tuneout", "fedxrisk.run.tune", "fedxrisk.run.tuneconfirm")),  # only run.tune imports optuna
     ("api", (
         "fedxrisk.experiment", "fedxrisk.inference", "fedxrisk.inputs", "fedxrisk.prediction",
         "fedxrisk.evaluation", "fedxrisk.evaluation_data", "fedxrisk.evaluation_report",

@@ -206,7 +206,8 @@ def test_config_runs_a_few_steps_on_tiny_files(path, tmp_path):
     if "positives_per_batch" in options:  # FeDXL's B1 positives + B2 negatives, shrunk alike
         smoke["batch_size"], options["positives_per_batch"] = 4, 2
     if fields.get("init_from"):  # ImageNet weights or stage 1 of another config: the smoke model's own
-        smoke["init_from"] = _weights_for({**fields, **smoke, "init_from": None, "pretrain": None}, tmp_path)
+        fresh = {**fields, **smoke, "init_from": None, "reset_head": False, "pretrain": None}  # a fresh model
+        smoke["init_from"] = _weights_for(fresh, tmp_path)
     if "pretrain" in fields:
         smoke["pretrain"] = {
             **fields["pretrain"],

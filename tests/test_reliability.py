@@ -70,6 +70,12 @@ EXPECTED = {
     "csv-label-negative": "TMP/tab/data.csv: labels must be class ids ≥ 0, found -1 at row 5",
     "csv-latin1": "TMP/tab/data.csv: not UTF-8 text (byte 0xe9 at offset 5); save it as UTF-8",
     "manifest-short-row": "TMP/man/manifest.csv row 5: 1 field(s), the header has 2",
+    "privacy-sigma-zero": "privacy.noise_multiplier must be a finite number > 0 (σ = 0 adds no noise: ε would be infinite), got 0; drop [privacy] for a run without DP",
+    "privacy-fixed-no-client": "privacy.sampling_rate = 0.01 with sampling 'fixed' draws round(q·K) = 0 of K = 2 clients per round; set sampling_rate above 0.25 (one client) or sampling = 'poisson'",
+    "csv-duplicate-column": "TMP/tab/data.csv: column 'a' appears 2 times in the header; rename one",
+    "init-from-integers": "model.init_from: 'TMP/int.pt' holds integer tensors for floating-point weights in fc.weight, fc.bias (torch.int64); save the trained model's float weights",
+    "reset-head-alone": "model.reset_head without model.init_from does nothing (every weight is freshly initialised); set model.init_from (--init-from) to the weights to start from, or drop reset_head",
+    "resume-damaged-summary": "TMP/run/summary.json is unreadable (JSONDecodeError) and model.pt exists: the run may have finished; nothing to resume (move summary.json away to resume anyway)",
 }  # fmt: skip
 
 

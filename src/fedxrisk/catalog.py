@@ -81,6 +81,7 @@ def _entry(cls: Any) -> dict[str, Any]:
     return {
         "communicates": list(cls.communicates),
         "default_lr": cls.default_lr,
+        "lr_pos_budget": getattr(cls, "lr_pos_budget", None),  # lr·p(1 − p) kept by default_lr_for
         "window": cls.fixed_window,
         "monitor": cls.monitor,
         "hyperparameters": {k: _jsonable(v) for k, v in defaults.items()},

@@ -85,6 +85,7 @@ def _plot(result: dict[str, Any], data: Scored, names: Sequence[str]) -> dict[st
     from fedxrisk.metrics import _rankable
 
     images = {}
+    subject = plot_subject(result)
     for filename, kind in (("roc.png", "roc"), ("pr.png", "pr")):
         fig = Figure(figsize=(5, 4.5))
         ax = fig.add_subplot()
@@ -100,20 +101,25 @@ def _plot(result: dict[str, Any], data: Scored, names: Sequence[str]) -> dict[st
                 ax.plot(fpr, tpr, label=f"{label}AUROC {_num(m['auroc'])} {_ci(m['auroc_ci'])}")
             else:
                 precision, recall, _ = precision_recall_curve(y, s)
-                ax.plot(
+                line = ax.plot(
                     recall,
                     precision,
                     drawstyle="steps-post",
                     label=f"{label}AP {_num(m['ap'])} {_ci(m['ap_ci'])}",
-                )
+                )[0]
+                ax.axhline(  # a random ranking's precision: AP's baseline
+                    m["prevalence"], color=line.get_color(), linestyle=":", linewidth=1,
+                    label=f"{label}prevalence {_num(m['prevalence'])} (random ranking)",
+                )  # fmt: skip
         if kind == "roc":
             ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
             ax.axvline(
                 PAUC_FPR, color="grey", linestyle="--", linewidth=0.8, label=f"FPR {PAUC_FPR} (pAUC30)"
             )
-            ax.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC")
+            ax.set(xlabel="false positive rate", ylabel="true positive rate", title=f"ROC — {subject}")
         else:
-            ax.set(xlabel="recall", ylabel="precision", title="precision-recall")
+            ax.set(xlabel="recall", ylabel="precision", title=f"precision-recall — {subject}")
+        ax.title.set_fontsize(8)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.02)
         ax.legend(loc="lower right" if kind == "roc" else "lower left", fontsize=7)
@@ -122,6 +128,16 @@ def _plot(result: dict[str, Any], data: Scored, names: Sequence[str]) -> dict[st
         fig.savefig(buffer, format="png", dpi=110)
         images[filename] = buffer.getvalue()
     return images
+
+
+def plot_subject(result: dict[str, Any]) -> str:
+    """``run NAME, positive: lesion`` for the plots' titles (the class named when the run records it)."""
+    from pathlib import Path
+
+    names = (result.get("positive_class") or {}).get("names") or []
+    ids = (result.get("positive_class") or {}).get("ids") or []
+    positive = "+".join(map(str, names or ids)) or "label 1"
+    return f"run {Path(str(result.get('run', ''))).name}, positive: {positive}"
 
 
 def write_files(result: dict[str, Any], data: Scored, names: Sequence[str], folder: Path) -> None:

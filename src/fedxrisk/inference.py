@@ -80,7 +80,7 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     """The model of a finished run folder, on ``device``; :class:`InputError` when it is not one."""
     from fedxrisk.problem import Problem
     from fedxrisk.run.configfile import load_config
-    from fedxrisk.run.identity import check_model_identity
+    from fedxrisk.run.identity import check_config_identity, check_model_identity
 
     folder = Path(run_dir)
     if not folder.is_dir():
@@ -90,10 +90,12 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
             raise InputError(
                 f"{folder}: no {name}; not a finished fedxrisk run (evaluate a run that completed)"
             )
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} requested but CUDA is not available")
+    from fedxrisk.run.checks import check_device
+
+    check_device(device)  # a ConfigError (one line), as `fedxrisk run --device`
     check_model_identity(folder)  # a model.pt swapped in from elsewhere is refused
     cfg = load_config(folder / "config.toml")
+    check_config_identity(folder, cfg.to_dict())  # another dataset or model would not fit model.pt
     model, blob, prep = read_model_file(folder / "model.pt")
     labels = int(blob["num_labels"])
     from fedxrisk.data.stream_choice import eval_batch_size, parse_bytes

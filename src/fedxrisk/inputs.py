@@ -198,18 +198,19 @@ def _npz(path: Path, input_shape: tuple[int, ...], prep: dict) -> Input:
             chunks = (whole[i : i + batch_size] for i in range(0, len(whole), batch_size))
         else:
             chunks = _npy_rows(path, key, shape, dtype, row_bytes, batch_size)
-        start, bad, lo, hi = 0, [], np.inf, -np.inf
+        start, bad, lo, hi, columns = 0, [], np.inf, -np.inf, ColumnMeans()
         for x in chunks:
             x = np.array(x, dtype=np.float32)
             finite = np.isfinite(x.reshape(len(x), -1)).all(1)
             bad += [start + j for j in np.flatnonzero(~finite)]
             if finite.any():
                 lo, hi = min(lo, float(x[finite].min())), max(hi, float(x[finite].max()))
+                columns.add(x[finite])
             yield Batch([(start + j,) for j in range(len(x))], x)
             start += len(x)
         if bad:
             raise InputError(_non_finite(path, "index", bad))
-        why = prep_record.out_of_range(prep, lo, hi) if start else None
+        why = (prep_record.out_of_range(prep, lo, hi) or columns.off_scale(prep)) if start else None
         if why:
             raise InputError(f"{path}: array {key!r}: {why}; nothing was scored")
 
@@ -253,8 +254,10 @@ def _feature_columns(path: Path, header: list[str], input_shape: tuple[int, ...]
     if len(input_shape) != 1:
         raise InputError(f"{path}: the model takes inputs of shape {list(input_shape)}, not rows of features")
     names = prep.get("features")
-    if names is None:  # a model.pt from before feature names were stored: by position
-        features = [i for i, c in enumerate(header) if c not in NON_FEATURES]
+    if names is None:  # an .npz model (or one from before names were stored): by position, ids never
+        features = [
+            i for i, c in enumerate(header) if c not in NON_FEATURES and not prep_record.is_id_column(c)
+        ]
     else:
         skip = {*NON_FEATURES, *prep.get("id_columns", [])}
         missing = [n for n in names if n not in header]
@@ -295,6 +298,7 @@ def _tabular(path: Path, header: list[str], input_shape: tuple[int, ...], prep: 
         ids: list[tuple[Any, ...]] = []
         values: list[list[float]] = []
         bad: list[int] = []
+        columns = ColumnMeans()
         for r, row in enumerate(rows):
             if len(row) != len(header):
                 raise DataFileError(f"{path} row {r + 2}: {len(row)} fields, header has {len(header)}")
@@ -306,15 +310,40 @@ def _tabular(path: Path, header: list[str], input_shape: tuple[int, ...], prep: 
                 bad.append(r + 2)
             ids.append((row[id_col] if id_col is not None else r,))
             if len(values) == batch_size:
-                yield Batch(ids, np.array(values, dtype=np.float32))
+                yield columns.seen(Batch(ids, np.array(values, dtype=np.float32)))
                 ids, values = [], []
         if values:
-            yield Batch(ids, np.array(values, dtype=np.float32))
+            yield columns.seen(Batch(ids, np.array(values, dtype=np.float32)))
         if bad:
             raise InputError(_non_finite(path, "line", bad))
+        if (why := columns.off_scale(prep)) is not None:
+            raise InputError(f"{path}: {why}; nothing was scored")
 
     columns = (header[id_col],) if id_col is not None else ("row",)
     return Input(path, "tabular", count, columns, [], read)
+
+
+class ColumnMeans:
+    """The running mean of each column of 2-D input rows (other shapes: none), for the scale check."""
+
+    def __init__(self) -> None:
+        self.total: np.ndarray | None = None
+        self.count = 0
+
+    def add(self, rows: np.ndarray) -> None:
+        if rows.ndim != 2 or not len(rows):
+            return
+        sums = rows.sum(0, dtype=np.float64)
+        self.total = sums if self.total is None else self.total + sums
+        self.count += len(rows)
+
+    def seen(self, batch: Batch) -> Batch:
+        """``batch``, its finite rows counted."""
+        self.add(batch.x[np.isfinite(batch.x).all(1)])
+        return batch
+
+    def off_scale(self, prep: dict) -> str | None:
+        return None if self.total is None else prep_record.off_scale(prep, self.total / self.count)
 
 
 def _non_finite(path: Path, unit: str, where: list[int]) -> str:

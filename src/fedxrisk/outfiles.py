@@ -2,7 +2,8 @@
 
 Core layer (imports only :mod:`fedxrisk.errors`). :func:`replace_atomic` writes one
 file through ``NAME.tmp`` (opened with ``O_EXCL | O_NOFOLLOW`` after removing a stale
-one, so a planted ``.tmp`` link is never followed), ``fsync`` and a rename;
+one, so a planted ``.tmp`` link is never followed; on Linux written unnamed, ``O_TMPFILE``,
+and linked as ``NAME.tmp`` once complete, so a kill -9 mid-write leaves no ``.tmp``), ``fsync`` and a rename;
 :func:`write_together` does the same for a set of files that must appear together
 (all temporary files are written before the first rename). On any failure the
 temporary files are removed; ``ENOSPC``, ``EROFS``, ``EACCES``, ``EPERM`` and
@@ -56,9 +57,14 @@ def disk_errors(path: Path, intact: str | None = None) -> Iterator[None]:
 
 
 def make_folder(path: Path) -> None:
-    """``mkdir -p``, a full or read-only disk reported in one line."""
-    with disk_errors(path, "nothing was written"):
+    """``mkdir -p``; any folder that cannot be made (a full or read-only disk, ``/proc``, a file in
+    the way) is one line naming it."""
+    try:
         path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(
+            f"cannot create the folder {path}: {e.strerror or e}; nothing was written"
+        ) from None
 
 
 def _open_new(path: Path, binary: bool) -> IO[Any]:
@@ -95,12 +101,42 @@ def _unlink(path: Path) -> None:
 
 
 def _write_tmp(path: Path, write: Writer, binary: bool) -> Path:
+    """``path.tmp``, written in full. On Linux the bytes go to an unnamed file (``O_TMPFILE``) that is
+    given the name ``.tmp`` only once complete: a process killed while writing leaves no file."""
     tmp = _tmp(path)
-    with _open_new(tmp, binary) as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = _open_unnamed(path.parent)
+    if fd is None:
+        with _open_new(tmp, binary) as f:
+            _fill(f, write)
+        return tmp
+    with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+        _fill(f, write)
+        _unlink(tmp)  # a stale file or link of that name; link() never follows one
+        folder = os.open(tmp.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:  # a dir fd makes os.link call linkat(…, AT_SYMLINK_FOLLOW): the unnamed file gets a name
+            os.link(f"/proc/self/fd/{f.fileno()}", tmp.name, dst_dir_fd=folder, follow_symlinks=True)
+        finally:
+            os.close(folder)
     return tmp
+
+
+def _fill(f: IO[Any], write: Writer) -> None:
+    write(f)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _open_unnamed(folder: Path) -> int | None:
+    """An unnamed file in ``folder`` (Linux ``O_TMPFILE``), or None where the system has none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder or ".", flag | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None  # a file system without O_TMPFILE: the named .tmp path
+        raise
 
 
 def replace_atomic(path: str | Path, write: Writer, mode: str = "w", intact: str | None = None) -> None:
@@ -148,7 +184,10 @@ def check_folder(out: Path, ours: Callable[[Path], bool], what: str, option: str
         raise OutputError(f"{option} {out} is a dangling symbolic link; choose another folder")
     if out.exists() and not out.is_dir():
         raise OutputError(f"{option} {out} is a file, not a folder")
-    if not out.is_dir() or ours(out):
+    if not out.is_dir():
+        check_creatable(out, option)
+        return
+    if ours(out):
         return
     names = sorted(p.name for p in out.iterdir())
     if names:
@@ -156,6 +195,23 @@ def check_folder(out: Path, ours: Callable[[Path], bool], what: str, option: str
         raise OutputError(
             f"{option} {out} is not empty and holds no {what} ({shown}); choose a new or empty folder"
         )
+
+
+def check_creatable(out: Path, option: str = "--out") -> None:
+    """A folder ``out`` can be made here (``/proc/…``, a read-only disk or a file in the way are refused
+    in one line before any work): its first missing ancestor is created and removed again."""
+    first = Path(os.path.abspath(out))
+    while not first.parent.exists() and first.parent != first:
+        first = first.parent
+    if first.exists():
+        return
+    try:
+        first.mkdir()
+        first.rmdir()
+    except OSError as e:
+        raise OutputError(
+            f"{option} {out} cannot be created ({e.strerror or e}); nothing was written"
+        ) from None
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -99,15 +99,17 @@ def _flat(cfg: dict[str, Any]) -> dict[str, Any]:
     stage's settings (as ``pretrain.KEY``) as keys of their own, settings missing from an older run's
     config at RunConfig's defaults."""
     alg = ALGORITHMS.get(cfg.get("algorithm"))
-    skip = ("options", "lr", "pretrain")
+    skip = ("options", "lr", "pretrain", "privacy")
     defaults = {k: v for k, v in dataclasses.asdict(RunConfig()).items() if k not in skip}
     hyper = {**(alg.hyperparameters() if alg else {}), **cfg.get("options", {})}
     stage1 = {f"pretrain.{k}": v for k, v in (cfg.get("pretrain") or {}).items()}
+    private = {f"privacy.{k}": v for k, v in (cfg.get("privacy") or {}).items() if v is not None}
     return {
         **defaults,
-        **{k: v for k, v in cfg.items() if k not in ("options", "pretrain")},
+        **{k: v for k, v in cfg.items() if k not in ("options", "pretrain", "privacy")},
         **hyper,
         **stage1,
+        **private,  # one key per DP setting: a legend names the ones that differ, never the whole table
     }
 
 
@@ -137,12 +139,19 @@ def variant_labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     config uses its algorithm's default."""
     flats = [_flat(c) for c in configs]
     keys = [k for k in dict.fromkeys(k for f in flats for k in f) if k not in (*NOT_COMPARED, "algorithm")]
-    fields = {f.name for f in dataclasses.fields(RunConfig)} | {k for k in keys if k.startswith("pretrain.")}
+    fields = {f.name for f in dataclasses.fields(RunConfig)} | {
+        k for k in keys if k.startswith(("pretrain.", "privacy."))
+    }
     differs = {k: len({repr(f.get(k)) for f in flats}) > 1 for k in keys if k in fields}
     if all(f["lr"] == getattr(ALGORITHMS.get(f["algorithm"]), "default_lr", None) for f in flats):
         differs["lr"] = False
 
     def named(k: str, f: dict[str, Any]) -> bool:
+        if k == "lr":  # an algorithm's own default step size is not a setting that differs
+            return differs[k] and f[k] not in (
+                None,
+                getattr(ALGORITHMS.get(f["algorithm"]), "default_lr", None),
+            )
         if k in fields:
             return differs[k]
         same_algorithm = {repr(g[k]) for g in flats if g["algorithm"] == f["algorithm"] and k in g}

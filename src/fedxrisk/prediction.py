@@ -29,7 +29,7 @@ import numpy as np
 
 from fedxrisk.inference import InputError, load_trained, resolve_workers
 from fedxrisk.inputs import open_input
-from fedxrisk.outfiles import make_folder, refuse_inputs, refuse_symlink, replace_atomic
+from fedxrisk.outfiles import check_creatable, make_folder, refuse_inputs, refuse_symlink, replace_atomic
 from fedxrisk.textsafe import csv_cell
 
 SCORE_KINDS = ("prob", "logit", "both")
@@ -75,6 +75,7 @@ def check_out(
         raise InputError(f"{out}: already exists; choose another --out or pass --overwrite to replace it")
     if out.exists() and out.is_dir():
         raise InputError(f"--out {out} is a folder; name the CSV file to write")
+    check_creatable(out.parent)
 
 
 def predict(

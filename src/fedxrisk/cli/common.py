@@ -80,7 +80,42 @@ def resolve(
         doc.setdefault("algorithm", {})[key] = value
     for text in overrides:
         apply_override(doc, text)
+    natural_ratio_default(doc)
     return doc
+
+
+# The benchmarks whose papers' protocol resamples to an imbalance ratio: `--imratio 0.1` is their default.
+# Every other dataset (a user's npz / tabular / folder / sites / manifest, the medical sets) keeps its own
+# positive ratio unless --imratio is given.
+RESAMPLED_BY_DEFAULT = frozenset(
+    {
+        "synthetic",
+        "digits",
+        "breast_cancer",
+        "mnist1d",
+        "mnist",
+        "fashionmnist",
+        "cifar10",
+        "cifar100",
+        "stl10",
+    }
+)
+
+
+def natural_ratio_default(doc: dict[str, Any]) -> None:
+    """Fill ``data.imratio = none`` for a dataset that is not a resampled benchmark when nothing set it;
+    print one line when it is set there (resampling a user's data is a choice, said aloud)."""
+    data = doc.get("data", {})
+    dataset = data.get("dataset", DEFAULTS.dataset)
+    if dataset in RESAMPLED_BY_DEFAULT:
+        return
+    if "imratio" not in data:
+        doc.setdefault("data", {})["imratio"] = None
+    elif data["imratio"] not in (None, "none"):
+        console.print(
+            f"note: resampling {dataset}'s training data to imratio {data['imratio']} (samples are dropped "
+            "to reach it); --imratio none keeps its own positive ratio"
+        )
 
 
 CONFIG_OPTIONS = (
@@ -111,6 +146,18 @@ def with_config_options(fn):
 @click.version_option(package_name="fedxrisk")
 def main() -> None:
     """Federated learning of AUC-type risks on imbalanced data."""
+    import warnings
+
+    previous = warnings.formatwarning
+    warnings.formatwarning = one_line_warning  # for this command only: restored when it ends
+    click.get_current_context().call_on_close(lambda: setattr(warnings, "formatwarning", previous))
+
+
+def one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
+    """A warning as one ``warning: …`` line, without Python's file, line number and source text."""
+    from fedxrisk.textsafe import printable
+
+    return f"warning: {printable(' '.join(str(message).split()))}\n"
 
 
 def comma_list(text: str | None, cast: type) -> list[Any] | None:

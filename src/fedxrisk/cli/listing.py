@@ -22,9 +22,14 @@ def list_() -> None:
     for name, entry in catalog["algorithms"].items():
         hp = ", ".join(f"{k}={v}" for k, v in entry["hyperparameters"].items())
         window = f" (I = {entry['window']})" if entry["window"] else ""
-        table.add_row(name, f"{entry['default_lr']:g}{window}", ", ".join(entry["communicates"]), hp)
+        budget = entry.get("lr_pos_budget")
+        scaled = f" (≤ {budget:g}/(p(1−p)))" if budget else ""
+        table.add_row(name, f"{entry['default_lr']:g}{scaled}{window}", ", ".join(entry["communicates"]), hp)
     out = Console()
     out.print(table)
-    out.print("default lr: the step size a run uses without --lr / algorithm.lr; I: a fixed window")
+    out.print(
+        "default lr: the step size a run uses without --lr / algorithm.lr; ≤ B/(p(1−p)): lowered on data "
+        "whose positive ratio p is far from 0.1 (lr·p(1−p) kept at B); I: a fixed window"
+    )
     for key in ("datasets", "partitions", "models", "engines"):
         out.print(f"{key + ':':<11} " + ", ".join(catalog[key]))

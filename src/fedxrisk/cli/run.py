@@ -32,17 +32,10 @@ SMALL_MODELS = ("linear", "mlp", "cnn", "cnn28", "cnn1d")  # a second thread cos
 
 
 def set_threads(threads: int | None, model: str | None) -> int:
-    """torch's intra-op threads for this run: ``threads`` (0: torch's default), else 1 for the
-    small models unless OMP_NUM_THREADS says otherwise; the count in use is returned."""
-    import os
+    """:func:`fedxrisk.run.threads.set_threads` (imported when a run starts: it imports torch)."""
+    from fedxrisk.run.threads import set_threads as set_run_threads
 
-    import torch
-
-    if threads is None and model in SMALL_MODELS and "OMP_NUM_THREADS" not in os.environ:
-        threads = 1
-    if threads:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
+    return set_run_threads(threads, model)
 
 
 def _model_of(model: str | None, resume: str | None) -> str | None:

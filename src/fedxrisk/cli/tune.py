@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from fedxrisk.cli.common import (
     typed_flags,
     with_config_options,
 )
+from fedxrisk.cli.run import _imratio
 
 
 @main.command()
@@ -30,6 +32,12 @@ from fedxrisk.cli.common import (
 @click.option("--dataset", default=DEFAULTS.dataset, show_default=True)
 @click.option("--data-dir", default=None, help="folder of a file dataset (see docs/data.md)")
 @click.option("--clients", "-K", type=int, default=DEFAULTS.clients, show_default=True)
+@click.option(
+    "--imratio",
+    default=None,
+    callback=lambda ctx, param, v: v if v is None else _imratio(v),
+    help="positive ratio kept in training data, or 'none' (default: as `fedxrisk run`)",
+)
 @click.option("--partition", default=DEFAULTS.partition, show_default=True)
 @click.option("--model", default=DEFAULTS.model, show_default=True)
 @click.option("--rounds", type=int, default=DEFAULTS.rounds, show_default=True)
@@ -79,6 +87,7 @@ def tune(
 
     Writes trials.csv, best_config.toml (re-run with `fedxrisk run --config`), best.json and plots.
     """
+    from fedxrisk.run.tuneconfirm import check_seeds
     from fedxrisk.run.tunespace import space_for
 
     given = typed_flags(click.get_current_context(), flags)
@@ -86,18 +95,24 @@ def tune(
         names = [n for n in (given.pop("algorithm", None) or DEFAULTS.algorithm).split(",") if n.strip()]
         if trials < 1:
             raise ConfigError(f"--trials must be ≥ 1, got {trials}")
-        if timeout is not None and timeout <= 0:
-            raise ConfigError(f"--timeout must be > 0, got {timeout}")
+        if timeout is not None and not 0 < timeout < math.inf:
+            raise ConfigError(f"--timeout must be a number of seconds > 0, got {timeout}")
+        if grid_points < 1:
+            raise ConfigError(f"--grid-points must be ≥ 1, got {grid_points}")
         seeds = comma_list(confirm_seeds, int)
+        check_seeds(seeds)
         jobs = []
         for name in names:
             jobs.append(_job(name.strip(), config_file, given, options, overrides, spaces))
         if len(jobs) > 1 and storage is not None and study_name is not None:
             raise ConfigError("--study-name names one study; drop it when tuning several algorithms")
-        from fedxrisk.run.tune import TuneSettings, confirm, require_optuna
+        from fedxrisk.run.tune import TuneSettings, require_optuna
         from fedxrisk.run.tune import tune as run_tune
+        from fedxrisk.run.tuneconfirm import confirm
 
-        require_optuna()
+        optuna = require_optuna()
+        # -q: no per-trial lines, Optuna's own ("Trial 3 failed with value nan") included
+        optuna.logging.set_verbosity(optuna.logging.ERROR if quiet else optuna.logging.WARNING)
         settings = TuneSettings(
             trials=trials,
             timeout=timeout,
@@ -118,14 +133,22 @@ def tune(
                 records = run_tune(cfg, folder, space, settings, report)
                 _show(folder, records, quiet)
                 if seeds and (folder / "best_config.toml").exists():
-                    result = confirm(folder / "best_config.toml", folder, seeds)
-                    click.echo(
-                        f"{cfg.algorithm}: best config on seeds {confirm_seeds}: "
-                        f"{result['metric']} {result['mean']:.4f} ± {result['std']:.4f}"
-                    )
+                    _confirmed(cfg.algorithm, confirm(folder / "best_config.toml", folder, seeds))
         except KeyboardInterrupt:
             console.print(f"interrupted; rerun the same command to resume the study in {out}")
             sys.exit(130)
+
+
+def _confirmed(algorithm: str, result: dict[str, Any]) -> None:
+    """The confirmation's mean ± std over the seeds that finished; one line per seed that did not."""
+    if result["n"]:
+        done = ",".join(result["by_seed"])
+        click.echo(
+            f"{algorithm}: best config on seeds {done}: "
+            f"{result['metric']} {result['mean']:.4f} ± {result['std']:.4f}"
+        )
+    for seed, why in result["failed"].items():
+        console.print(f"{algorithm}: seed {seed} not counted: {escape(why)}")
 
 
 def _job(name, config_file, given, options, overrides, spaces):
@@ -135,7 +158,9 @@ def _job(name, config_file, given, options, overrides, spaces):
     from fedxrisk.run.names import resolve as resolve_name
 
     key = resolve_name(name, load()["algorithms"], "--algorithm")
-    cfg = config_from_sections(resolve(config_file, {**given, "algorithm": key}, options, overrides))
+    doc = resolve(config_file, {**given, "algorithm": key}, options, overrides)
+    doc.setdefault("data", {}).setdefault("validation", "auto")  # tune selects on validation (docs/tune.md)
+    cfg = config_from_sections(doc)
     return cfg, tuple(spaces)
 
 

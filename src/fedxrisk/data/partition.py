@@ -8,7 +8,9 @@ Each function returns one array of sample indices per client.
   group k of both, so no class is shared. When K exceeds the number of
   classes on one side, each class is split over a group of clients instead.
 - ``dirichlet``: label skew; each class's samples are split over clients with
-  proportions drawn from Dirichlet(α·1).
+  proportions drawn from Dirichlet(α·1). A draw that leaves a client empty is followed
+  by the next draw of the same seeded stream (up to 100 more): every seed gives a split,
+  and a seed whose first draw was full gives the same split as before.
 - ``source``: natural silos, one client per source (site folder, CSV column
   value); the number of clients must equal the number of sources.
 - ``patient``: the CODASCA paper's ChestXray-IH split: sources are divided into
@@ -21,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 PARTITIONS = ("iid", "class", "dirichlet", "source", "patient")
+DIRICHLET_REDRAWS = 100  # draws after the first while a client is empty: every seed is usable, none changes
 
 
 def iid_partition(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -150,12 +153,18 @@ def partition(
         parts = class_partition(y, classes, num_clients, rng)
     elif kind == "dirichlet":
         parts = dirichlet_partition(classes, num_clients, dirichlet_alpha, rng)
+        for _ in range(DIRICHLET_REDRAWS):  # a client left empty: the next draw of the same seed's stream
+            if all(len(p) for p in parts):
+                break
+            parts = dirichlet_partition(classes, num_clients, dirichlet_alpha, rng)
     else:
         raise ValueError(f"unknown partition {kind!r}; choose one of {list(PARTITIONS)}")
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise ValueError(
             f"partition {kind!r} left clients {empty[:10]} with no samples "
-            f"({len(y)} samples, {num_clients} clients); use fewer clients"
+            f"({len(y)} samples, {num_clients} clients"
+            + (f", {DIRICHLET_REDRAWS + 1} Dirichlet draws" if kind == "dirichlet" else "")
+            + "); use fewer clients"
         )
     return parts

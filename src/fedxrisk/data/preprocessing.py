@@ -66,7 +66,33 @@ def value_range(x: np.ndarray) -> dict[str, Any]:
     finite = rows[np.isfinite(rows)]
     if finite.size == 0:
         return {"kind": "arrays"}
-    return {"kind": "arrays", "range": [float(finite.min()), float(finite.max())]}
+    record: dict[str, Any] = {"kind": "arrays", "range": [float(finite.min()), float(finite.max())]}
+    if rows.ndim == 2 and np.isfinite(rows).all():  # feature rows: each column's scale, for predict
+        record["column_mean"] = [float(v) for v in rows.mean(0, dtype=np.float64)]
+        record["column_std"] = [float(v) for v in rows.std(0, dtype=np.float64)]
+    return record
+
+
+OFF_SCALE = 3.0  # median |input column mean − training's| / training std above this: another scale
+
+
+def off_scale(record: Mapping[str, Any], column_mean: np.ndarray) -> str | None:
+    """Why rows whose columns average ``column_mean`` are not on the training scale (pre-standardized
+    rows given to a model trained on raw values, or the reverse), or None when they are."""
+    keys = ("column_mean", "column_std") if "column_mean" in record else ("mean", "std")  # arrays | features
+    if keys[0] not in record or keys[1] not in record or len(record[keys[0]]) != len(column_mean):
+        return None
+    mean, std = np.asarray(record[keys[0]]), np.asarray(record[keys[1]])
+    varying = std > 0
+    if not varying.any():
+        return None
+    z = float(np.median(np.abs(column_mean[varying] - mean[varying]) / std[varying]))
+    if z <= OFF_SCALE:
+        return None
+    return (
+        f"the columns average a median {z:.1f} training standard deviations away from the training data's "
+        "(pre-standardized or rescaled rows?); give the raw values the model was trained on"
+    )
 
 
 NORMALIZE_PRESETS = {"imagenet": ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])}
@@ -141,6 +167,9 @@ def from_stored(record: Any) -> dict[str, Any]:
         raise ValueError("preprocessing 'std' must be > 0")
     if "range" in out:
         out["range"] = _numbers(out["range"], "range", 2)
+    for key in ("column_mean", "column_std"):
+        if key in out:
+            out[key] = _numbers(out[key], key)
     if "normalize" in out:
         out["normalize"] = normalization(out["normalize"])
     size = out.get("image_size")

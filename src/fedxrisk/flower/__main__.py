@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from fedxrisk.errors import ConfigError
 from fedxrisk.flower import FLWR_REQUIREMENT
 from fedxrisk.flower.config import FlowerConfig, default_run_config
 
@@ -54,14 +55,33 @@ def app_pyproject(run_config: dict[str, Any], name: str = "fedxrisk-app") -> str
     return "\n".join(lines)
 
 
-def write_app(folder: str | Path, overrides: dict[str, Any] | None = None) -> Path:
-    """Write ``pyproject.toml`` and ``fedxrisk_app.py``: the folder ``flwr run`` builds a FAB from."""
+APP_FILES = ("pyproject.toml", "fedxrisk_app.py")
+
+
+def write_app(folder: str | Path, overrides: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+    """Write ``pyproject.toml`` and ``fedxrisk_app.py``: the folder ``flwr run`` builds a FAB from.
+
+    An existing file of either name is replaced only with ``overwrite`` (a symbolic link never);
+    the settings are checked first, SecAgg+'s algorithm refusal included, so nothing is written
+    for a config the server would refuse."""
+    from fedxrisk.flower.secure import check_secure_algorithm
+    from fedxrisk.outfiles import make_folder, refuse_symlink, text_writer, write_together
+
     run_config = {**default_run_config(), **(overrides or {})}
-    FlowerConfig.from_run_config(run_config)  # fail here, not on the SuperLink
+    cfg = FlowerConfig.from_run_config(run_config)  # fail here, not on the SuperLink
+    check_secure_algorithm(cfg)
     root = Path(folder)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "pyproject.toml").write_text(app_pyproject(run_config))
-    (root / "fedxrisk_app.py").write_text(APP_MODULE)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root} is a file, not a folder")
+    for name in APP_FILES:
+        refuse_symlink(root / name)
+        if (root / name).exists() and not overwrite:
+            raise ConfigError(
+                f"{root / name} already exists; pass --overwrite to replace it, or choose another folder"
+            )
+    make_folder(root)
+    texts = (app_pyproject(run_config), APP_MODULE)
+    write_together({root / name: text_writer(text) for name, text in zip(APP_FILES, texts)})
     return root
 
 
@@ -78,6 +98,12 @@ def _parse_set(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+class Refused(click.ClickException):
+    """A refused setting or output: one ``Error:`` line, exit status 2 (as ``fedxrisk`` commands)."""
+
+    exit_code = 2
+
+
 @click.group()
 def main() -> None:
     """Deploy fedxrisk on Flower (see docs/flower.md)."""
@@ -86,12 +112,13 @@ def main() -> None:
 @main.command("new-app")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--set", "settings", multiple=True, help="run-config default, e.g. --set algorithm=codasca")
-def new_app(folder: str, settings: tuple[str, ...]) -> None:
+@click.option("--overwrite", is_flag=True, help="replace an existing pyproject.toml / fedxrisk_app.py")
+def new_app(folder: str, settings: tuple[str, ...], overwrite: bool) -> None:
     """Write a Flower app folder (pyproject.toml with every run-config key, fedxrisk_app.py)."""
     try:
-        root = write_app(folder, _parse_set(settings))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
+        root = write_app(folder, _parse_set(settings), overwrite)
+    except ValueError as e:  # ConfigError and OutputError: one line, exit 2
+        raise Refused(str(e)) from None
     click.echo(f"wrote {root / 'pyproject.toml'} and {root / 'fedxrisk_app.py'}")
 
 

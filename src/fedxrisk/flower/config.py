@@ -76,6 +76,7 @@ class FlowerConfig:
     def from_run_config(cls, run_config: Mapping[str, Any]) -> FlowerConfig:
         """Parse Flower's flat run config; unknown keys are an error naming them."""
         known = {f.name.replace("_", "-"): f.name for f in fields(cls)}
+        types = {f.name: str(f.type) for f in fields(cls)}
         unknown = sorted(set(run_config) - set(known))
         if unknown:
             raise ConfigError(f"unknown run-config key(s) {unknown}; allowed: {sorted(known)}")
@@ -89,7 +90,7 @@ class FlowerConfig:
                     raise ConfigError(f"run-config 'options' must be a JSON object: {e}") from e
                 if not isinstance(value, dict):
                     raise ConfigError("run-config 'options' must be a JSON object")
-            kwargs[name] = value
+            kwargs[name] = _typed(key, value, types[name])
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg
@@ -209,6 +210,30 @@ class FlowerConfig:
     def is_eval_round(self, round_: int) -> bool:
         """Evaluate after round ``round_`` (0-based): every ``eval_every`` rounds and at the end."""
         return (round_ + 1) % self.eval_every == 0 or round_ + 1 == self.rounds
+
+
+def _typed(key: str, value: Any, annotation: str) -> Any:
+    """A run-config value as its field's type: a bool is true/false (never a string that counts as
+    on), a number a number; anything else is one line naming the key."""
+    if annotation == "bool":
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        if not isinstance(value, bool):
+            raise ConfigError(f"run-config {key} must be true or false, got {value!r}")
+        return value
+    if annotation not in ("int", "float"):
+        return value
+    try:
+        number = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None:
+        raise ConfigError(f"run-config {key} must be a number, got {value!r}")
+    if annotation == "int":
+        if not number.is_integer():
+            raise ConfigError(f"run-config {key} must be a whole number, got {value!r}")
+        return int(number)
+    return number
 
 
 def default_run_config() -> dict[str, Any]:

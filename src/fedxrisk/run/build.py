@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
-from fedxrisk.data.preprocessing import normalization
+from fedxrisk.data.preprocessing import normalization, value_range
 from fedxrisk.engines import DistributedSimulation, Simulation
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
@@ -93,6 +96,7 @@ def build(
     batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
     cfg = with_data_lr(cfg, instance_pos_ratio(cfg) or data.data.pos_ratio)  # DP: the public p
     labels = data.data.num_labels
+    record_input_range(data.data)  # model.pt carries it: predict refuses inputs on another scale
     with users_error():  # data.normalize's mean and std against the image channels
         norm = normalization(cfg.normalize, data.data.input_shape[0])
     if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
@@ -100,7 +104,7 @@ def build(
     with users_error():  # a model that does not take this data's inputs
         model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels, norm)
     source = None
-    if init is not None or cfg.reset_head:
+    if init is not None or (cfg.reset_head and cfg.pretrain is None):  # two stages: the 2nd loads
         from fedxrisk.run.weights import load_weights
 
         source = load_weights(model, cfg.model, init, cfg.reset_head)
@@ -185,3 +189,15 @@ def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:
             stacklevel=2,
         )
     return batch_size
+
+
+def record_input_range(data: Any) -> None:
+    """Add the training inputs' value range to ``data.preprocessing`` when its reader recorded none
+    (an image set in [0, 1]: uint8 0–255 pixels given to ``predict`` are then refused, not scored)."""
+    prep = data.preprocessing or {}
+    x = data.x_train
+    if "range" in prep or prep.get("kind") == "features" or not isinstance(x, (np.ndarray, torch.Tensor)):
+        return
+    found = value_range(x.numpy() if isinstance(x, torch.Tensor) else x).get("range")
+    if found is not None:
+        data.preprocessing = {**prep, "range": found}

@@ -87,8 +87,10 @@ def resume_hint(folder: Path) -> str:
 
 def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
     """``torch.save`` through a temporary file and ``os.replace``: the old checkpoint survives a crash."""
-    safe = _torch_safe(obj)
-    replace_atomic(path, lambda f: torch.save(safe, f), "wb", intact=resume_hint(path.parent))
+    buffer = io.BytesIO()  # serialized first: torch's own file writer turns a full disk into a RuntimeError
+    torch.save(_torch_safe(obj), buffer)
+    data = buffer.getvalue()
+    replace_atomic(path, lambda f: f.write(data), "wb", intact=resume_hint(path.parent))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

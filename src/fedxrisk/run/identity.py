@@ -62,3 +62,20 @@ def check_model_identity(run_dir: str | Path) -> None:
             f"{folder / MODEL} is not the model this run wrote (its sha256 differs from summary.json's "
             "model_sha256); put the run's own model.pt back, or use the run folder the model came from"
         )
+
+
+def check_config_identity(run_dir: str | Path, config: Mapping[str, Any]) -> None:
+    """Refuse a ``config.toml`` edited after the run (``config``: it as read, ``RunConfig.to_dict()``):
+    the model was built from the summary's config, another dataset or model would not fit it."""
+    folder = Path(run_dir)
+    try:
+        summary = json.loads((folder / SUMMARY).read_text())
+        expected, recorded = summary.get("config_sha256"), summary.get("config")
+    except (OSError, ValueError, AttributeError):
+        return  # no readable summary: the caller reports it
+    if expected and fingerprint(config) != expected:
+        shown = config_difference(recorded, config) if isinstance(recorded, Mapping) else "it changed"
+        raise ConfigError(
+            f"{folder / 'config.toml'} was edited after the run ({shown}, run vs file); "
+            f"restore it from {folder / SUMMARY}'s config"
+        )

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,6 +117,9 @@ def train(
     stopper = next((cb for cb in callbacks if isinstance(cb, EarlyStopping)), None)
     summary = _summary(setup, history, best, elapsed(), failure)
     summary["selected"] = json_safe(_selected(cfg, history, chosen))
+    if (note := below_chance(summary["selected"])) is not None:
+        warnings.warn(note, stacklevel=2)
+        summary["selected"]["warning"] = note
     if stopper is not None:
         summary["early_stopping"] = {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}
     summary["resumed_at_rounds"] = resumed
@@ -134,6 +138,20 @@ def train(
         folder.save_final_state(_checkpoint(setup, callbacks, history, best, elapsed(), resumed))
     folder.drop_checkpoint()
     return RunResult(summary, history, folder.path)
+
+
+def below_chance(selected: dict[str, Any] | None) -> str | None:
+    """A selected model whose own validation AUROC is below 0.5 ranks worse than chance: said aloud
+    (and kept in summary.json), since the "best" model of a run that inverted is still inverted."""
+    if not selected or selected.get("selection") != "best" or "auroc" not in str(selected.get("monitor")):
+        return None
+    value = selected.get("value")
+    if not isinstance(value, float) or not value < 0.5:
+        return None
+    return (
+        f"the selected model's {selected['monitor']} is {value:.3f} < 0.5 on its own validation data: it ranks "
+        "worse than chance (an inverted model); check the step size, the privacy noise and the positive class"
+    )
 
 
 ORACLE_NOTE = "chosen on the test set: an optimistic bound for comparison, not a result; see 'selected'"

@@ -161,6 +161,11 @@ def check_privacy(cfg: Any) -> None:
         raise ConfigError(f"privacy.level must be one of {LEVELS}, got {p['level']!r}")
     if (p["noise_multiplier"] is None) == (p["target_epsilon"] is None):
         raise ConfigError("privacy: set exactly one of privacy.noise_multiplier and privacy.target_epsilon")
+    if p["noise_multiplier"] is not None and not 0 < p["noise_multiplier"] < math.inf:
+        raise ConfigError(
+            f"privacy.noise_multiplier must be a finite number > 0 (σ = 0 adds no noise: ε would be "
+            f"infinite), got {p['noise_multiplier']:g}; drop [privacy] for a run without DP"
+        )
     if p["target_epsilon"] is not None and not (0 < p["target_epsilon"] < math.inf):
         raise ConfigError(f"privacy.target_epsilon must be a finite number > 0, got {p['target_epsilon']}")
     if p["delta"] is not None and not 0.0 < p["delta"] < 1.0:
@@ -173,6 +178,12 @@ def check_privacy(cfg: Any) -> None:
             "tune) releases information ε does not cover; use selection = 'last' and early_stopping = 0"
         )
     ClientDP(p["clip"], p["noise_multiplier"] or 0.0, ClientSampling(p["sampling_rate"], p["sampling"]))
+    q, k = p["sampling_rate"], cfg.clients
+    if p["level"] == "client" and p["sampling"] == "fixed" and q < 1.0 and round(q * k) < 1:
+        raise ConfigError(
+            f"privacy.sampling_rate = {q:g} with sampling 'fixed' draws round(q·K) = 0 of K = {k} clients "
+            f"per round; set sampling_rate above {1 / (2 * k):.3g} (one client) or sampling = 'poisson'"
+        )
     stub = _algorithm_stub(cfg)
     if p["pos_ratio"] is not None and p["level"] != "instance":
         raise ConfigError(

@@ -58,6 +58,7 @@ from fedxrisk.run.folder import (
 from fedxrisk.run.identity import config_difference, differing_keys, fingerprint, same_config
 from fedxrisk.run.loop import train
 from fedxrisk.run.spec import CENTRALIZED, RunConfig
+from fedxrisk.run.threads import set_threads
 
 SUMMARY_KEYS = ("status", "algorithm", "rounds", "final", "selected", "wall_seconds", "communication")
 
@@ -78,6 +79,9 @@ def run_experiment(
     progress; ``callbacks`` (:class:`~fedxrisk.run.callbacks.Callback`) hook into the loop.
     """
     checked = checks.checked(cfg)
+    set_threads(
+        None, cfg.model
+    )  # one thread for the small models, as `fedxrisk run` (OMP_NUM_THREADS: yours)
     out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
     if launched_rank() == 0:  # before the data is loaded: a bad --out fails fast
         check_out_dir(out)
@@ -116,7 +120,7 @@ def resume_experiment(
     if rounds is not None:
         return extend_experiment(out, rounds, callback, overrides, callbacks)
     if (out / "summary.json").exists():
-        status = json.loads((out / "summary.json").read_text()).get("status")
+        status = _status(out)
         if status == "completed" and (out / "model.pt").exists():
             raise ConfigError(f"{out} already finished (status: {status}); nothing to resume")
     ckpt = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
@@ -137,6 +141,21 @@ def resume_experiment(
         setup.simulation.load_state_dict(ckpt["simulation"])
     folder = RunFolder(out, setup.simulation.is_primary)
     return train(setup, folder, default_callbacks(callback, callbacks), ckpt)
+
+
+def _status(out: Path) -> str | None:
+    """summary.json's status; a damaged summary is no status, unless model.pt says the run may have
+    finished (a restart would then replace a finished model): one line."""
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        return summary.get("status") if isinstance(summary, dict) else None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        if (out / "model.pt").exists():
+            raise ConfigError(
+                f"{out / 'summary.json'} is unreadable ({type(e).__name__}) and model.pt exists: the run may "
+                "have finished; nothing to resume (move summary.json away to resume anyway)"
+            ) from None
+        return None
 
 
 def check_identity(out: Path, ckpt: dict[str, Any], cfg: RunConfig) -> RunConfig:

@@ -78,7 +78,8 @@ class RunConfig:
     )
     imratio: float | None = setting(
         0.1, section="data", flag="--imratio",
-        help="positive ratio kept in training data; 'none' keeps the data's own (multi-label, natural sets)",
+        help="positive ratio kept in training data; 'none' keeps the data's own (the default for any dataset "
+        "but the resampled benchmarks: synthetic, digits, breast_cancer, mnist1d, mnist, fashionmnist, cifar*, stl10)",
     )  # fmt: skip
     partition: str = setting("class", section="data", help="see `fedxrisk list`", flag="--partition")
     clients: int = setting(8, section="data", help="clients K", flag="--clients", short="-K")
@@ -153,7 +154,9 @@ class RunConfig:
         flag="--reset-head",
     )
     # [algorithm]
-    algorithm: str = setting("codasca", section="algorithm", help="see `fedxrisk list`", flag="--algorithm")
+    algorithm: str = setting(
+        "codasca", section="algorithm", help="see `fedxrisk list`", flag="--algorithm", short="-a"
+    )
     lr: float | None = setting(
         None,
         section="algorithm",

@@ -27,23 +27,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedxrisk.errors import ConfigError
+from fedxrisk.errors import ConfigError, OutputError
+from fedxrisk.outfiles import DISK_ERRORS, refuse_symlink, replace_atomic
 from fedxrisk.run.callbacks import Callback, LoopState
 from fedxrisk.run.spec import RunConfig
 from fedxrisk.run.tuneout import (
     TrialRecord,
     best_record,
     check_tune_dir,
-    confirm_summary,
+    read_marker,
     start_tune_dir,
     write_best,
     write_trial_json,
     write_trials_csv,
 )
-from fedxrisk.run.tunespace import Param, apply_params, default_params
+from fedxrisk.run.tunespace import Param, apply_params, check_space, default_params, tune_config
 
 HOST = socket.gethostname()
-DEFAULT_VALIDATION = "auto"
 
 
 def require_optuna() -> Any:
@@ -52,7 +52,8 @@ def require_optuna() -> Any:
         import optuna
     except ImportError:
         raise ConfigError("fedxrisk tune needs Optuna: pip install 'fedxrisk[tune]'") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if optuna.logging.get_verbosity() < optuna.logging.WARNING:  # `tune -q` raised it to ERROR: kept
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
 
 
@@ -69,17 +70,6 @@ class TuneSettings:
     prune: bool = True
     study_name: str | None = None
     monitor: str | None = None  # None: the run's own (RunConfig.resolved_monitor)
-
-
-def tune_config(cfg: RunConfig, monitor: str | None = None) -> RunConfig:
-    """The base config of every trial: validation data (``auto``: the dataset's own split, else 20 %
-    carved per client when the config sets none), the best-on-validation model selected, no TensorBoard."""
-    changes: dict[str, Any] = {"tensorboard": False, "selection": "best"}
-    if not cfg.validation:
-        changes["validation"] = DEFAULT_VALIDATION
-    if monitor is not None:
-        changes["monitor"] = monitor
-    return dataclasses.replace(cfg, **changes)
 
 
 def validation_value(summary: dict[str, Any], history: list[dict[str, Any]], monitor: str) -> float:
@@ -109,14 +99,48 @@ class PruneOnValidation(Callback):
             state.should_stop = True
 
 
+STORAGE_SCHEMES = ("sqlite:///", "postgresql://", "postgresql+", "mysql://", "mysql+")
+
+
 def _storage(optuna: Any, url: str | None, out: Path) -> Any:
+    """The study's storage: ``TUNE/study.journal`` or a database URL; any failure to open it is one line."""
     if url is None:
         from optuna.storages.journal import JournalFileBackend
 
-        return optuna.storages.JournalStorage(JournalFileBackend(str(out / "study.journal")))
-    if url.startswith(("sqlite", "postgresql", "mysql")):
-        return optuna.storages.RDBStorage(url)
-    return url
+        where: str = str(out / "study.journal")
+        make = lambda: optuna.storages.JournalStorage(JournalFileBackend(where))  # noqa: E731
+    elif url.startswith(STORAGE_SCHEMES):
+        where = url
+        make = lambda: optuna.storages.RDBStorage(url)  # noqa: E731
+    else:
+        raise ConfigError(
+            f"--storage {url!r}: expected a database URL (sqlite:///FILE, postgresql://…, mysql://…), "
+            "or no --storage for TUNE/study.journal"
+        )
+    try:
+        return make()
+    except Exception as e:  # a missing driver, an unreachable server, a damaged file: every one in one line
+        raise ConfigError(f"cannot open the study storage {where}: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+def open_study(optuna: Any, storage: Any, settings: TuneSettings, out: Path, name: str, pruner: Any) -> Any:
+    """The study ``name`` (created or resumed); a damaged journal or database is one line."""
+    if storage is None:
+        storage = _storage(optuna, None, out)
+    try:
+        return optuna.create_study(
+            storage=storage, study_name=name, direction="maximize", pruner=pruner, load_if_exists=True
+        )
+    except Exception as e:
+        where = settings.storage or out / "study.journal"
+        raise ConfigError(
+            f"cannot read the study {name!r} in {where} ({_first_line(e)}); restore it or choose another --out"
+        ) from None
 
 
 def _sampler(optuna: Any, settings: TuneSettings, space: dict[str, Param], done: int) -> Any:
@@ -172,6 +196,8 @@ def _record(t: Any, optuna: Any) -> TrialRecord:
         S.WAITING: "waiting",
     }
     note = t.user_attrs.get("outcome", "")
+    if note == "nonfinite":
+        note = "non-finite loss"
     if t.state == S.FAIL and not note:
         note = "killed" if t.user_attrs.get("pid") else "error"
     rnd = t.user_attrs.get("pruned_at")
@@ -200,21 +226,17 @@ def tune(
     from fedxrisk.run.checks import checked
 
     checked(base)  # a bad base config (or monitor) fails here, not in every trial
+    check_space(base, space)
     monitor = base.resolved_monitor()
     name = settings.study_name or study_name(cfg)
     info = {"algorithm": cfg.algorithm, "study": name, "dataset": cfg.dataset, "monitor": monitor, "trials": settings.trials,
             "sampler": settings.sampler, "seed": settings.seed, "storage": settings.storage,
             "space": {k: dataclasses.asdict(p) for k, p in space.items()}}  # fmt: skip
     check_tune_dir(out, info)
+    storage = None if settings.storage is None else _storage(optuna, settings.storage, out)  # before writing
     start_tune_dir(out, info)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=max(1, base.rounds // 5))
-    study = optuna.create_study(
-        storage=_storage(optuna, settings.storage, out),
-        study_name=name,
-        direction="maximize",
-        pruner=pruner,
-        load_if_exists=True,
-    )
+    study = open_study(optuna, storage, settings, out, name, pruner)
     _rerun_dead_trials(optuna, study)
     if not study.trials:
         study.enqueue_trial(default_params(base, space), user_attrs={"default": True}, skip_if_exists=True)
@@ -236,11 +258,19 @@ def tune(
             else:
                 params[p.name] = trial.suggest_float(p.name, p.low, p.high, log=p.log)
         folder = out / "trials" / f"{trial.number:04d}"
+        refuse_symlink(folder)  # a planted link would send the trial's run outside the tune folder
         trial.set_user_attr("folder", str(folder.relative_to(out)))
         prune = PruneOnValidation(trial, monitor, settings.prune)
         record = TrialRecord(trial.number, "running", None, params, str(folder.relative_to(out)))
         try:
             result = run_experiment(apply_params(base, params), folder, callbacks=[prune])
+        except OSError as e:  # a full or read-only disk stops the search; the trial says why
+            if e.errno in DISK_ERRORS:
+                trial.set_user_attr("outcome", f"disk: {e.strerror}")
+            raise
+        except OutputError as e:
+            trial.set_user_attr("outcome", f"not written: {str(e)[:200]}")
+            raise
         except NonFiniteLoss as e:
             trial.set_user_attr("outcome", "nonfinite")
             write_trial_json(
@@ -270,7 +300,10 @@ def tune(
         waiting = optuna.trial.TrialState.WAITING
         return sum(_counts(t, optuna) and t.state != waiting for t in study.get_trials(deepcopy=False))
 
-    while taken() < settings.trials:
+    while True:
+        _rerun_dead_trials(optuna, study)  # another process on this study was killed meanwhile
+        if taken() >= settings.trials:
+            break
         if deadline is not None and time.monotonic() >= deadline:
             report(f"timeout: {settings.timeout:g} s reached")
             break
@@ -284,11 +317,9 @@ def load_records(
     out: str | Path, storage: str | None = None, study_name: str | None = None
 ) -> list[TrialRecord]:
     """The trials of the study of a tune folder (for tests and reports)."""
-    import json
-
     optuna = require_optuna()
     out = Path(out)
-    info = json.loads((out / "tune.json").read_text())
+    info = read_marker(out)
     storage = storage or info.get("storage")
     study = optuna.load_study(study_name=study_name or info["study"], storage=_storage(optuna, storage, out))
     return [_record(t, optuna) for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("skipped")]
@@ -339,36 +370,18 @@ def _plots(optuna: Any, study: Any, out: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna marks its matplotlib module experimental
         if done:
-            ax = ovm.plot_optimization_history(study)
-            ax.figure.savefig(out / "history.png", dpi=100, bbox_inches="tight")
-            plt.close(ax.figure)
+            _save(plt, ovm.plot_optimization_history(study).figure, out / "history.png")
         if len(done) >= 2 and len(done[0].params) >= 1:
             try:
                 ax = ovm.plot_param_importances(study)
             except (RuntimeError, ValueError):  # e.g. every trial had the same parameters
                 return
-            ax.figure.savefig(out / "importances.png", dpi=100, bbox_inches="tight")
-            plt.close(ax.figure)
+            _save(plt, ax.figure, out / "importances.png")
 
 
-def confirm(best_config: Path, out: Path, seeds: list[int], metric: str = "test_auroc") -> dict[str, Any]:
-    """Rerun the best config on ``seeds`` (``TUNE/confirm/seedS``, kept across reruns); test mean ± std."""
-    from fedxrisk.run.configfile import load_config
-    from fedxrisk.run.folder import write_json_atomic
-    from fedxrisk.run.recipes import run_experiment
-
-    cfg = load_config(best_config)
-    values: dict[int, float] = {}
-    for seed in seeds:
-        folder = out / "confirm" / f"seed{seed}"
-        if (folder / "summary.json").exists() and (folder / "model.pt").exists():
-            import json
-
-            summary = json.loads((folder / "summary.json").read_text())
-        else:
-            summary = run_experiment(dataclasses.replace(cfg, seed=seed), folder).summary
-        selected = summary.get("selected") or {}
-        values[seed] = float(selected.get(metric, summary["final"][metric]))
-    result = confirm_summary(metric, values)
-    write_json_atomic(out / "confirm.json", result)
-    return result
+def _save(plt: Any, figure: Any, path: Path) -> None:
+    """A PNG through a temporary file and a rename, never through a symbolic link."""
+    try:
+        replace_atomic(path, lambda f: figure.savefig(f, format="png", dpi=100, bbox_inches="tight"), "wb")
+    finally:
+        plt.close(figure)

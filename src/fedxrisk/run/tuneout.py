@@ -23,9 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from fedxrisk.errors import ConfigError
+from fedxrisk.outfiles import refuse_symlink
 from fedxrisk.run.folder import replace_atomic, write_json_atomic
 
 MARKER = "tune.json"
+OWN = ("tune.json", "study.journal", "trials", "trials.csv", "best_config.toml", "best.json",
+       "history.png", "importances.png", "confirm", "confirm.json")  # fmt: skip
 
 
 @dataclass
@@ -47,23 +50,51 @@ def check_tune_dir(out: Path, settings: dict[str, Any]) -> bool:
 
     Any other non-empty folder is refused, so no run folder or user file is mixed into a study.
     """
+    if out.is_symlink() and not out.exists():
+        raise ConfigError(f"--out {out} is a dangling symbolic link; choose another folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     if not out.is_dir() or not any(out.iterdir()):
         return False
+    refuse_links(out)
     marker = out / MARKER
     if not marker.exists():
         names = ", ".join(sorted(p.name for p in out.iterdir())[:5])
         raise ConfigError(
             f"--out {out} is not empty and holds no fedxrisk tune ({names}); choose a new or empty folder"
         )
-    old = json.loads(marker.read_text())
+    old = read_marker(out)
     for key in ("algorithm", "monitor", "dataset"):
         if old.get(key) != settings.get(key):
             raise ConfigError(
                 f"{out} holds a tune of {key} {old.get(key)!r}, not {settings.get(key)!r}; choose another --out"
             )
     return True
+
+
+def refuse_links(out: Path) -> None:
+    """No file or folder a tune writes (nor a trial or confirmation folder) may be a symbolic link:
+    a link would send the journal, a plot or a whole trial to a file outside ``out``."""
+    for name in OWN:
+        refuse_symlink(out / name)
+    for sub in ("trials", "confirm"):
+        if (out / sub).is_dir():
+            for p in (out / sub).iterdir():
+                refuse_symlink(p)
+
+
+def read_marker(out: Path) -> dict[str, Any]:
+    """``tune.json`` as a dict, or one line saying it is damaged."""
+    try:
+        info = json.loads((out / MARKER).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(
+            f"{out / MARKER} is unreadable ({type(e).__name__}); it marks a tune folder: "
+            "restore it or choose another --out"
+        ) from None
+    if not isinstance(info, dict):
+        raise ConfigError(f"{out / MARKER} is not a tune folder's settings; choose another --out")
+    return info
 
 
 def start_tune_dir(out: Path, settings: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fedxrisk.errors import ConfigError
@@ -18,6 +19,13 @@ from fedxrisk.run.spec import RunConfig
 
 INT_FIELDS = ("local_steps", "batch_size", "rounds", "stages", "positives_per_batch")
 FLOAT_FIELDS = ("lr", "lr_decay", "window_growth", "dirichlet_alpha")
+# Hyperparameters whose meaning bounds them (the config check does not see algorithm options):
+# key -> (lowest allowed, highest allowed, highest is excluded).
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "momentum": (0.0, 1.0, True), "beta": (0.0, 1.0, False), "gamma": (0.0, 1.0, False),
+    "margin": (0.0, math.inf, False), "mu": (0.0, math.inf, False), "prox": (0.0, math.inf, False),
+    "weight_decay": (0.0, math.inf, False), "eta_g": (0.0, math.inf, False),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,27 @@ def parse_space(spec: str, algorithm: str) -> Param:
         raise ConfigError(
             f"--space {spec}: {key} is not a number (default {default!r}); set it with --option"
         )
+    if key in BOUNDS:
+        lo, hi, open_high = BOUNDS[key]
+        if low < lo or high > hi or (open_high and high >= hi):
+            right = ")" if open_high else "]"
+            raise ConfigError(f"--space {spec}: {key} must lie in [{lo:g}, {hi:g}{right}")
     return Param(key, low, high, log, integer)
+
+
+def check_space(base: RunConfig, space: dict[str, Param]) -> None:
+    """Both ends of every searched range pass the run's own checks (``lr = 0``, ``local_steps = 0``, …),
+    so a bad range is refused before the first trial, not by a trial's traceback."""
+    from fedxrisk.run.checks import checked
+
+    for p in space.values():
+        for value in dict.fromkeys((p.low, p.high)):
+            try:
+                checked(apply_params(base, {p.name: int(value) if p.integer else value}))
+            except ConfigError as e:
+                raise ConfigError(
+                    f"--space {p.name}={p.low:g}:{p.high:g}: {p.name} = {value:g} is refused: {e}"
+                ) from None
 
 
 def space_for(algorithm: str, overrides: tuple[str, ...] = ()) -> dict[str, Param]:
@@ -140,3 +168,21 @@ def default_params(cfg: RunConfig, space: dict[str, Param]) -> dict[str, Any]:
         if p.integer:
             out[name] = int(out[name])
     return out
+
+
+DEFAULT_VALIDATION = "auto"
+
+
+def tune_config(cfg: RunConfig, monitor: str | None = None) -> RunConfig:
+    """The base config of every trial: validation data (``auto``: the dataset's own split, else 20 %
+    carved per client when the config sets none), the best-on-validation model selected, no TensorBoard."""
+    changes: dict[str, Any] = {"tensorboard": False, "selection": "best"}
+    for key in ("data_dir", "init_from"):  # absolute: best_config.toml runs from any folder
+        value = getattr(cfg, key)
+        if value not in (None, "none") and not Path(value).expanduser().is_absolute():
+            changes[key] = str(Path(value).expanduser().resolve())
+    if not cfg.validation:
+        changes["validation"] = DEFAULT_VALIDATION
+    if monitor is not None:
+        changes["monitor"] = monitor
+    return dataclasses.replace(cfg, **changes)

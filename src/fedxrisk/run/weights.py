@@ -130,8 +130,11 @@ def load_weights(
     prefix = f"{head}." if reset_head else None
     own = model.state_dict()
     in_head = (lambda k: k.startswith(prefix)) if prefix else (lambda k: False)
-    if source is None:  # reset_head alone: the fresh model already has a freshly initialised head
-        return {"from": None, "reset_head": reset_head, "head": head}
+    if source is None:  # reset_head alone would do nothing: the fresh model's head is fresh already
+        raise ConfigError(
+            "model.reset_head without model.init_from does nothing (every weight is freshly initialised); "
+            "set model.init_from (--init-from) to the weights to start from, or drop reset_head"
+        )
     if isinstance(source, Mapping):
         state, saved_model, path = {k: v.detach() for k, v in source.items()}, None, "the given state dict"
     else:
@@ -165,6 +168,13 @@ def load_weights(
         )
         raise ConfigError(
             f"model.init_from: {path!r} does not fit model {model_name!r}{saved}: " + "; ".join(parts)
+        )
+    integer = [k for k in own if k in state and not in_head(k) and own[k].is_floating_point()
+               and not state[k].is_floating_point()]  # fmt: skip
+    if integer:  # cast to float they would load as whole numbers: a model that trains to chance
+        raise ConfigError(
+            f"model.init_from: {path!r} holds integer tensors for floating-point weights in {_listing(integer)} "
+            f"({state[integer[0]].dtype}); save the trained model's float weights"
         )
     bad = [k for k in own if k in state and not in_head(k) and state[k].is_floating_point()]
     bad = [k for k in bad if not torch.isfinite(state[k]).all()]

@@ -127,6 +127,11 @@ def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, l
     if len(rows) < 2:
         raise DataFileError(f"{path}: needs a header and at least one row; expected:\n{TABULAR_LAYOUT}")
     header, body = rows[0], rows[1:]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:  # the model records its inputs by name: two columns of one name cannot be told apart
+        raise DataFileError(
+            f"{path}: column {repeated[0]!r} appears {header.count(repeated[0])} times in the header; rename one"
+        )
     if "label" not in header:
         raise DataFileError(f"{path}: no 'label' column in header {header}; expected:\n{TABULAR_LAYOUT}")
     li = header.index("label")

@@ -1,0 +1,147 @@
+"""Frictions a new user met (issue 34): their own data keeps its positive ratio unless --imratio says
+otherwise (and then it is said aloud), `run -a`, `tune --imratio`, `tune --set experiment.selection=best`
+without data.validation, a Dirichlet split valid for every seed, quiet notices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from fedxrisk.cli import main
+from fedxrisk.cli.common import resolve
+from fedxrisk.data.partition import dirichlet_partition, partition
+
+
+def test_a_users_dataset_keeps_its_own_ratio_by_default():
+    assert resolve(None, {"dataset": "npz"}, (), ())["data"]["imratio"] is None
+    assert resolve(None, {}, (), ("data.dataset=tabular",))["data"]["imratio"] is None
+    assert "imratio" not in resolve(None, {"dataset": "digits"}, (), ()).get("data", {})  # benchmark: 0.1
+    assert resolve(None, {"dataset": "npz", "imratio": 0.2}, (), ())["data"]["imratio"] == 0.2
+
+
+def test_resampling_a_users_dataset_is_printed(capsys):
+    resolve(None, {"dataset": "npz", "imratio": 0.1}, (), ())
+    assert "note: resampling npz's training data to imratio 0.1" in capsys.readouterr().err
+    resolve(None, {"dataset": "digits", "imratio": 0.1}, (), ())
+    assert capsys.readouterr().err == ""
+
+
+def test_run_takes_dash_a_for_the_algorithm(tmp_path):
+    result = CliRunner().invoke(main, ["run", "-a", "nope", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "unknown algorithm 'nope'" in result.output
+
+
+def _tune_config(monkeypatch, tmp_path, *args):
+    seen = {}
+
+    def fake_tune(cfg, folder, space, settings, report):
+        seen["cfg"] = cfg
+        return []
+
+    monkeypatch.setattr("fedxrisk.run.tune.tune", fake_tune)
+    result = CliRunner().invoke(main, ["tune", *args, "--out", str(tmp_path / "t"), "-q"])
+    assert result.exit_code == 0, result.output
+    return seen["cfg"]
+
+
+def test_tune_takes_imratio_and_selection_best_without_validation(monkeypatch, tmp_path):
+    pytest.importorskip("optuna")
+    cfg = _tune_config(monkeypatch, tmp_path, "--imratio", "0.3", "--set", "experiment.selection=best")
+    assert (cfg.imratio, cfg.selection, cfg.validation) == (0.3, "best", "auto")
+    assert _tune_config(monkeypatch, tmp_path, "--imratio", "none").imratio is None
+
+
+def test_a_dirichlet_split_leaving_a_client_empty_is_redrawn_deterministically():
+    y = np.array([0] * 36 + [1] * 4)
+    draw = lambda seed: partition("dirichlet", y, y, 8, np.random.default_rng(seed), 1.0)  # noqa: E731
+    first = lambda seed: dirichlet_partition(y, 8, 1.0, np.random.default_rng(seed))  # noqa: E731
+    assert any(len(p) == 0 for p in first(1))  # seed 1's first draw leaves a client empty
+    for seed in range(20):
+        parts = draw(seed)
+        assert all(len(p) for p in parts) and sorted(np.concatenate(parts)) == list(range(40))
+        assert all(np.array_equal(a, b) for a, b in zip(parts, draw(seed)))  # the same split every time
+        if all(len(p) for p in first(seed)):  # a seed that worked keeps its split
+            assert all(np.array_equal(a, b) for a, b in zip(parts, first(seed)))
+
+
+API_THREADS = """
+import sys, torch
+from fedxrisk.experiment import RunConfig, run_experiment
+run_experiment(RunConfig(rounds=1, stages=1, clients=2, tensorboard=False), sys.argv[1])
+print(torch.get_num_threads())
+"""
+
+
+@pytest.mark.parametrize("omp, expected", [(None, "1"), ("2", "2")])
+def test_the_python_api_uses_one_thread_for_a_small_model_unless_omp_says(tmp_path, omp, expected):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | (
+        {"OMP_NUM_THREADS": omp} if omp else {}
+    )
+    out = subprocess.run([sys.executable, "-c", API_THREADS, str(tmp_path / "r")], env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out.split() == [expected]
+
+
+def test_a_notice_is_one_clean_line_not_a_python_warning(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    args = ["run", "--rounds", "1", "--stages", "1", "--clients", "2", "--batch-size", "100000", "-q"]
+    err = subprocess.run([sys.executable, "-m", "fedxrisk", *args, "--out", str(tmp_path / "r")],
+                         env={**os.environ, "PYTHONWARNINGS": "always"}, capture_output=True, text=True,
+                         check=True).stderr  # fmt: skip
+    lines = [ln for ln in err.splitlines() if "batch_size = 100000" in ln]
+    assert len(lines) == 1 and lines[0].startswith(
+        "warning: data.batch_size = 100000 exceeds every client's data"
+    )
+    assert "UserWarning" not in err and "warnings.warn" not in err
+
+
+def test_tune_quiet_silences_optuna_per_trial_warnings(monkeypatch, tmp_path):
+    import logging
+
+    optuna = pytest.importorskip("optuna")
+    from fedxrisk.errors import NonFiniteLoss
+
+    def diverge(cfg, folder, callback=None, callbacks=()):
+        raise NonFiniteLoss(1)
+
+    monkeypatch.setattr("fedxrisk.run.recipes.run_experiment", diverge)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("optuna").addHandler(handler)
+    try:
+        args = ["tune", "--rounds", "2", "--trials", "2", "--out", str(tmp_path / "t")]
+        assert CliRunner().invoke(main, [*args, "-q"]).exit_code == 0
+        assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+        assert CliRunner().invoke(main, [*args[:-1], str(tmp_path / "u")]).exit_code == 0
+        assert any("failed" in r.getMessage() for r in records)  # without -q Optuna says it
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_the_readme_python_snippet_says_where_it_writes():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = readme.split("```python", 1)[1].split("```", 1)[0]
+    assert "run_experiment(" in snippet and "./runs/" in snippet
+
+
+def test_every_results_file_the_readme_names_exists():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    named = set(
+        re.findall(r"benchmarks/results/[\w./-]+\.(?:json|md|csv|png)", (root / "README.md").read_text())
+    )
+    assert named and [n for n in sorted(named) if not (root / n).exists()] == []
