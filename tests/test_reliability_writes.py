@@ -65,10 +65,10 @@ def test_an_atomic_write_still_replaces_a_stale_tmp_link_without_following_it(tm
 
 
 def _privacy(**table):
-    from fedxrisk.run.checks import check
+    from fedxrisk.run.checks import checked
     from fedxrisk.run.spec import RunConfig
 
-    return check(RunConfig(clients=4, privacy={"clip": 1.0, **table}))
+    return checked(RunConfig(clients=4, privacy={"clip": 1.0, **table}))
 
 
 def test_noise_multiplier_zero_is_refused_before_training():

@@ -21,7 +21,16 @@ from fedxrisk.cli.common import (
     typed_flags,
     with_config_options,
 )
-from fedxrisk.cli.run import _imratio
+
+
+def _imratio(text: str) -> float | str:
+    """``--imratio``: a float, or ``none`` (kept as the word: the data's own positive ratio)."""
+    if text.lower() == "none":
+        return "none"
+    try:
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a number nor 'none'", param_hint="--imratio") from None
 
 
 @main.command()
