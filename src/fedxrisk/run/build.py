@@ -103,6 +103,7 @@ def build(
             eval_batch_size=eval_batch_size(
                 data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size
             ),
+            personal=cfg.personal,
         )
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
         use_class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)

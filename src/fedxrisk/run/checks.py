@@ -94,6 +94,7 @@ def validate(cfg: RunConfig) -> CheckedConfig | None:
     validate_settings(cfg)
     _validate_batches(cfg)
     check_privacy(cfg)
+    _check_personal(cfg)
     known = algorithms[cfg.algorithm]["hyperparameters"]
     unknown = sorted(set(cfg.options) - set(known))
     if unknown:
@@ -315,3 +316,18 @@ def check_hyperparameters(cfg: RunConfig) -> None:
         raise ConfigError(f"{message} ({cfg.algorithm})") from e
     except Exception:  # the constructor needs a real problem: checked when the run is built
         pass
+
+
+PERSONAL = ("none", "bn", "head")  # fedxrisk.problem.PERSONAL (this module imports no torch)
+
+
+def _check_personal(cfg: Any) -> None:
+    """``model.personal`` and ``algorithm.finetune_steps`` (fedxrisk.engines.personal)."""
+    _choice("personal", cfg.personal, PERSONAL)
+    if cfg.finetune_steps < 0:
+        raise ConfigError(f"finetune_steps must be ≥ 0 (0: no fine-tuning), got {cfg.finetune_steps}")
+    if cfg.personal != "none" and cfg.privacy and cfg.privacy.get("level", "client") == "client":
+        raise ConfigError(
+            f"model.personal = {cfg.personal!r} with privacy.level = 'client': the evaluated model would "
+            "average the sites' personal entries without noise; use personal = 'none'"
+        )

@@ -73,8 +73,17 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "positives_per_batch",
         *_READING,
     ),  # fmt: skip
-    "model": ("model", "buffer_policy", "init_from", "reset_head"),
-    "algorithm": ("algorithm", "lr", "local_steps", "stages", "lr_decay", "window_growth", "pos_ratio_mode"),
+    "model": ("model", "buffer_policy", "personal", "init_from", "reset_head"),
+    "algorithm": (
+        "algorithm",
+        "lr",
+        "local_steps",
+        "stages",
+        "lr_decay",
+        "window_growth",
+        "pos_ratio_mode",
+        "finetune_steps",
+    ),  # fmt: skip
     "engine": ("engine", "device", "clients_per_rank", "dist_timeout"),
 }
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
@@ -173,7 +182,7 @@ def pretrain_from_table(table: Any) -> dict[str, Any]:
 def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """The sectioned form of ``cfg`` with ``lr`` and ``local_steps`` resolved."""
     flat = cfg.to_dict()
-    doc = {section: {k: flat[k] for k in section_keys(section)} for section in SECTIONS}
+    doc = {section: {k: flat[k] for k in section_keys(section) if k in flat} for section in SECTIONS}
     doc["algorithm"].update(cfg.options)
     if cfg.pretrain is not None:
         doc[PRETRAIN] = dict(cfg.pretrain)

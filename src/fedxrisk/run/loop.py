@@ -27,6 +27,7 @@ from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
 from fedxrisk.run.identity import fingerprint
+from fedxrisk.run.personalize import finish_personal
 
 
 def train(
@@ -113,7 +114,10 @@ def train(
     summary["resumed_at_rounds"] = resumed
     if failure is None:  # the models before the summary: the summary commits the run
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
-        params, buffers = sim.global_model() if primary else ({}, {})
+        (params, buffers), personal = finish_personal(setup)  # fine-tunes the sites after the global model
+        if personal is not None:
+            summary["personal"] = json_safe(personal)
+        params, buffers = (params, buffers) if primary else ({}, {})
         prep = setup.data.data.preprocessing
         if chosen is not None and chosen.params is not None:
             folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL, prep)

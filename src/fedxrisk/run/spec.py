@@ -45,6 +45,8 @@ class RunConfig:
     device: str = "cpu"
     eval_every: int = 5
     buffer_policy: str = "average"
+    personal: str = "none"  # entries kept per site: "none", "bn" (FedBN) or "head" (FedPer); problem.py
+    finetune_steps: int = 0  # local steps per site after training, each site keeping its model
     pos_ratio_mode: str = "global"
     allow_missing_class: bool = False
     feature_shift: bool = False  # FeDXL's per-client Gaussian feature shift (data/shift.py)
@@ -99,6 +101,9 @@ class RunConfig:
         out["lr"] = self.resolved_lr()
         if out["privacy"] is None:  # summaries of runs without DP stay as they were
             del out["privacy"]
+        for key, default in (("personal", "none"), ("finetune_steps", 0)):  # likewise without personalization
+            if out[key] == default:
+                del out[key]
         return out
 
 

@@ -1,0 +1,33 @@
+"""A personalized run's end: local fine-tuning, then each site's model on its own test rows.
+
+Called by :func:`fedxrisk.run.loop.train` after the last round. The global model (what
+``model.pt`` holds) is taken first, so fine-tuning never changes it; the sites keep their
+fine-tuned models in the simulation's state (and in ``final_state.pt`` when checkpoints are on).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedxrisk.engines.personal import fine_tune, personal_evaluation
+from fedxrisk.run.build import Setup
+from fedxrisk.tree import Tree
+
+
+def personalized(setup: Setup) -> bool:
+    """Whether the run ends with one model per site (``model.personal`` or fine-tuning)."""
+    return setup.config.personal != "none" or setup.config.finetune_steps > 0
+
+
+def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | None]:
+    """(the global model, summary.json's ``personal`` block or None): fine-tunes on every rank;
+    the per-site block needs every site in this process (not the distributed engine)."""
+    sim, cfg = setup.simulation, setup.config
+    global_model = sim.global_model()
+    if not personalized(setup):
+        return global_model, None
+    fine_tune(sim, cfg.finetune_steps)
+    if cfg.engine == "distributed" or not sim.is_primary:
+        return global_model, None
+    block = {"personal": cfg.personal, "finetune_steps": cfg.finetune_steps}
+    return global_model, block | personal_evaluation(sim, setup.problem, setup.data)
