@@ -210,3 +210,34 @@ def test_the_torch_free_check_knows_every_personal_choice():
     from fedxrisk.run.checks import PERSONAL as CHECKED
 
     assert CHECKED == PERSONAL
+
+
+def test_ditto_global_model_is_fedavg_and_loop_equals_vmap():
+    kw = dict(model="cnn", rounds=3, options={"lam": 0.5})
+    loop = run_all(personal_sim("ditto", "none", "loop", **kw))
+    vmap = run_all(personal_sim("ditto", "none", "vmap", **kw))
+    assert max_abs_diff(loop.states, vmap.states) < 1e-5
+    fedavg = run_all(personal_sim("localsgdm", "none", "loop", model="cnn", rounds=3))
+    for key in ("w", "m", "buffers"):
+        assert max_abs_diff(loop.states[key], fedavg.states[key]) == 0.0, key
+    assert loop.ledger.summary() == fedavg.ledger.summary()  # v never leaves the site
+    v = loop.states["v"]
+    assert max(float((t - t[:1]).abs().max()) for t in v.values()) > 1e-4  # personal models differ
+
+
+def test_ditto_with_huge_lambda_is_each_sites_fedavg_global_model():
+    """λ → ∞: v is the global model the round started from, i.e. FedAvg's after R − 1 rounds."""
+    ditto = run_all(personal_sim("ditto", "none", model="mlp", rounds=3, options={"lam": 1e12}))
+    fedavg = run_all(personal_sim("localsgdm", "none", model="mlp", rounds=2))
+    ref = {k: t[:1].expand_as(ditto.states["v"][k]) for k, t in fedavg.states["w"].items()}
+    assert max_abs_diff(ditto.states["v"], ref) < 1e-6
+    loose = run_all(personal_sim("ditto", "none", model="mlp", rounds=3, options={"lam": 0.0}))
+    assert max_abs_diff(loose.states["v"], ref) > 1e-3  # λ = 0: each site alone, far from it
+
+
+def test_ditto_sites_are_evaluated_with_their_personal_model():
+    sim = run_all(personal_sim("ditto", "none", model="mlp", options={"lam": 0.1}))
+    (params, _), *_ = site_models(sim)
+    assert all(torch.equal(params[k], sim.states["v"][k][0]) for k in params)
+    with pytest.raises(ValueError, match="lam must be a finite number"):
+        personal_sim("ditto", "none", model="mlp", options={"lam": float("inf")})

@@ -54,8 +54,8 @@ def site_test_rows(data: FederatedData) -> list[np.ndarray] | None:
 
 
 def site_models(sim: Any) -> list[tuple[Tree, Tree]]:
-    """Every client's own (params, buffers) from the simulation's stacked state."""
-    params, buffers = sim.algorithm.model(sim.states)
+    """Every client's own (params, buffers) from the simulation's stacked state (Ditto: its v)."""
+    params, buffers = getattr(sim.algorithm, "personal_model", sim.algorithm.model)(sim.states)
     return [(index(params, k), index(buffers, k)) for k in range(len(sim.clients))]
 
 

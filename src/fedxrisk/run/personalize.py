@@ -15,8 +15,9 @@ from fedxrisk.tree import Tree
 
 
 def personalized(setup: Setup) -> bool:
-    """Whether the run ends with one model per site (``model.personal`` or fine-tuning)."""
-    return setup.config.personal != "none" or setup.config.finetune_steps > 0
+    """Whether the run ends with one model per site (``model.personal``, fine-tuning, Ditto)."""
+    cfg = setup.config
+    return cfg.personal != "none" or cfg.finetune_steps > 0 or hasattr(setup.algorithm, "personal_model")
 
 
 def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | None]:
