@@ -181,6 +181,11 @@ def test_a_run_with_fine_tuning_keeps_the_global_model_and_reports_each_site(tmp
     block = tuned.summary["personal"]
     assert block["site_rows"] == "own" and block["finetune_steps"] == 4
     assert {f"site_auroc_{k}" for k in range(3)} <= block.keys()
+    header = (tmp_path / "tuned" / "history.csv").read_text().splitlines()[0].split(",")
+    assert {"personal_auroc_mean", "site_auroc_2"} <= set(header)  # every evaluation row: the sites' models
+    assert "site_auroc_0" not in (tmp_path / "plain" / "history.csv").read_text()
+    last = tuned.history[-1]  # before fine-tuning: the personal-head models of the last round
+    assert last["personal_auroc_mean"] == pytest.approx(np.mean([last[f"site_auroc_{k}"] for k in range(3)]))
     # a personal head changes training, so compare fine-tuning alone for model.pt
     alone = run_experiment(RunConfig(**base, finetune_steps=4), tmp_path / "alone")
     assert alone.summary["model_sha256"] == plain.summary["model_sha256"]  # model.pt: the global model

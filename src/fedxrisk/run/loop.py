@@ -27,7 +27,7 @@ from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
 from fedxrisk.run.identity import fingerprint
-from fedxrisk.run.personalize import finish_personal
+from fedxrisk.run.personalize import finish_personal, personal_fields, personal_row
 
 
 def train(
@@ -50,6 +50,7 @@ def train(
         folder.fields = (*HISTORY_FIELDS, "epsilon")
         if primary:
             print(setup.privacy.describe(), file=sys.stderr)
+    folder.fields = (*folder.fields, *personal_fields(setup))  # per-site columns of a personalized run
     start = time.perf_counter()
 
     def elapsed() -> float:
@@ -89,6 +90,7 @@ def train(
                         else {"round": sim.round, **val}
                     )
                     if primary:
+                        row |= personal_row(setup)
                         if setup.privacy is not None:
                             row["epsilon"] = setup.privacy.epsilon(sim.round)
                         append(row)

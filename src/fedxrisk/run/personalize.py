@@ -32,3 +32,27 @@ def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | N
         return global_model, None
     block = {"personal": cfg.personal, "finetune_steps": cfg.finetune_steps}
     return global_model, block | personal_evaluation(sim, setup.problem, setup.data)
+
+
+def _site_rows_during_training(setup: Setup) -> bool:
+    """Sites differ during training (personal entries, Ditto) and all of them are in this process."""
+    cfg = setup.config
+    sites = cfg.personal != "none" or hasattr(setup.algorithm, "personal_model")
+    return sites and cfg.engine != "distributed"
+
+
+def personal_fields(setup: Setup) -> tuple[str, ...]:
+    """history.csv's extra columns of a personalized run (none otherwise)."""
+    if not _site_rows_during_training(setup):
+        return ()
+    sites = tuple(f"site_auroc_{k}" for k in range(setup.data.num_clients))
+    return ("personal_auroc_mean", "global_site_auroc_mean", *sites)
+
+
+def personal_row(setup: Setup) -> dict[str, Any]:
+    """The per-site numbers of an evaluation row (empty when the run is not personalized)."""
+    if not _site_rows_during_training(setup):
+        return {}
+    sim = setup.simulation
+    out = personal_evaluation(sim, setup.problem, setup.data)
+    return {k: v for k, v in out.items() if k.startswith(("site_auroc_", "personal_", "global_site_"))}
