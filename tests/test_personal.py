@@ -246,3 +246,21 @@ def test_ditto_sites_are_evaluated_with_their_personal_model():
     assert all(torch.equal(params[k], sim.states["v"][k][0]) for k in params)
     with pytest.raises(ValueError, match="lam must be a finite number"):
         personal_sim("ditto", "none", model="mlp", options={"lam": float("inf")})
+
+
+@pytest.mark.parametrize("alg", sorted(set(ALGORITHMS) - {"coda"}))  # coda: as codaplus with stages ≥ 2
+def test_a_personal_head_works_for_every_algorithm(alg):
+    cls = ALGORITHMS[alg]
+    kw = dict(
+        model="mlp",
+        steps=cls.fixed_window or 2,
+        options={"positives_per_batch": 4} if cls.positives_per_batch else None,
+    )
+    loop, vmap = (
+        run_all(personal_sim(alg, "head", "loop", **kw)),
+        run_all(personal_sim(alg, "head", "vmap", **kw)),
+    )
+    assert max_abs_diff(loop.states, vmap.states) < 1e-5
+    own, shared = _split(loop.states["w"], loop.algorithm.problem.local_names)
+    assert_equal_across_clients(shared, "w")
+    assert max(float((v - v[:1]).abs().max()) for v in own.values()) > 1e-4
