@@ -192,6 +192,16 @@ def test_a_run_with_fine_tuning_keeps_the_global_model_and_reports_each_site(tmp
     assert alone.summary["personal"]["global_site_auroc_mean"] == pytest.approx(
         np.mean([alone.summary["personal"][f"site_global_auroc_{k}"] for k in range(3)])
     )
+    # the global column scores model.pt (before fine-tuning) on each site's own test rows
+    from fedxrisk.experiment import build_data, load_model
+
+    data = build_data(RunConfig(**base))[0]
+    with torch.no_grad():
+        scores = load_model(tmp_path / "plain")(data.data.x_test).reshape(-1).numpy()
+    y = data.data.y_test.numpy()
+    for k, rows in enumerate(site_test_rows(data)):
+        expected = roc_auc_score(y[rows], scores[rows])
+        assert alone.summary["personal"][f"site_global_auroc_{k}"] == pytest.approx(expected, abs=1e-9)
 
 
 @pytest.mark.parametrize(

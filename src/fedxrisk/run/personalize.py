@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedxrisk.engines.personal import fine_tune, personal_evaluation
+from fedxrisk.engines.personal import fine_tune, personal_evaluation, site_metrics, site_models
 from fedxrisk.run.build import Setup
 from fedxrisk.tree import Tree
 
@@ -31,7 +31,7 @@ def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | N
     if cfg.engine == "distributed" or not sim.is_primary:
         return global_model, None
     block = {"personal": cfg.personal, "finetune_steps": cfg.finetune_steps}
-    return global_model, block | personal_evaluation(sim, setup.problem, setup.data)
+    return global_model, block | site_metrics(setup.problem, site_models(sim), global_model, setup.data)
 
 
 def _site_rows_during_training(setup: Setup) -> bool:
