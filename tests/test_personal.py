@@ -181,6 +181,15 @@ def test_a_run_with_fine_tuning_keeps_the_global_model_and_reports_each_site(tmp
     block = tuned.summary["personal"]
     assert block["site_rows"] == "own" and block["finetune_steps"] == 4
     assert {f"site_auroc_{k}" for k in range(3)} <= block.keys()
+    blob = torch.load(tmp_path / "tuned" / "site_1.pt", weights_only=True)  # model.pt's format
+    assert len(block["site_models"]["site_1.pt"]) == 64
+    net = build_model(blob["model"], tuple(blob["input_shape"]), 0)
+    net.load_state_dict({**blob["params"], **blob["buffers"]})
+    fed = make_federated("tabular", 3, "source", None, 0, data_dir=str(tmp_path))
+    rows = site_test_rows(fed)[1]
+    with torch.no_grad():
+        s1 = net.eval()(fed.data.x_test[rows]).reshape(-1).numpy()
+    assert block["site_auroc_1"] == pytest.approx(roc_auc_score(fed.data.y_test.numpy()[rows], s1), abs=1e-9)
     header = (tmp_path / "tuned" / "history.csv").read_text().splitlines()[0].split(",")
     assert {"personal_auroc_mean", "site_auroc_2"} <= set(header)  # every evaluation row: the sites' models
     assert "site_auroc_0" not in (tmp_path / "plain" / "history.csv").read_text()

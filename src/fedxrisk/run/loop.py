@@ -27,7 +27,7 @@ from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
 from fedxrisk.run.identity import fingerprint
-from fedxrisk.run.personalize import finish_personal, personal_fields, personal_row
+from fedxrisk.run.personalize import finish_personal, personal_fields, personal_row, save_site_models
 
 
 def train(
@@ -118,7 +118,7 @@ def train(
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
         (params, buffers), personal = finish_personal(setup)  # fine-tunes the sites after the global model
         if personal is not None:
-            summary["personal"] = json_safe(personal)
+            summary["personal"] = json_safe(save_site_models(setup, folder, personal))
         params, buffers = (params, buffers) if primary else ({}, {})
         prep = setup.data.data.preprocessing
         if chosen is not None and chosen.params is not None:

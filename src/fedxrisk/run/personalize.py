@@ -1,8 +1,8 @@
 """A personalized run's end: local fine-tuning, then each site's model on its own test rows.
 
 Called by :func:`fedxrisk.run.loop.train` after the last round. The global model (what
-``model.pt`` holds) is taken first, so fine-tuning never changes it; the sites keep their
-fine-tuned models in the simulation's state (and in ``final_state.pt`` when checkpoints are on).
+``model.pt`` holds) is taken first, so fine-tuning never changes it; each site's own model is
+written as ``site_<k>.pt`` (and stays in ``final_state.pt`` when checkpoints are on).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 from fedxrisk.engines.personal import fine_tune, personal_evaluation, site_metrics, site_models
 from fedxrisk.run.build import Setup
+from fedxrisk.run.folder import RunFolder
 from fedxrisk.tree import Tree
 
 
@@ -56,3 +57,16 @@ def personal_row(setup: Setup) -> dict[str, Any]:
     sim = setup.simulation
     out = personal_evaluation(sim, setup.problem, setup.data)
     return {k: v for k, v in out.items() if k.startswith(("site_auroc_", "personal_", "global_site_"))}
+
+
+def save_site_models(setup: Setup, folder: RunFolder, block: dict[str, Any]) -> dict[str, Any]:
+    """Write each site's own model as ``site_<k>.pt`` (``model.pt``'s format, so any command that
+    reads a model file reads it); the block gains ``site_models``: file name → sha256."""
+    data, shape = setup.data.data, setup.data.data.input_shape
+    files = {}
+    for k, (params, buffers) in enumerate(site_models(setup.simulation)):
+        name = f"site_{k}.pt"
+        files[name] = folder.save_model(
+            setup.config.model, shape, setup.problem.num_labels, params, buffers, name, data.preprocessing
+        )
+    return block | {"site_models": files}
