@@ -283,3 +283,22 @@ def test_a_personal_head_works_for_every_algorithm(alg):
     own, shared = _split(loop.states["w"], loop.algorithm.problem.local_names)
     assert_equal_across_clients(shared, "w")
     assert max(float((v - v[:1]).abs().max()) for v in own.values()) > 1e-4
+
+
+def test_a_personal_entry_given_to_gather_is_refused():
+    from fedxrisk.algorithms.personal import SiteCollective
+    from fedxrisk.engines.ledger import ByteLedger
+    from fedxrisk.engines.simulation import LoopEngine
+
+    comm = SiteCollective(SimCollective(2, LoopEngine(), ByteLedger()), frozenset({"head.weight"}))
+    tree = {"w": {"head.weight": torch.ones(2, 3), "body.weight": torch.zeros(2, 3)}}
+    with pytest.raises(ValueError, match="may not be gathered"):
+        comm.gather(tree)
+    assert comm.gather({"scores": torch.ones(2, 4)})["scores"].shape == (2, 2, 4)
+    out = comm.mean(
+        {"w": {"head.weight": torch.tensor([[1.0], [3.0]]), "body.weight": torch.tensor([[1.0], [3.0]])}}
+    )
+    assert out["w"]["head.weight"].tolist() == [[1.0], [3.0]] and out["w"]["body.weight"].tolist() == [
+        [2.0],
+        [2.0],
+    ]
