@@ -51,6 +51,25 @@ def build(alg, clients, per_rank, steps, stages, model, policy, options=None, ro
     return DistributedSimulation(algorithm, data, schedule, 8, seed, clients_per_rank=per_rank, timeout=60)
 
 
+# (algorithm, model.personal, model, stages): 4 clients, 2 per rank (tests/test_personal.py's runs)
+PERSONAL_SPECS = [("localsgdm", "bn", "cnn", 1), ("codaplus", "head", "cnn", 2), ("ditto", "none", "mlp", 1)]
+
+
+def personal_run(alg, personal, model, stages):
+    """FedBN / a personal head / Ditto on the distributed engine."""
+    data = make_federated("digits", 4, "class", 0.3, 0)
+    problem = Problem(build_model(model, data.data.input_shape, 0), data.data.pos_ratio, personal=personal)
+    schedule = Schedule.build(4 if stages > 1 else 2, 2, 0.1, stages)
+    sim = DistributedSimulation(
+        ALGORITHMS[alg](problem), data, schedule, 8, 0, clients_per_rank=2, timeout=60
+    )
+    while not sim.done:
+        sim.run_round()
+    full = sim.state_dict()
+    return {"spec": (alg, personal, model, stages), "states": full["states"], "ledger": sim.ledger.summary(),
+            "global_model": sim.global_model()}  # fmt: skip
+
+
 def class_aware_probe():
     """tests/test_classaware.py's probe on 4 clients over 2 ranks: 3 positives per batch of 8."""
     from fedxrisk.classaware import class_aware_batches
@@ -185,6 +204,7 @@ def main(out: Path) -> None:
     )
     results["gather_ledger_equal"] = dist_ledger.summary() == sim_ledger.summary()
     results["class_aware_probe"] = class_aware_probe()
+    results["personal"] = [personal_run(*spec) for spec in PERSONAL_SPECS]
     if group.rank == 0:
         torch.save(results, out / "results.pt")
 

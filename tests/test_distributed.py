@@ -70,6 +70,28 @@ def test_distributed_matches_loop_engine_for_every_family(worker_results):
         assert max_abs_diff({"p": lp, "b": lb}, {"p": dp, "b": db}) < 1e-5, r["spec"]
 
 
+def test_personal_entries_on_the_distributed_engine_equal_the_loop_engine(worker_results):
+    """FedBN, a personal head (CODA+ with its stage restarts) and Ditto on 2 ranks (tests/test_personal.py)."""
+    from test_personal import personal_sim
+
+    _, results, _ = worker_results
+    assert [r["spec"][:2] for r in results["personal"]] == [
+        ("localsgdm", "bn"),
+        ("codaplus", "head"),
+        ("ditto", "none"),
+    ]
+    for r in results["personal"]:
+        alg, personal, model, stages = r["spec"]
+        loop = run_all(
+            personal_sim(alg, personal, clients=4, model=model, stages=stages, rounds=4 if stages > 1 else 2)
+        )
+        assert max_abs_diff(loop.states, r["states"]) < 1e-5, r["spec"]
+        assert r["ledger"] == loop.ledger.summary(), r["spec"]
+        if alg != "codaplus":  # the evaluated model: equal where communicate leaves personal entries alone
+            (lp, lb), (dp, db) = loop.global_model(), r["global_model"]
+            assert max_abs_diff({"p": lp, "b": lb}, {"p": dp, "b": db}) < 1e-5, r["spec"]
+
+
 def test_class_aware_probe(worker_results):
     """Class-aware batches on 2 ranks: exactly 3 positives in every batch of 8, p = 3/8 (test_classaware)."""
     from test_classaware import assert_exact_class_aware

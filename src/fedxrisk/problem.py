@@ -17,6 +17,7 @@ from fedxrisk.tree import Tree
 
 BUFFER_POLICIES = ("average", "local")
 POS_RATIO_MODES = ("global", "local", "batch")
+PERSONAL = ("none", "bn", "head")  # model entries kept on their site (FedBN; FedPer/FedRep's head)
 
 
 @dataclass
@@ -39,6 +40,9 @@ class Problem:
             then use p = r in every mode (the derivation is in that module).
         eval_batch_size: samples per forward pass when evaluating or predicting
             (:func:`fedxrisk.metrics.predict`); None: from the default memory budget.
+        personal: model entries that never leave their site (``local_names``): ``none``,
+            ``bn`` (FedBN, Li et al. 2021: BatchNorm weights, biases and running statistics)
+            or ``head`` (FedPer/FedRep: the classifier head); the rest is averaged as usual.
     """
 
     model: nn.Module
@@ -48,8 +52,12 @@ class Problem:
     num_labels: int = 1
     sampled_pos_ratio: float | None = None
     eval_batch_size: int | None = None
+    personal: str = "none"
 
     def __post_init__(self) -> None:
+        if self.personal not in PERSONAL:
+            raise ValueError(f"personal must be one of {PERSONAL}, got {self.personal!r}")
+        self.local_names = personal_names(self.model, self.personal)
         if self.buffer_policy not in BUFFER_POLICIES:
             raise ValueError(f"buffer_policy must be one of {BUFFER_POLICIES}, got {self.buffer_policy!r}")
         if self.pos_ratio_mode not in POS_RATIO_MODES:
@@ -99,3 +107,26 @@ class Problem:
         if self.sampled_pos_ratio is not None:
             return torch.full_like(p_state, self.sampled_pos_ratio)
         return y.mean(0) if self.pos_ratio_mode == "batch" else p_state
+
+
+def personal_names(model: nn.Module, personal: str) -> frozenset[str]:
+    """Names of the parameters and buffers that stay on their site under ``personal``."""
+    if personal == "none":
+        return frozenset()
+    if personal == "bn":
+        kinds = (nn.modules.batchnorm._NormBase,)
+        prefixes = [name for name, m in model.named_modules() if isinstance(m, kinds)]
+        what = "BatchNorm layer"
+    else:
+        head = getattr(model, "head_name", None) or next(
+            (n for n, m in reversed(list(model.named_modules())) if isinstance(m, nn.Linear)), None
+        )
+        prefixes, what = ([] if head is None else [head]), "classifier head (head_name or an nn.Linear)"
+    names = [
+        n
+        for n, _ in [*model.named_parameters(), *model.named_buffers()]
+        if any(n.startswith(f"{p}.") for p in prefixes)
+    ]
+    if not names:
+        raise ValueError(f"personal = {personal!r}: the model {type(model).__name__} has no {what}")
+    return frozenset(names)

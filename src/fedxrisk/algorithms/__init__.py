@@ -3,6 +3,7 @@
 from fedxrisk.algorithms import (  # noqa: F401  (registration, in this order)
     coda,
     coda_baselines,
+    ditto,
     fcsg,
     fedavg,
     fedce,

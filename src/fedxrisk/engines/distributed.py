@@ -95,11 +95,15 @@ class DistributedSimulation(Simulation):
         return self.group.rank
 
     def _local_buffers(self) -> dict[str, torch.Tensor]:
-        """Float buffers that differ across clients (``local`` policy): their global mean is tracked."""
-        if self.algorithm.problem.buffer_policy != "local":
-            return {}
-        _, buffers = self.algorithm.model(self.states)
-        return {k: v for k, v in buffers.items() if v.is_floating_point()}
+        """Entries that differ across clients (float buffers under the ``local`` policy, personal
+        parameters and buffers): their global mean is tracked for the evaluated model."""
+        problem = self.algorithm.problem
+        local = getattr(problem, "local_names", frozenset())
+        params, buffers = self.algorithm.model(self.states)
+        out = {k: v for k, v in params.items() if k in local}
+        if problem.buffer_policy == "local" or local:
+            out |= {k: v for k, v in buffers.items() if v.is_floating_point()}
+        return out
 
     def _collective(self) -> Any:
         self.group.watchdog.round = self.round
@@ -133,7 +137,8 @@ class DistributedSimulation(Simulation):
             offset = 2
             for k, v in local.items():
                 n = v[0].numel()
-                out[k] = (self._stats[offset : offset + n] / self.num_clients).to(v.dtype).view(v.shape[1:])
+                mean = (self._stats[offset : offset + n] / self.num_clients).to(v.dtype).view(v.shape[1:])
+                (params if k in params else out)[k] = mean
                 offset += n
         return params, out
 

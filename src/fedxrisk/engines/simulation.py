@@ -24,6 +24,7 @@ import torch
 from torch.func import vmap
 
 from fedxrisk.algorithms.base import Algorithm, ClientInfo, RoundContext, StepContext
+from fedxrisk.algorithms.personal import site_collective
 from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.sampler import make_samplers
@@ -342,7 +343,7 @@ class Simulation:
         round_size = self.algorithm.round_batch_size
         if round_size:
             round_batch = self.local_data.batch(self.aux_sampler.sample(round_size), self.device)
-        comm = self._collective()
+        comm = site_collective(self._collective(), getattr(self.algorithm, "problem", None))
         before = self.states
         self.states = self.algorithm.communicate(
             self.states, comm, RoundContext(plan, next_plan, stage_batch, round_batch)
@@ -369,10 +370,11 @@ class Simulation:
         return float(self.states["loss"].mean())
 
     def global_model(self) -> tuple[Tree, Tree]:
-        """The averaged model: client 0's parameters (equal on all clients after a round)
-        and the client mean of float buffers (they differ under the ``local`` policy)."""
+        """The averaged model: client 0's parameters (equal on all clients after a round; the
+        client mean of personal ones) and the client mean of float buffers (``local`` policy)."""
         params, buffers = self.algorithm.model(self.states)
-        params = index(params, 0)
+        local = getattr(getattr(self.algorithm, "problem", None), "local_names", ())
+        params = {k: v.mean(0) if k in local else v[0] for k, v in params.items()}
         buffers = {
             k: v.float().mean(0).to(v.dtype) if v.is_floating_point() else v[0] for k, v in buffers.items()
         }

@@ -117,6 +117,7 @@ def build(
         eval_batch_size=eval_batch_size(
             data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size
         ),
+        personal=cfg.personal,
     )
     schedule = Schedule.build(
         cfg.rounds, cfg.resolved_local_steps(), cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth

@@ -187,7 +187,7 @@ def pretrain_from_table(table: Any) -> dict[str, Any]:
 def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """The sectioned form of ``cfg`` with ``lr`` and ``local_steps`` resolved."""
     flat = cfg.to_dict()
-    doc = {section: {k: flat[k] for k in section_keys(section)} for section in SECTIONS}
+    doc = {section: {k: flat[k] for k in section_keys(section) if k in flat} for section in SECTIONS}
     doc["algorithm"].update(cfg.options)
     if cfg.pretrain is not None:
         doc[PRETRAIN] = dict(cfg.pretrain)

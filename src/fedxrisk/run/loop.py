@@ -28,6 +28,7 @@ from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
 from fedxrisk.run.identity import fingerprint
+from fedxrisk.run.personalize import finish_personal, personal_fields, personal_row, save_site_models
 from fedxrisk.run.privacy_outputs import (
     SITE_DATA_NOTE,
     privacy_fields,
@@ -58,6 +59,7 @@ def train(
         if primary:
             print(setup.privacy.describe(), file=sys.stderr)
             print(SITE_DATA_NOTE, file=sys.stderr)
+    folder.fields = (*folder.fields, *personal_fields(setup))  # per-site columns of a personalized run
     start = time.perf_counter()
 
     def elapsed() -> float:
@@ -97,6 +99,7 @@ def train(
                         else {"round": sim.round, **val}
                     )
                     if primary:
+                        row |= personal_row(setup)
                         if setup.privacy is not None:
                             row |= privacy_row(setup.privacy, sim.round)
                         append(row)
@@ -125,7 +128,10 @@ def train(
     summary["resumed_at_rounds"] = resumed
     if failure is None:  # the models before the summary: the summary commits the run
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
-        params, buffers = sim.global_model() if primary else ({}, {})
+        (params, buffers), personal = finish_personal(setup)  # fine-tunes the sites after the global model
+        if personal is not None:
+            summary["personal"] = json_safe(save_site_models(setup, folder, personal))
+        params, buffers = (params, buffers) if primary else ({}, {})
         prep = setup.data.data.preprocessing
         if chosen is not None and chosen.params is not None:
             folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL, prep)

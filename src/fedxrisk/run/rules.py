@@ -178,6 +178,21 @@ def _launch(cfg: RunConfig) -> None:
             raise ConfigError(str(e)) from None
 
 
+PERSONAL = ("none", "bn", "head")  # fedxrisk.problem.PERSONAL (this module imports no torch)
+
+
+def _personal(cfg: RunConfig) -> None:
+    """``model.personal`` and ``algorithm.finetune_steps`` (fedxrisk.engines.personal)."""
+    _choice("personal", cfg.personal, PERSONAL)
+    if cfg.finetune_steps < 0:
+        raise ConfigError(f"finetune_steps must be ≥ 0 (0: no fine-tuning), got {cfg.finetune_steps}")
+    if cfg.personal != "none" and cfg.privacy and cfg.privacy.get("level", "client") == "client":
+        raise ConfigError(
+            f"model.personal = {cfg.personal!r} with privacy.level = 'client': the evaluated model would "
+            "average the sites' personal entries without noise; use personal = 'none'"
+        )
+
+
 CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     _choice_of("algorithm", "algorithms"),
     *(_choice_of(name, key) for name, key in (
@@ -187,7 +202,7 @@ CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     *(_at_least(name, 1) for name in ("clients", "rounds", "batch_size", "eval_every", "stages")),
     _lr, _checkpoint_every, _stream, _reading, _images, _validation, _selection, _dirichlet_alpha,
     *(_finite(name) for name in FINITE),
-    _seed, _test_imratio, _positive_classes, _clients_per_rank, _num_samples, _launch,
+    _seed, _test_imratio, _positive_classes, _clients_per_rank, _num_samples, _launch, _personal,
 )  # fmt: skip
 
 

@@ -143,6 +143,10 @@ class RunConfig:
     buffer_policy: str = setting(
         "average", section="model", help="BatchNorm statistics: average | local", flag="--buffer-policy"
     )
+    personal: str = setting(
+        "none", section="model", flag="--personal",
+        help="entries kept per site: none, bn (FedBN) or head (FedPer); docs/personalization.md",
+    )  # fmt: skip
     init_from: str | None = setting(
         None, section="model", flag="--init-from",
         help="start from a run folder's model.pt or a PyTorch state dict (two-stage: the first stage)",
@@ -168,6 +172,10 @@ class RunConfig:
         help=f"window I; none: the algorithm's fixed window, else {DEFAULT_LOCAL_STEPS}",
     )  # fmt: skip
     stages: int = setting(3, section="algorithm", help="lr ÷ lr-decay per stage", flag="--stages")
+    finetune_steps: int = setting(
+        0, section="algorithm", flag="--finetune-steps",
+        help="local steps per site after training, each site keeping its model (0: none)",
+    )  # fmt: skip
     lr_decay: float = setting(3.0, section="algorithm", help="step size divisor per stage", flag="--lr-decay")
     window_growth: float = setting(1.0, section="algorithm", help="window multiplier per stage")
     pos_ratio_mode: str = setting(
@@ -220,6 +228,9 @@ class RunConfig:
         out["lr"] = self.resolved_lr()
         if out["privacy"] is None:  # summaries of runs without DP stay as they were
             del out["privacy"]
+        for key, default in (("personal", "none"), ("finetune_steps", 0)):  # likewise without personalization
+            if out[key] == default:
+                del out[key]
         return out
 
 
