@@ -231,7 +231,7 @@ def test_bad_personal_settings_are_one_line_config_errors(settings, message):
 
 def test_the_torch_free_check_knows_every_personal_choice():
     from fedxrisk.problem import PERSONAL
-    from fedxrisk.run.checks import PERSONAL as CHECKED
+    from fedxrisk.run.rules import PERSONAL as CHECKED
 
     assert CHECKED == PERSONAL
 
