@@ -39,7 +39,8 @@ from helpers import make_sim, max_abs_diff, run_all  # noqa: E402
 from test_flower_protocol import run_config, run_local, trial_nodes  # noqa: E402
 
 SECURE = {"secure-aggregation": True}
-DP = {"privacy-clip": 0.5, "privacy-noise-multiplier": 0.8, "privacy-noise-seed": 7}
+PRIVACY = {"clip": 0.5, "noise_multiplier": 0.8, "noise_seed": 7}
+DP = {"privacy": json.dumps(PRIVACY)}
 MODEL_TOL = 1e-5  # 3 rounds; one secure mean is off by < 2R/levels = 1.2e-7 (R = 64, 2 sites)
 
 
@@ -212,7 +213,7 @@ def test_client_sampling_under_secagg_equals_the_loop_engine(kind, rate, tmp_pat
     clipped updates; the server divides as the simulation does: the loop engine's numbers."""
     from fedxrisk.engines.privacy import ClientSampling
 
-    sampling = {"privacy-sampling": kind, "privacy-sampling-rate": rate}
+    sampling = {"privacy": json.dumps({**PRIVACY, "sampling": kind, "sampling_rate": rate})}
     rc = {**run_config("codasca", tmp_path, lr=0.05), **SECURE, **DP, **sampling}
     summary, _ = run_secure(rc, trial_nodes(3))
     assert summary["status"] == "completed", summary["error"]

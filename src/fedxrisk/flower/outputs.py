@@ -38,7 +38,7 @@ from fedxrisk.tree import Tree
 
 def history_fields(cfg: FlowerConfig) -> tuple[str, ...]:
     """``history.csv``'s columns: those of ``fedxrisk run`` (a private run adds ``epsilon``)."""
-    return (*HISTORY_FIELDS, "epsilon") if cfg.privacy_clip else HISTORY_FIELDS
+    return (*HISTORY_FIELDS, "epsilon") if cfg.privacy is not None else HISTORY_FIELDS
 
 
 def summed_validation(replies: list[Packet]) -> dict[str, float]:
@@ -74,7 +74,7 @@ class RunOutputs:
     """The files in ``out-dir``: ``history.csv`` rows as evaluations come, models, the summary."""
 
     def __init__(self, cfg: FlowerConfig):
-        self.cfg, self.out, self.fields = cfg, Path(cfg.out_dir), history_fields(cfg)
+        self.cfg, self.out, self.fields = cfg, Path(cfg.deploy.out_dir), history_fields(cfg)
         self.history: list[dict[str, Any]] = []
         self._append: Callable[[dict[str, Any]], None] | None = None
 
@@ -108,7 +108,7 @@ class RunOutputs:
 
     def save_model(self, model: dict[str, Tree], input_shape: tuple[int, ...], name: str = MODEL) -> None:
         data = io.BytesIO()
-        torch.save({**model, "model": self.cfg.model, "input_shape": input_shape}, data)
+        torch.save({**model, "model": self.cfg.run.model, "input_shape": input_shape}, data)
         replace_atomic(self.out / name, lambda f: f.write(data.getvalue()), "wb")
 
     def test_metrics(self, problem: Any, model: dict[str, Tree], holdout: Any) -> dict[str, float]:

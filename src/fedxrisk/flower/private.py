@@ -1,10 +1,9 @@
 """Client-level DP on Flower: the server (coordinator) clips every site's update and adds the noise.
 
-Run-config keys (flat, as Flower wants them): ``privacy-clip`` (C; 0: DP off),
-``privacy-noise-multiplier`` (σ) or ``privacy-target-epsilon`` (ε for the planned rounds),
-``privacy-delta`` (0: 1/N, N the sites' training samples), ``privacy-noise-seed`` (-1: a fresh
-secret drawn by the server; the simulation's equivalent is the run seed),
-``privacy-sampling-rate`` q and ``privacy-sampling`` (``poisson`` or ``fixed``): the server draws
+The run config's ``privacy`` (the ``[privacy]`` table of ``fedxrisk run`` as JSON, e.g.
+``privacy='{"clip": 1.0, "target_epsilon": 3.0}'``; level ``client`` only): ``noise_seed``
+``"none"`` (the default) is a fresh secret the server draws and never writes; ``sampling_rate``
+q and ``sampling`` (``poisson`` or ``fixed``): the server draws
 each round's participants with :meth:`~fedxrisk.engines.privacy.ClientSampling.mask` from the
 noise seed and tells each site whether it takes part; a site sitting the round out keeps its
 state as the simulation's idle clients do and sends zeros of its payload's shape (excluded from
@@ -20,7 +19,6 @@ sums them, and the server adds the noise to the sum (:meth:`ServerDP.release`).
 from __future__ import annotations
 
 import secrets
-import types
 from typing import Any
 
 import torch
@@ -39,34 +37,14 @@ from fedxrisk.tree import Tree, leaves, tmap
 
 
 def check_flower_privacy(cfg: Any) -> None:
-    """One-line :class:`ConfigError` for privacy settings a Flower run cannot honour."""
-    ClientSampling(cfg.privacy_sampling_rate, cfg.privacy_sampling)  # one line on a bad rate or kind
-    if cfg.privacy_clip == 0:
-        if cfg.privacy_noise_multiplier or cfg.privacy_target_epsilon:
-            raise ConfigError("privacy-noise-multiplier / privacy-target-epsilon need privacy-clip > 0")
-        if cfg.privacy_sampling_rate < 1:
-            raise ConfigError(
-                "privacy-sampling-rate < 1 samples sites for client-level DP: set privacy-clip > 0 too"
-            )
-        return
-    if cfg.privacy_clip < 0:
-        raise ConfigError(f"privacy-clip must be > 0 (0: no DP), got {cfg.privacy_clip}")
-    if (cfg.privacy_noise_multiplier > 0) == (cfg.privacy_target_epsilon > 0):
+    """One-line :class:`ConfigError` for a ``[privacy]`` table a Flower run cannot honour (the run
+    layer's :func:`~fedxrisk.run.privacy.check_privacy` has checked the rest)."""
+    p = cfg.privacy
+    if p is not None and p["level"] != "client":
         raise ConfigError(
-            "privacy: set exactly one of privacy-noise-multiplier and privacy-target-epsilon (> 0)"
+            f"privacy.level = {p['level']!r}: a Flower deployment adds client-level noise on the server; "
+            "use level = 'client' (instance-level DP-SGD runs in simulation)"
         )
-    if not 0 <= cfg.privacy_delta < 1:
-        raise ConfigError(f"privacy-delta must lie in [0, 1) (0: 1/N), got {cfg.privacy_delta}")
-    cls = cfg.algorithm_class
-    stub = types.SimpleNamespace(
-        name=cfg.algorithm, begin_batch=cls.begin_batch, problem=None,
-        stage_batch_size=cfg.options.get("stage_batch_size", getattr(cls, "stage_batch_size", 0)),
-        round_batch_size=cfg.options.get("round_batch_size", getattr(cls, "round_batch_size", 0)),
-    )  # fmt: skip
-    try:
-        check_client_dp(stub)
-    except ConfigError as e:
-        raise ConfigError(f"privacy-clip: {e}") from None
 
 
 class ServerDP:
@@ -75,18 +53,20 @@ class ServerDP:
     def __init__(self, cfg: Any, problem: Any, samples: list[int], positives: list[int], max_samples: int):
         algorithm = cfg.build_algorithm(problem)
         check_client_dp(algorithm)
-        self.k, self.rounds = len(samples), cfg.rounds
-        self.delta = cfg.privacy_delta or 1.0 / sum(samples)
-        sampling = ClientSampling(cfg.privacy_sampling_rate, cfg.privacy_sampling)
-        sigma = cfg.privacy_noise_multiplier or noise_for_epsilon(
-            cfg.privacy_target_epsilon, cfg.rounds, self.delta, sampling.rate, sampling.kind, self.k
+        p = cfg.privacy
+        self.k, self.rounds = len(samples), cfg.run.rounds
+        self.delta = p["delta"] if p["delta"] is not None else 1.0 / sum(samples)
+        sampling = ClientSampling(p["sampling_rate"], p["sampling"])
+        sigma = p["noise_multiplier"] or noise_for_epsilon(
+            p["target_epsilon"], self.rounds, self.delta, sampling.rate, sampling.kind, self.k
         )
-        seed = cfg.privacy_noise_seed if cfg.privacy_noise_seed >= 0 else secrets.randbits(62)
-        self.config = ClientDP(cfg.privacy_clip, sigma, sampling, noise_seed=seed)
+        seed = p["noise_seed"] if p["noise_seed"] is not None else secrets.randbits(62)  # none: a secret
+        self.config = ClientDP(p["clip"], sigma, sampling, noise_seed=seed)
+        self.target_epsilon = p["target_epsilon"]
         initial = algorithm.init(ClientInfo(0, samples[0], positives[0] / samples[0], max_samples))
         self.aggregator = PrivateAggregator(self.config, algorithm, initial, seed, self.k)
         self.rounds_meaned: set[int] = set()
-        self.clipped_by = "sites" if cfg.secure_aggregation else "server"
+        self.clipped_by = "sites" if cfg.deploy.secure_aggregation else "server"
 
     def _once(self, round_: int) -> None:
         if round_ in self.rounds_meaned:
@@ -150,8 +130,8 @@ def _rebuild(tree: Tree, flat: dict[str, torch.Tensor], prefix: str = "") -> Tre
 
 
 def server_dp(cfg: Any, problem: Any, sites: list[Any], max_samples: int, log: Any) -> ServerDP | None:
-    """The run's :class:`ServerDP` (None without ``privacy-clip``); logs the guarantee."""
-    if not cfg.privacy_clip:
+    """The run's :class:`ServerDP` (None without ``privacy``); logs the guarantee."""
+    if cfg.privacy is None:
         return None
     dp = ServerDP(cfg, problem, [s.samples for s in sites], [s.positives for s in sites], max_samples)
     log(dp.describe())

@@ -194,7 +194,7 @@ def secure_exchange(
     context = LegacyContext(Context(run_id, 0, {}, state, {}), strategy=strategy)
     workflow = SecAggPlusWorkflow(
         1.0, 1.0, max_weight=1.0, clipping_range=float(value_range(cfg)),
-        quantization_range=levels(len(requests)), modulus_range=MODULUS, timeout=cfg.round_timeout,
+        quantization_range=levels(len(requests)), modulus_range=MODULUS, timeout=cfg.deploy.round_timeout,
     )  # fmt: skip
     failure = None
     try:

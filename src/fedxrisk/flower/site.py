@@ -95,7 +95,7 @@ class SiteRunner:
 
     def __init__(self, cfg: FlowerConfig, site: SiteData):
         self.cfg, self.site = cfg, site
-        self.plans = list(cfg.schedule().plan())
+        self.plans: list = []  # the schedule: known once the server sends the positive ratio
         self.engine = LoopEngine()
         self.state: Tree | None = None  # stacked, leading axis 1
         self.pending: Pending | None = None
@@ -122,10 +122,12 @@ class SiteRunner:
         self.client, self.num_clients, self.pos_ratio = client, num_clients, pos_ratio
         self.max_samples = max_samples
         model = self.cfg.build_model(self.site.input_shape)
-        self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
+        run = self.cfg.run
+        self.plans = list(self.cfg.schedule(pos_ratio).plan())
+        self.problem = Problem(model, pos_ratio, run.buffer_policy, run.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
-        use_class_aware_batches(self.algorithm, self.cfg.positives_per_batch, self.cfg.batch_size)
-        n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
+        use_class_aware_batches(self.algorithm, run.positives_per_batch, run.batch_size)
+        n, b, seed, ids = self.site.num_samples, run.batch_size, run.seed, [client]
         self.sampler, self.aux_sampler = make_samplers(
             [n], b, seed, ids, self.algorithm.positives_per_batch, [self.site.y.numpy()]
         )
