@@ -122,6 +122,11 @@ class FlowerConfig:
         """The ``[privacy]`` table with every key filled, or None (no DP)."""
         return None if self.run.privacy is None else privacy_from_table(self.run.privacy)
 
+    @property
+    def private_reports(self) -> bool:
+        """Under DP or SecAgg+ a site sends no loss, no AUROC and no validation count in clear."""
+        return self.run.privacy is not None or self.deploy.secure_aggregation
+
     def resolved(self, pos_ratio: float) -> RunConfig:
         """The run with its step size fixed for the federation's positive ratio, as ``build`` fixes it
         (every party computes it from the same set-up counts)."""

@@ -45,6 +45,11 @@ from fedxrisk.tree import Tree, stack, tmap
 __all__ = ["Coordinator", "FederationError", "LocalTransport", "Site", "Transport"]
 
 
+def _mean(values: list[float]) -> float:
+    """The mean over sites (NaN when no site reports it: under DP or SecAgg+ none does)."""
+    return float(torch.tensor(values).mean()) if values else math.nan
+
+
 class Coordinator:
     """Runs one fedxrisk algorithm over the sites a transport reaches."""
 
@@ -131,7 +136,9 @@ class Coordinator:
         except ValueError as e:
             raise FederationError(f"{run.algorithm}: {e}") from e
         self.holdout = load_holdout(self.cfg.deploy.test_data, self.cfg)
-        self.num_val = sum(int(r.metrics.get("num-val", 0)) for r in replies.values())
+        self.num_val = sum(
+            int(r.metrics.get("num-val", r.metrics.get("has-val", 0))) for r in replies.values()
+        )
         if self.callbacks and not self.num_val:
             raise FederationError(
                 "selection = 'best' / early-stopping choose on validation data, and no site holds any: "
@@ -240,9 +247,9 @@ class Coordinator:
         plan = self.plans[r]
         row = {
             "round": r + 1, "step": plan.first_step + plan.window, "stage": plan.stage, "lr": plan.lr,
-            "train_loss": float(torch.tensor([rep.metrics["loss"] for rep in ordered]).mean()),
+            "train_loss": _mean([rep.metrics["loss"] for rep in ordered if "loss" in rep.metrics]),
             **self.outputs.test_metrics(self.problem, self.model, self.holdout),
-            **summed_validation(ordered),
+            **summed_validation(ordered if self.num_val else []),
             **mean_std([rep.metrics.get("train-auroc", -1.0) for rep in ordered], "client_auroc"),
             "bytes_up_per_client": self.ledger.total_up, "bytes_down_per_client": self.ledger.total_down,
             "wall_seconds": round(self.clock() - self.start, 4),

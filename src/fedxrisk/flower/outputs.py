@@ -45,6 +45,9 @@ def summed_validation(replies: list[Packet]) -> dict[str, float]:
     """``val_*`` and ``val_*_bound`` of the global model from the **sum** of the sites' per-class
     score histograms (integers: secure aggregation could wrap the sum); NaN when no site holds
     validation data. The same code computes the distributed engine's values from its ranks' sums."""
+    secure = [rep.arrays["validation-sum"]["counts"] for rep in replies if "validation-sum" in rep.arrays]
+    if secure:  # under SecAgg+: the sum, the same on every reply
+        return histogram_validation(secure[0].numpy())
     counts = [rep.arrays["validation"]["counts"] for rep in replies if "validation" in rep.arrays]
     if not counts:
         return dict.fromkeys((*VAL_KEYS, *BOUND_KEYS), math.nan)

@@ -40,10 +40,18 @@ def check_flower_privacy(cfg: Any) -> None:
     """One-line :class:`ConfigError` for a ``[privacy]`` table a Flower run cannot honour (the run
     layer's :func:`~fedxrisk.run.privacy.check_privacy` has checked the rest)."""
     p = cfg.privacy
-    if p is not None and p["level"] != "client":
+    if p is None:
+        return
+    if p["level"] != "client":
         raise ConfigError(
             f"privacy.level = {p['level']!r}: a Flower deployment adds client-level noise on the server; "
             "use level = 'client' (instance-level DP-SGD runs in simulation)"
+        )
+    run = cfg.run
+    if (run.selection == "best" or run.early_stopping) and not cfg.deploy.secure_aggregation:
+        raise ConfigError(
+            "selection = 'best' / early-stopping under privacy on Flower choose on the sites' validation "
+            "histograms, which then travel only inside SecAgg+'s sum: set secure-aggregation = true"
         )
 
 

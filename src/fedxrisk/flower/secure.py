@@ -123,6 +123,32 @@ def check_secure_config(cfg: Any) -> None:
         )
 
 
+VALIDATION = "fedxrisk.validation"  # a site's validation histogram inside its secure vector
+
+
+def count_cap(num_sites: int) -> int:
+    """The largest count M a site may put in a secure vector: values c·R/M quantized with K sites err by
+    less than K·2R/L in the sum, i.e. K·2M/L counts; M = L/(8K) keeps that below 1/4, so rounding the
+    dequantized sum gives the exact integer sum."""
+    return levels(num_sites) // (8 * max(num_sites, 2))
+
+
+def secure_counts(counts: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
+    """A site's integer histogram scaled into [0, R] for SecAgg+ (float64: exact)."""
+    cap = count_cap(num_sites)
+    if int(counts.max()) > cap:
+        raise ValueError(
+            f"secure-aggregation: {int(counts.max())} validation scores in one bin exceed {cap}, the most "
+            f"{num_sites} sites' secure sum keeps exact; use fewer validation samples per site"
+        )
+    return counts.double() * (value_range(cfg) / cap)
+
+
+def summed_counts(mean: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
+    """The sites' summed integer histogram from SecAgg+'s mean of :func:`secure_counts`."""
+    return torch.round(mean.double() * num_sites * count_cap(num_sites) / value_range(cfg)).long()
+
+
 def check_range(payload: dict[str, torch.Tensor], value_range: float) -> str | None:
     """Why the payload cannot be quantized (a value beyond ±R or not finite), or None."""
     for name, t in payload.items():

@@ -48,7 +48,7 @@ from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
-from fedxrisk.flower.secure import site_clip
+from fedxrisk.flower.secure import VALIDATION, secure_counts, site_clip
 from fedxrisk.flower.sitedata import SiteData, load_site
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
@@ -59,10 +59,6 @@ from fedxrisk.tree import Tree, index, is_finite, stack, tmap
 def _sampler_json(sampler: ClientSampler) -> str:
     """A sampler's state (RNG and queues) as JSON, for the node's context."""
     return json.dumps(sampler.state_dict(), default=lambda a: np.asarray(a).tolist())
-
-
-def _load_sampler(sampler: ClientSampler, text: str) -> None:
-    sampler.load_state_dict(json.loads(text))
 
 
 BEGIN, COMMUNICATE = "begin", "communicate"  # the two phases that call collectives
@@ -105,9 +101,13 @@ class SiteRunner:
 
     # -- set-up ------------------------------------------------------------------
     def setup_metrics(self) -> dict[str, float]:
+        """The counts docs/privacy.md lists as public; under DP or SecAgg+ only whether the site holds
+        validation data, not how much."""
         site = self.site
         out = {"num-samples": site.num_samples, "num-positives": site.num_positives}
-        if site.y_val is not None:
+        if site.y_val is not None and self.cfg.private_reports:
+            out["has-val"] = 1
+        elif site.y_val is not None:
             out["num-val"] = len(site.y_val)
         return out
 
@@ -173,8 +173,8 @@ class SiteRunner:
         if self.clip is not None:
             self.clip.last.update(saved.arrays.get("dp-last", {}))
         self.done = int(c["done"])
-        _load_sampler(self.sampler, c["sampler"])
-        _load_sampler(self.aux_sampler, c["aux-sampler"])
+        self.sampler.load_state_dict(json.loads(c["sampler"]))
+        self.aux_sampler.load_state_dict(json.loads(c["aux-sampler"]))
         if int(c["pending"]) >= 0:
             kinds = json.loads(c["kinds"])
             answers = [(k, unflatten(saved.arrays[f"answer.{i}"])) for i, k in enumerate(kinds)]
@@ -268,18 +268,28 @@ class SiteRunner:
         return None
 
     def report(self, with_model: bool) -> tuple[dict[str, float], dict[str, dict[str, torch.Tensor]]]:
-        """Metrics of the finished round: loss, and at evaluation rounds the site's training AUROC,
-        the model, and the per-class histograms of its validation scores (the fixed bins of
-        :func:`~fedxrisk.engines.validation.score_histograms`, as the distributed engine's ranks send)."""
-        metrics = {"loss": float(self.state["loss"][0])}
+        """The round's last loss; at evaluations the training AUROC, the model and the per-class counts
+        of validation scores in fixed bins (``score_histograms``, as the distributed engine's ranks).
+        Under DP or SecAgg+ no loss, no AUROC; the counts only inside SecAgg+'s sum (zeros without
+        validation data), without SecAgg+ not at all."""
+        private = self.cfg.private_reports
+        metrics = {} if private else {"loss": float(self.state["loss"][0])}
         if not with_model:
             return metrics, {}
         params, buffers = (index(t, 0) for t in self.algorithm.model(self.state))
-        metrics["train-auroc"] = _auroc(self.problem, params, buffers, self.site.x, self.site.y)
+        if not private:
+            metrics["train-auroc"] = _auroc(self.problem, params, buffers, self.site.x, self.site.y)
         arrays = {"model": flatten({"params": params, "buffers": buffers})}
         if self.site.x_val is not None and self.site.y_val is not None:  # counts per bin, never a score
             scores = predict(self.problem, params, buffers, self.site.x_val)
             counts = score_histograms(self.site.y_val.numpy(), scores, 1)
+        else:  # no validation data: zeros of the histogram's shape
+            counts = score_histograms(np.zeros(1), np.zeros(1), 1) * 0
+        if self.cfg.deploy.secure_aggregation:
+            arrays["secure"] = {
+                VALIDATION: secure_counts(torch.from_numpy(counts), self.cfg, self.num_clients)
+            }
+        elif not private and self.site.y_val is not None:
             arrays["validation"] = {"counts": torch.from_numpy(counts)}
         return metrics, arrays
 
