@@ -32,18 +32,17 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
+from fedxrisk.algorithms import ClientInfo
 from fedxrisk.classaware import use_class_aware_batches
 from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.data.stream import Stream, sampler_requests
-from fedxrisk.engines import privacy as dp
+from fedxrisk.engines import clientround as one_round
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower.config import FlowerConfig
@@ -216,29 +215,19 @@ class SiteRunner:
         return batch
 
     def _local_steps(self, r: int, active: bool = True) -> None:
-        """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them; a site
-        sitting the round out (``active`` False) draws the same batches, takes no step, and is made
-        ready for ``communicate`` as the simulation's idle clients are."""
+        """The first half of :func:`~fedxrisk.engines.clientround.client_round`, as ``Simulation`` runs it: the
+        round's local steps (a site sitting the round out, ``active`` False, keeps its state and is made
+        ready for ``communicate`` as the simulation's idle clients are) and the extra batches."""
         plan = self.plans[r]
         stream = self._stream()
         if stream is not None:  # decode the round's steps ahead, as the simulation's stream does
             stream.start(sampler_requests(self.sampler, self.algorithm.uniforms_per_step, plan.window))
-        for i in range(plan.window):
-            ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
-            batch = self._batch(*self._draw())
-            if active:
-                self.state = self.engine.map_clients(
-                    partial(self.algorithm.local_step, ctx=ctx), self.state, batch
-                )
-        if not active:
-            self.state = dp.before_communicate(IDLE, self.state)
-        positions = None
-        size = self.algorithm.stage_batch_size
-        if size and plan.stage_end and r + 1 < len(self.plans):
-            positions = self.aux_sampler.sample(size)
-        round_size = self.algorithm.round_batch_size  # drawn after the stage batch, as in Simulation
-        round_positions = self.aux_sampler.sample(round_size) if round_size else None
-        self.pending = Pending(r, self.state, [], positions, round_positions=round_positions, active=active)
+        mask = None if active else IDLE
+        next_batch = lambda: self._batch(*self._draw())  # noqa: E731
+        self.state = one_round.local_steps(self.algorithm, self.engine, self.state, plan, next_batch, mask)
+        last = r + 1 == len(self.plans)
+        stage, round_ = one_round.extra_positions(self.algorithm, plan, last, self.aux_sampler.sample)
+        self.pending = Pending(r, self.state, [], stage, round_positions=round_, active=active)
 
     def _resume(self) -> CollectiveRequest | None:
         """Replay the pending phase with the answers so far: the next request, or None when done."""
@@ -247,17 +236,13 @@ class SiteRunner:
         try:
             if p.phase == BEGIN:
                 state = self.algorithm.begin(p.state, comm, self._batch(p.positions, p.uniforms))
-            else:
-                plan = self.plans[p.round]
-                next_plan = self.plans[p.round + 1] if p.round + 1 < len(self.plans) else None
-                stage_batch = self._batch(p.positions) if p.positions is not None else None
-                round_batch = self._batch(p.round_positions) if p.round_positions is not None else None
-                ctx = RoundContext(plan, next_plan, stage_batch, round_batch)
-                state = self.algorithm.communicate(p.state, comm, ctx)
+            else:  # the second half of client_round, replayed
+                ctx = one_round.round_context(
+                    self.plans, p.round, p.positions, p.round_positions, self._batch
+                )
+                state = one_round.communicate(self.algorithm, p.state, comm, ctx, None if p.active else IDLE)
         except CollectiveRequest as request:
             return request
-        if not p.active:  # keeps its own control variate, takes the broadcast
-            state = dp.after_communicate(IDLE, p.state, state)
         if p.phase == COMMUNICATE:
             if not torch.isfinite(state["loss"]).all() or not is_finite(state["w"]):
                 raise SiteError(
