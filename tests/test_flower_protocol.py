@@ -464,3 +464,29 @@ def test_init_from_starts_every_site_from_the_file_as_the_loop_engine(tmp_path):
         sim.run_round()
     params, _ = sim.global_model()
     assert max_abs_diff(torch.load(tmp_path / "out" / "model.pt")["params"], params) < 1e-6
+
+
+def test_any_module_runs_through_the_protocol_as_in_the_loop_engine(tmp_path):
+    """model_fn: an nn.Module that is no registered name, built the same by the server and every
+    site (the hook fedxrisk.flower's user-facing apps build on): the loop engine's model."""
+    import dataclasses
+
+    from fedxrisk.algorithms import Schedule
+    from fedxrisk.data import make_federated
+    from fedxrisk.engines import Simulation
+    from fedxrisk.problem import Problem
+
+    def model_fn(shape):
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(shape)), 1))
+
+    rc = run_config("codasca", tmp_path)
+    cfg = dataclasses.replace(FlowerConfig.from_run_config(rc), model_fn=model_fn)
+    Coordinator(cfg, LocalTransport(rc, trial_nodes(), model_fn), poll_interval=0.01).run()
+    data = make_federated("digits", K, "iid", 0.3, 0)
+    problem = Problem(model_fn(data.data.input_shape), data.data.pos_ratio)
+    schedule = Schedule.build(rc["rounds"], rc["local-steps"], rc["lr"], rc["stages"])
+    sim = run_all(Simulation(ALGORITHMS["codasca"](problem), data, schedule, rc["batch-size"], 0, "loop"))
+    model = torch.load(tmp_path / "model.pt")
+    assert set(model["params"]) == {"1.weight", "1.bias"}
+    assert max_abs_diff(model["params"], sim.global_model()[0]) < 1e-6

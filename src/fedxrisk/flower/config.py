@@ -19,7 +19,7 @@ import json
 import re
 import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,8 @@ from fedxrisk.run.checks import check
 from fedxrisk.run.configtypes import NONE, check_value
 from fedxrisk.run.privacy import privacy_from_table
 from fedxrisk.run.spec import RunConfig
+
+ModelFn = Callable[[tuple[int, ...]], Any]  # input shape → an nn.Module (any model, not only registered)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ class FlowerConfig:
 
     run: RunConfig = field(default_factory=RunConfig)
     deploy: Deployment = field(default_factory=Deployment)
+    # any nn.Module: input shape → the model (the same on the server and every site); None: run.model
+    model_fn: ModelFn | None = field(default=None, compare=False)
 
     from_run_config = staticmethod(from_flat)  # the name the apps and tests call
 
@@ -144,10 +148,13 @@ class FlowerConfig:
         )  # fmt: skip
 
     def build_model(self, input_shape: tuple[int, ...]) -> Any:
-        """The model every party builds identically: seeded, then ``init-from`` loaded (strictly)."""
+        """The model every party builds identically: ``model_fn``'s or the registered ``model`` (seeded),
+        then ``init-from`` loaded (strictly)."""
         from fedxrisk.run.weights import load_weights
 
         run = self.run
+        if self.model_fn is not None:
+            return self.model_fn(input_shape)
         model = build_model(run.model, input_shape, run.seed)
         if run.init_from or run.reset_head:
             load_weights(model, run.model, run.init_from or None, run.reset_head)

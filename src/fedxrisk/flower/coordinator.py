@@ -39,7 +39,7 @@ from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.problem import Problem
 from fedxrisk.run.callbacks import BestModel, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import json_safe
-from fedxrisk.run.loop import _selected
+from fedxrisk.run.loop import selected_record
 from fedxrisk.tree import Tree, stack, tmap
 
 __all__ = ["Coordinator", "FederationError", "LocalTransport", "Site", "Transport"]
@@ -290,7 +290,7 @@ class Coordinator:
             "rounds": self.done + 1,
             "num_clients": len(self.sites),
             "final": {k: final.get(k, math.nan) for k in keys},
-            "selected": _selected(self.cfg.run, self.outputs.history, self._callback(BestModel)),
+            "selected": selected_record(self.cfg.run, self.outputs.history, self._callback(BestModel)),
             **self._stopping(),
             "communication": self.ledger.summary(),
             **({"privacy": self.dp.summary(self.done + 1)} if self.dp is not None else {}),

@@ -28,6 +28,7 @@ state of a pending round with the answers so far, and the samplers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -45,7 +46,7 @@ from fedxrisk.data.stream import Stream, sampler_requests
 from fedxrisk.engines import clientround as one_round
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
-from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.config import FlowerConfig, ModelFn
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
 from fedxrisk.flower.secure import VALIDATION, secure_counts, site_clip
 from fedxrisk.flower.sitedata import SiteData, load_site
@@ -343,11 +344,19 @@ def _guard(fn: Callable[[], Packet]) -> Packet:
         return Packet(config={"error": f"{type(e).__name__}: {e}"})
 
 
-def site_setup(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> Packet:
-    """Load and check the site's data; report its size and class counts (nothing else)."""
+def _config(run_config: Mapping[str, Any], model_fn: ModelFn | None) -> FlowerConfig:
+    cfg = FlowerConfig.from_run_config(run_config)
+    return cfg if model_fn is None else dataclasses.replace(cfg, model_fn=model_fn)
+
+
+def site_setup(
+    node_config: Mapping[str, Any], run_config: Mapping[str, Any], model_fn: ModelFn | None = None
+) -> Packet:
+    """Load and check the site's data; report its size and class counts (nothing else).
+    ``model_fn``: any ``nn.Module`` from the input shape, instead of the run config's ``model``."""
 
     def go() -> Packet:
-        cfg = FlowerConfig.from_run_config(run_config)
+        cfg = _config(run_config, model_fn)
         site = load_site(node_config, cfg)
         runner = SiteRunner(cfg, site)
         config = {"input-shape": json.dumps(list(site.input_shape))}
@@ -359,13 +368,17 @@ def site_setup(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) ->
 
 
 def site_step(
-    node_config: Mapping[str, Any], run_config: Mapping[str, Any], saved: Packet | None, request: Packet
+    node_config: Mapping[str, Any],
+    run_config: Mapping[str, Any],
+    saved: Packet | None,
+    request: Packet,
+    model_fn: ModelFn | None = None,
 ) -> tuple[Packet, Packet | None]:
     """One step message: restore the site from ``saved``, run, return (reply, new saved state)."""
     out: list[Packet] = []
 
     def go() -> Packet:
-        cfg = FlowerConfig.from_run_config(run_config)
+        cfg = _config(run_config, model_fn)
         runner = SiteRunner(cfg, load_site(node_config, cfg))
         c = request.config
         if saved is not None:

@@ -107,7 +107,7 @@ def train(
     chosen = next((cb for cb in callbacks if isinstance(cb, BestModel)), None)
     stopper = next((cb for cb in callbacks if isinstance(cb, EarlyStopping)), None)
     summary = _summary(setup, history, best, elapsed(), failure)
-    summary["selected"] = json_safe(_selected(cfg, history, chosen))
+    summary["selected"] = json_safe(selected_record(cfg, history, chosen))
     if stopper is not None:
         summary["early_stopping"] = {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}
     summary["resumed_at_rounds"] = resumed
@@ -131,7 +131,7 @@ def train(
 ORACLE_NOTE = "chosen on the test set: an optimistic bound for comparison, not a result; see 'selected'"
 
 
-def _selected(cfg, history: list[dict[str, Any]], chosen: BestModel | None) -> dict[str, Any] | None:
+def selected_record(cfg, history: list[dict[str, Any]], chosen: BestModel | None) -> dict[str, Any] | None:
     """summary.json ``selected``: the model in ``model.pt``, its round, monitor value and test metrics."""
     monitor = cfg.resolved_monitor()
     fallback = chosen is not None and chosen.row is None  # no finite validation value: the last model
