@@ -444,6 +444,10 @@ def test_new_app_writes_every_run_config_key(tmp_path):
     }
     cfg = FlowerConfig.from_run_config(app["config"])
     assert (cfg.run.algorithm, cfg.run.rounds, cfg.run.options) == ("localsgdm", 4, {})
+    assert (cfg.run.stages, cfg.run.eval_every, cfg.run.lr) == (3, 5, None)  # fedxrisk run's defaults
+    root = write_app(tmp_path / "dp", {"privacy": {"clip": 1.0, "noise_multiplier": 1.1}, "lr": "none"})
+    flat = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert FlowerConfig.from_run_config(flat).privacy["noise_multiplier"] == 1.1
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         write_app(tmp_path / "bad", {"algorithm": "nope"})
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from fedxrisk.flower import FLWR_REQUIREMENT
-from fedxrisk.flower.config import FlowerConfig, default_run_config
+from fedxrisk.flower.config import FlowerConfig, default_run_config, flat_value
 
 APP_MODULE = '''"""fedxrisk's Flower app: the components live in the installed fedxrisk package."""
 
@@ -56,7 +56,7 @@ def app_pyproject(run_config: dict[str, Any], name: str = "fedxrisk-app") -> str
 
 def write_app(folder: str | Path, overrides: dict[str, Any] | None = None) -> Path:
     """Write ``pyproject.toml`` and ``fedxrisk_app.py``: the folder ``flwr run`` builds a FAB from."""
-    run_config = {**default_run_config(), **(overrides or {})}
+    run_config = default_run_config() | {k: flat_value(v) for k, v in (overrides or {}).items()}
     FlowerConfig.from_run_config(run_config)  # fail here, not on the SuperLink
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)

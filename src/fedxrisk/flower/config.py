@@ -57,7 +57,8 @@ def _hints(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _flat_value(value: Any) -> Any:
+def flat_value(value: Any) -> Any:
+    """One run-config value as Flower takes it: None → "none", a dict or list → JSON text."""
     if value is None:
         return NONE
     if isinstance(value, (dict, list, tuple)):
@@ -67,7 +68,7 @@ def _flat_value(value: Any) -> Any:
 
 def to_flat(cfg: RunConfig, deploy: Deployment | None = None) -> dict[str, Any]:
     """Every field of ``cfg`` (then of ``deploy``) as a flat Flower run-config entry."""
-    out = {_key(f.name): _flat_value(getattr(cfg, f.name)) for f in dataclasses.fields(RunConfig)}
+    out = {_key(f.name): flat_value(getattr(cfg, f.name)) for f in dataclasses.fields(RunConfig)}
     deploy = deploy or Deployment()
     return out | {_key(f.name): getattr(deploy, f.name) for f in dataclasses.fields(Deployment)}
 
