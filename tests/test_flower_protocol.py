@@ -21,7 +21,7 @@ from fedxrisk.algorithms.fedavg import LocalSGDM
 from fedxrisk.experiment import ConfigError
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.coordinator import Coordinator, FederationError, LocalTransport
-from fedxrisk.flower.sitedata import export_trial
+from fedxrisk.flower.sitedata import export_trial, load_trial
 from fedxrisk.flower.wire import flatten, unflatten
 from fedxrisk.metrics import evaluate
 from fedxrisk.tree import tmap
@@ -472,7 +472,8 @@ def test_init_from_starts_every_site_from_the_file_as_the_loop_engine(tmp_path):
 
 def test_any_module_runs_through_the_protocol_as_in_the_loop_engine(tmp_path):
     """model_fn: an nn.Module that is no registered name, built the same by the server and every
-    site (the hook fedxrisk.flower's user-facing apps build on): the loop engine's model."""
+    site; data_fn: each site's data from the caller (the hooks fedxrisk.flower's user-facing apps
+    build on): the loop engine's model."""
     import dataclasses
 
     from fedxrisk.algorithms import Schedule
@@ -484,9 +485,13 @@ def test_any_module_runs_through_the_protocol_as_in_the_loop_engine(tmp_path):
         torch.manual_seed(3)
         return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(shape)), 1))
 
+    def data_fn(node_config):  # the site's data from the caller, not from a node-config path
+        return load_trial(FlowerConfig.from_run_config(rc), "digits", node_config["k"], K)
+
     rc = run_config("codasca", tmp_path)
     cfg = dataclasses.replace(FlowerConfig.from_run_config(rc), model_fn=model_fn)
-    Coordinator(cfg, LocalTransport(rc, trial_nodes(), model_fn), poll_interval=0.01).run()
+    nodes = {1000 + k: {"k": k} for k in range(K)}
+    Coordinator(cfg, LocalTransport(rc, nodes, model_fn, data_fn), poll_interval=0.01).run()
     data = make_federated("digits", K, "iid", 0.3, 0)
     problem = Problem(model_fn(data.data.input_shape), data.data.pos_ratio)
     schedule = Schedule.build(rc["rounds"], rc["local-steps"], rc["lr"], rc["stages"])

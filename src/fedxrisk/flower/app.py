@@ -34,8 +34,8 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
+from fedxrisk.flower.handlers import site_setup, site_step  # noqa: E402
 from fedxrisk.flower.secagg import secure_exchange, secure_step_handler  # noqa: E402
-from fedxrisk.flower.site import site_setup, site_step  # noqa: E402
 from fedxrisk.flower.wire import Packet  # noqa: E402
 
 ARRAYS = "arrays."

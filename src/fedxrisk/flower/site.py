@@ -28,10 +28,9 @@ state of a pending round with the answers so far, and the samplers.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +45,10 @@ from fedxrisk.data.stream import Stream, sampler_requests
 from fedxrisk.engines import clientround as one_round
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
-from fedxrisk.flower.config import FlowerConfig, ModelFn
+from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
 from fedxrisk.flower.secure import VALIDATION, secure_counts, site_clip
-from fedxrisk.flower.sitedata import SiteData, load_site
+from fedxrisk.flower.sitedata import SiteData
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
 from fedxrisk.problem import Problem
@@ -331,65 +330,3 @@ def init_args(config: Mapping[str, Any]) -> tuple[int, int, float, int]:
 def _auroc(problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, y: torch.Tensor) -> float:
     value = auroc(y.numpy(), predict(problem, params, buffers, x))
     return value if not math.isnan(value) else -1.0  # MetricRecord holds no NaN reliably: −1 = undefined
-
-
-# -- the two handlers a site runs (Flower's ClientApp calls them; tests call them directly) --
-
-
-def _guard(fn: Callable[[], Packet]) -> Packet:
-    """Turn a site's failure into a reply the server reports, instead of a silent crash."""
-    try:
-        return fn()
-    except (ValueError, RuntimeError, KeyError, OSError) as e:
-        return Packet(config={"error": f"{type(e).__name__}: {e}"})
-
-
-def _config(run_config: Mapping[str, Any], model_fn: ModelFn | None) -> FlowerConfig:
-    cfg = FlowerConfig.from_run_config(run_config)
-    return cfg if model_fn is None else dataclasses.replace(cfg, model_fn=model_fn)
-
-
-def site_setup(
-    node_config: Mapping[str, Any], run_config: Mapping[str, Any], model_fn: ModelFn | None = None
-) -> Packet:
-    """Load and check the site's data; report its size and class counts (nothing else).
-    ``model_fn``: any ``nn.Module`` from the input shape, instead of the run config's ``model``."""
-
-    def go() -> Packet:
-        cfg = _config(run_config, model_fn)
-        site = load_site(node_config, cfg)
-        runner = SiteRunner(cfg, site)
-        config = {"input-shape": json.dumps(list(site.input_shape))}
-        if site.order is not None:
-            config["order"] = site.order
-        return Packet(config=config, metrics=runner.setup_metrics())
-
-    return _guard(go)
-
-
-def site_step(
-    node_config: Mapping[str, Any],
-    run_config: Mapping[str, Any],
-    saved: Packet | None,
-    request: Packet,
-    model_fn: ModelFn | None = None,
-) -> tuple[Packet, Packet | None]:
-    """One step message: restore the site from ``saved``, run, return (reply, new saved state)."""
-    out: list[Packet] = []
-
-    def go() -> Packet:
-        cfg = _config(run_config, model_fn)
-        runner = SiteRunner(cfg, load_site(node_config, cfg))
-        c = request.config
-        if saved is not None:
-            runner.restore(saved)
-        elif "client" in c:
-            runner.initialize(*init_args(c))
-        else:
-            raise SiteError("no client state on this node and no initialization in the message")
-        reply = runner.step(request)
-        out.append(runner.save())
-        return reply
-
-    reply = _guard(go)
-    return reply, (out[0] if out else saved)
