@@ -131,3 +131,4 @@ def test_one_config_gives_one_model_history_and_epsilon(runs, other):
     assert s_out["privacy"]["epsilon"] == pytest.approx(s_ref["privacy"]["epsilon"], rel=1e-12)
     assert s_out["selected"]["round"] == s_ref["selected"]["round"]
     assert s_out["communication"] == s_ref["communication"]
+    assert s_out["config"]["lr"] == pytest.approx(s_ref["config"]["lr"], rel=1e-6)  # the lr it trained with

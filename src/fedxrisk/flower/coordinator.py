@@ -270,6 +270,11 @@ class Coordinator:
             f"{row['test_auroc']:.4f}, site AUROC {row['client_auroc_mean']:.4f}{val}"
         )
 
+    def _resolved(self) -> Any:
+        """The run config with the step size it trained with (known once the sites' counts are)."""
+        ratio = getattr(self, "pos_ratio", None)
+        return self.cfg.run if ratio is None else self.cfg.resolved(ratio)
+
     def _callback(self, kind: type) -> Any:
         return next((cb for cb in self.callbacks if isinstance(cb, kind)), None)
 
@@ -305,6 +310,6 @@ class Coordinator:
                 for s in self.sites
             ],  # fmt: skip
             "wall_seconds": round(self.clock() - self.start, 3),
-            "config": to_flat(self.cfg.run, self.cfg.deploy),
+            "config": to_flat(self._resolved(), self.cfg.deploy),
             "torch_version": torch.__version__,
         }
