@@ -41,10 +41,11 @@ def support() -> dict[str, Any]:
     from fedxrisk.algorithms import ALGORITHMS
     from fedxrisk.data import make_federated
     from fedxrisk.engines.privacy import unsupported_instance_reason, unsupported_reason
-    from fedxrisk.flower.config import FlowerConfig
+    from fedxrisk.flower.config import Deployment, FlowerConfig
     from fedxrisk.flower.secure import algorithm_refusal
     from fedxrisk.models import build_model
     from fedxrisk.problem import Problem
+    from fedxrisk.run.spec import RunConfig
 
     data = make_federated("digits", 2, "iid", 0.3, 0)
     rows = {}
@@ -52,7 +53,7 @@ def support() -> dict[str, Any]:
         problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
         options = {"positives_per_batch": 4} if cls.positives_per_batch else {}
         algorithm = cls(problem, **options)
-        flower = FlowerConfig(algorithm=name, options=options, secure_aggregation=True)
+        flower = FlowerConfig(RunConfig(algorithm=name, options=options), Deployment(secure_aggregation=True))
         rows[name] = {
             "client": unsupported_reason(algorithm),
             "instance": unsupported_instance_reason(algorithm),

@@ -21,7 +21,7 @@ from fedxrisk.algorithms.fedavg import LocalSGDM
 from fedxrisk.experiment import ConfigError
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.coordinator import Coordinator, FederationError, LocalTransport
-from fedxrisk.flower.sitedata import export_trial
+from fedxrisk.flower.sitedata import export_trial, load_trial
 from fedxrisk.flower.wire import flatten, unflatten
 from fedxrisk.metrics import evaluate
 from fedxrisk.tree import tmap
@@ -131,7 +131,7 @@ def test_positives_per_batch_must_leave_room_for_negatives_in_the_run_config():
     cfg = FlowerConfig.from_run_config(
         {"algorithm": "fedxl2", "batch-size": 8, "options": '{"positives_per_batch": 3}'}
     )
-    assert cfg.options == {"positives_per_batch": 3}
+    assert cfg.run.options == {"positives_per_batch": 3}
 
 
 @dataclass
@@ -385,7 +385,7 @@ class LeavingTransport(VanishingTransport):
     ],
 )
 def test_a_vanished_site_fails_the_round_with_a_clear_message(tmp_path, transport_cls, message):
-    rc = run_config("localsgdm", tmp_path, rounds=4, stages=1, **{"round-timeout": 0.3})
+    rc = run_config("localsgdm", tmp_path, rounds=4, stages=1, **{"round-timeout": 0.3, "eval-every": 1})
     with pytest.raises(FederationError, match=message):
         run_local(rc, trial_nodes(), transport_cls)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -402,15 +402,19 @@ def test_too_few_nodes_fails_after_the_wait(tmp_path):
 
 
 def test_run_config_errors_name_the_key():
-    with pytest.raises(ConfigError, match=r"unknown run-config key\(s\) \['roundz'\]"):
+    with pytest.raises(ConfigError, match=r"unknown run-config key 'roundz'"):
         FlowerConfig.from_run_config({"roundz": 3})
-    with pytest.raises(ConfigError, match="'options' must be a JSON object"):
+    with pytest.raises(ConfigError, match="'options' must be JSON: Expecting property name"):
         FlowerConfig.from_run_config({"options": "{eta_g: 1}"})
+    with pytest.raises(ConfigError, match="'options' must be a JSON object"):
+        FlowerConfig.from_run_config({"options": "eta_g"})
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['eta'\] for codasca"):
         FlowerConfig.from_run_config({"options": '{"eta": 1}'})
     with pytest.raises(ConfigError, match="npa communicates every 1 step"):
         FlowerConfig.from_run_config({"algorithm": "npa", "local-steps": 4})
-    assert FlowerConfig.from_run_config({"options": '{"eta_g": 1.1}'}).options == {"eta_g": 1.1}
+    assert FlowerConfig.from_run_config({"options": '{"eta_g": 1.1}'}).run.options == {"eta_g": 1.1}
+    with pytest.raises(ConfigError, match="run-config 'rounds': expected an integer"):
+        FlowerConfig.from_run_config({"rounds": "ten"})
 
 
 def test_wire_names_round_trip():
@@ -439,7 +443,11 @@ def test_new_app_writes_every_run_config_key(tmp_path):
         "clientapp": "fedxrisk_app:client_app",
     }
     cfg = FlowerConfig.from_run_config(app["config"])
-    assert (cfg.algorithm, cfg.rounds, cfg.options) == ("localsgdm", 4, {})
+    assert (cfg.run.algorithm, cfg.run.rounds, cfg.run.options) == ("localsgdm", 4, {})
+    assert (cfg.run.stages, cfg.run.eval_every, cfg.run.lr) == (3, 5, None)  # fedxrisk run's defaults
+    root = write_app(tmp_path / "dp", {"privacy": {"clip": 1.0, "noise_multiplier": 1.1}, "lr": "none"})
+    flat = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert FlowerConfig.from_run_config(flat).privacy["noise_multiplier"] == 1.1
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         write_app(tmp_path / "bad", {"algorithm": "nope"})
 
@@ -460,3 +468,34 @@ def test_init_from_starts_every_site_from_the_file_as_the_loop_engine(tmp_path):
         sim.run_round()
     params, _ = sim.global_model()
     assert max_abs_diff(torch.load(tmp_path / "out" / "model.pt")["params"], params) < 1e-6
+
+
+def test_any_module_runs_through_the_protocol_as_in_the_loop_engine(tmp_path):
+    """model_fn: an nn.Module that is no registered name, built the same by the server and every
+    site; data_fn: each site's data from the caller (the hooks fedxrisk.flower's user-facing apps
+    build on): the loop engine's model."""
+    import dataclasses
+
+    from fedxrisk.algorithms import Schedule
+    from fedxrisk.data import make_federated
+    from fedxrisk.engines import Simulation
+    from fedxrisk.problem import Problem
+
+    def model_fn(shape):
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(shape)), 1))
+
+    def data_fn(node_config):  # the site's data from the caller, not from a node-config path
+        return load_trial(FlowerConfig.from_run_config(rc), "digits", node_config["k"], K)
+
+    rc = run_config("codasca", tmp_path)
+    cfg = dataclasses.replace(FlowerConfig.from_run_config(rc), model_fn=model_fn)
+    nodes = {1000 + k: {"k": k} for k in range(K)}
+    Coordinator(cfg, LocalTransport(rc, nodes, model_fn, data_fn), poll_interval=0.01).run()
+    data = make_federated("digits", K, "iid", 0.3, 0)
+    problem = Problem(model_fn(data.data.input_shape), data.data.pos_ratio)
+    schedule = Schedule.build(rc["rounds"], rc["local-steps"], rc["lr"], rc["stages"])
+    sim = run_all(Simulation(ALGORITHMS["codasca"](problem), data, schedule, rc["batch-size"], 0, "loop"))
+    model = torch.load(tmp_path / "model.pt")
+    assert set(model["params"]) == {"1.weight", "1.bias"}
+    assert max_abs_diff(model["params"], sim.global_model()[0]) < 1e-6

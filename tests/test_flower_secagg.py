@@ -39,7 +39,8 @@ from helpers import make_sim, max_abs_diff, run_all  # noqa: E402
 from test_flower_protocol import run_config, run_local, trial_nodes  # noqa: E402
 
 SECURE = {"secure-aggregation": True}
-DP = {"privacy-clip": 0.5, "privacy-noise-multiplier": 0.8, "privacy-noise-seed": 7}
+PRIVACY = {"clip": 0.5, "noise_multiplier": 0.8, "noise_seed": 7}
+DP = {"privacy": json.dumps(PRIVACY)}
 MODEL_TOL = 1e-5  # 3 rounds; one secure mean is off by < 2R/levels = 1.2e-7 (R = 64, 2 sites)
 
 
@@ -78,8 +79,9 @@ def test_secure_aggregation_gives_the_plain_model(algorithm, sites, value_range,
     assert secure["status"] == "completed", secure["error"]
     a, b = (torch.load(tmp_path / d / "model.pt")["params"] for d in ("plain", "secure"))
     assert 0 < max_abs_diff(a, b) < MODEL_TOL  # not bitwise: the values were quantized
-    for key in ("test_auroc", "client_auroc_mean", "train_loss"):
-        assert secure["final"][key] == pytest.approx(plain["final"][key], abs=MODEL_TOL), key
+    assert secure["final"]["test_auroc"] == pytest.approx(plain["final"]["test_auroc"], abs=MODEL_TOL)
+    for key in ("client_auroc_mean", "train_loss"):  # per-site statistics are not released under SecAgg+
+        assert plain["final"][key] is not None and secure["final"][key] is None, key
     assert secure["communication"] == plain["communication"]  # the algorithm's bytes, as without SecAgg+
 
 
@@ -106,6 +108,8 @@ def test_the_server_receives_only_masked_vectors_and_the_aggregate(tmp_path, mon
 
     # each secure mean is the exact mean of the sites' vectors within one quantization step
     vectors = [v for v in sent if v.numel()]
+    vectors, last = vectors[:-2], vectors[-2:]  # the last exchange holds the validation histograms only
+    assert [v.numel() for v in last] == [2 * 4097] * 2
     assert len(vectors) == 2 * len(means) == 2 * 3  # 3 rounds, one mean each, 2 sites
     for k, mean in enumerate(means):
         exact = (vectors[2 * k] + vectors[2 * k + 1]) / 2
@@ -212,7 +216,7 @@ def test_client_sampling_under_secagg_equals_the_loop_engine(kind, rate, tmp_pat
     clipped updates; the server divides as the simulation does: the loop engine's numbers."""
     from fedxrisk.engines.privacy import ClientSampling
 
-    sampling = {"privacy-sampling": kind, "privacy-sampling-rate": rate}
+    sampling = {"privacy": json.dumps({**PRIVACY, "sampling": kind, "sampling_rate": rate})}
     rc = {**run_config("codasca", tmp_path, lr=0.05), **SECURE, **DP, **sampling}
     summary, _ = run_secure(rc, trial_nodes(3))
     assert summary["status"] == "completed", summary["error"]
@@ -221,3 +225,53 @@ def test_client_sampling_under_secagg_equals_the_loop_engine(kind, rate, tmp_pat
     )
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < MODEL_TOL
     assert summary["privacy"]["sampling_rate"] == rate and summary["privacy"]["clipped_by"] == "sites"
+
+
+def test_under_secagg_no_site_statistic_reaches_the_server_in_clear(tmp_path, monkeypatch):
+    """Issue 30 item 7, spied on every reply the server pulls in a run with DP, validation data and
+    selection = best: no site's loss, AUROC, validation count or histogram in clear; the histograms
+    arrive only inside SecAgg+'s sum, which the server recovers as the exact integer sum."""
+    import fedxrisk.flower.site as site_module
+    from fedxrisk.flower.app import from_records
+
+    sites_sent, sums = [], []
+    real_counts, real_sum = site_module.secure_counts, secagg.summed_counts
+
+    def spy_counts(counts, cfg, k):
+        sites_sent.append(counts.clone())
+        return real_counts(counts, cfg, k)
+
+    def spy_sum(mean, cfg, k):
+        sums.append(real_sum(mean, cfg, k))
+        return sums[-1]
+
+    monkeypatch.setattr(site_module, "secure_counts", spy_counts)
+    monkeypatch.setattr(secagg, "summed_counts", spy_sum)
+    extra = {"validation": 0.25, "eval-every": 1, "selection": "best"}
+    rc = {**run_config("codasca", tmp_path, lr=0.05), **SECURE, **DP, **extra}
+    summary, grid = run_secure(rc, trial_nodes())
+    assert summary["status"] == "completed", summary["error"]
+    assert len(sums) == len(sites_sent) == 2 * 3  # one histogram per site and evaluation
+    assert all(torch.equal(a, b) for a, b in zip(sums[::2], sums[1::2]))  # every reply: the same sum
+    sums = sums[::2]
+    for r, total in enumerate(sums):
+        assert torch.equal(total, sites_sent[2 * r] + sites_sent[2 * r + 1])  # exact, not approximate
+        assert int(total.sum()) > 0 and total.dtype == torch.int64
+    assert summary["selected"]["selection"] == "best" and summary["selected"]["value"] is not None
+    for reply in grid.replies:
+        if reply.metadata.message_type == "query":  # set-up: the counts privacy.md lists, no more
+            assert set(from_records(reply.content).metrics) == {"num-samples", "num-positives", "has-val"}
+            continue
+        assert all(len(record) == 0 for record in reply.content.array_records.values())
+        if "fitres.metrics" not in reply.content.config_records:
+            continue  # SecAgg+'s own stages: keys, shares
+        ours = packet_from_bytes(reply.content.config_records["fitres.metrics"][secagg.KEY])
+        assert ours.metrics == {}  # no loss, no AUROC
+        assert set(ours.arrays) <= {"model"}  # the global model at evaluations; no histogram
+    assert summary["final"]["train_loss"] is None and summary["final"]["client_auroc_mean"] is None
+
+
+def test_selection_under_dp_without_secagg_is_refused(tmp_path):
+    rc = {**run_config("codasca", tmp_path), **DP, "validation": 0.25, "selection": "best"}
+    with pytest.raises(ConfigError, match="travel only inside SecAgg.'s sum: set secure-aggregation = true"):
+        FlowerConfig.from_run_config(rc)

@@ -27,13 +27,13 @@ from fedxrisk.engines.validation import (
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.coordinator import FederationError
-from fedxrisk.flower.sitedata import load_holdout, load_site
+from fedxrisk.flower.sitedata import export_trial, load_holdout, load_site
 from fedxrisk.metrics import auroc, predict
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from test_flower_protocol import K, RecordingTransport, run_config, run_local, trial_nodes
 
-VAL = {"validation": 0.25, "stages": 1}
+VAL = {"validation": 0.25, "stages": 1, "eval-every": 1}
 
 
 def _history(out) -> list[dict[str, float]]:
@@ -144,9 +144,20 @@ def test_selection_best_and_early_stopping_on_flower(tmp_path):
 
 
 def test_selection_without_validation_data_is_refused(tmp_path):
+    """Refused by the run layer's check when validation = 0; by the server when no site holds any."""
     rc = run_config("codasca", tmp_path, stages=1, selection="best")
-    with pytest.raises(FederationError, match=r"no site holds any: set validation = FRACTION"):
+    with pytest.raises(ConfigError, match=r"selection = 'best' chooses on validation data"):
         run_local(rc, trial_nodes())
+    rc["validation"] = "official"  # the sites' own val.npz / val.csv; these folders have none
+    export_trial(
+        FlowerConfig.from_run_config({**rc, "selection": "last", "validation": 0}),
+        "digits",
+        K,
+        tmp_path / "s",
+    )
+    nodes = {1000 + k: {"data-dir": str(tmp_path / "s" / f"site-{k}")} for k in range(K)}
+    with pytest.raises(FederationError, match=r"no site holds any: set validation = FRACTION"):
+        run_local(rc, nodes)
 
 
 @pytest.mark.parametrize(

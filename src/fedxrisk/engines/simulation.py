@@ -23,12 +23,13 @@ from typing import Any
 import torch
 from torch.func import vmap
 
-from fedxrisk.algorithms.base import Algorithm, ClientInfo, RoundContext, StepContext
+from fedxrisk.algorithms.base import Algorithm, ClientInfo, StepContext
 from fedxrisk.algorithms.personal import site_collective
 from fedxrisk.algorithms.schedule import RoundPlan, Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.sampler import make_samplers
 from fedxrisk.engines import privacy as dp
+from fedxrisk.engines.clientround import client_round
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.errors import NonFiniteLoss  # noqa: F401  (re-exported)
@@ -322,37 +323,26 @@ class Simulation:
         return batch
 
     def run_round(self) -> RoundPlan:
-        """I local steps on every client, then the algorithm's communication."""
+        """I local steps on every client, then the algorithm's communication (:func:`client_round`)."""
         plan = self.plans[self.round]
-        next_plan = self.plans[self.round + 1] if self.round + 1 < len(self.plans) else None
         mask = self._participants = (
             None if self.privacy is None else self.privacy.sampled(plan.round, self.clients)
         )
-        start = self.states
-        for i in range(plan.window):
-            ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
-            batch = self._batch(self.sampler.next(), ctx.step)
-            self.states = self.engine.local_steps(self.algorithm.local_step, ctx, self.states, batch)
-        if mask is not None:  # clients sitting the round out take no step
-            self.states = dp.before_communicate(mask, dp.keep_idle(mask, self.states, start))
-        stage_batch = None
-        size = self.algorithm.stage_batch_size
-        if size and plan.stage_end and next_plan is not None:
-            stage_batch = self.local_data.batch(self.aux_sampler.sample(size), self.device)
-        round_batch = None
-        round_size = self.algorithm.round_batch_size
-        if round_size:
-            round_batch = self.local_data.batch(self.aux_sampler.sample(round_size), self.device)
-        comm = site_collective(self._collective(), getattr(self.algorithm, "problem", None))
-        before = self.states
-        self.states = self.algorithm.communicate(
-            self.states, comm, RoundContext(plan, next_plan, stage_batch, round_batch)
-        )
-        if mask is not None:
-            self.states = dp.after_communicate(mask, before, self.states)
+        comms: list[Any] = []  # the round's collective (the distributed engine's finishes the round)
+
+        def collective(states: Tree) -> Any:
+            self.states = states  # after the local steps, as the distributed engine's collective reads them
+            comms.append(self._collective())
+            return site_collective(comms[-1], getattr(self.algorithm, "problem", None))  # FedBN, heads
+
+        self.states = client_round(
+            self.algorithm, self.engine, self.states, self.plans, self.round,
+            lambda step: self._batch(self.sampler.next(), step), self.aux_sampler.sample,
+            lambda positions: self.local_data.batch(positions, self.device), collective, mask,
+        )  # fmt: skip
         self.ledger.close_round()
         self.round += 1
-        if not self._finite(comm):
+        if not self._finite(comms[-1]):
             raise NonFiniteLoss(plan.round + 1)  # 1-based, as in history.csv
         return plan
 

@@ -10,7 +10,7 @@ import click
 
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower import FLWR_REQUIREMENT
-from fedxrisk.flower.config import FlowerConfig, default_run_config
+from fedxrisk.flower.config import FlowerConfig, default_run_config, flat_value
 
 APP_MODULE = '''"""fedxrisk's Flower app: the components live in the installed fedxrisk package."""
 
@@ -67,7 +67,7 @@ def write_app(folder: str | Path, overrides: dict[str, Any] | None = None, overw
     from fedxrisk.flower.secure import check_secure_algorithm
     from fedxrisk.outfiles import make_folder, refuse_symlink, text_writer, write_together
 
-    run_config = {**default_run_config(), **(overrides or {})}
+    run_config = default_run_config() | {k: flat_value(v) for k, v in (overrides or {}).items()}
     cfg = FlowerConfig.from_run_config(run_config)  # fail here, not on the SuperLink
     check_secure_algorithm(cfg)
     root = Path(folder)

@@ -37,8 +37,8 @@ from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.coordinator import Coordinator  # noqa: E402
 from fedxrisk.flower.evaluate import OP as EVALUATE  # noqa: E402
 from fedxrisk.flower.evaluate import site_evaluate  # noqa: E402
+from fedxrisk.flower.handlers import SiteLoader, site_setup, site_step  # noqa: E402
 from fedxrisk.flower.secagg import secure_exchange, secure_step_handler  # noqa: E402
-from fedxrisk.flower.site import SiteLoader, site_setup, site_step  # noqa: E402
 from fedxrisk.flower.sitedata import SiteData, load_site  # noqa: E402
 from fedxrisk.flower.wire import Packet  # noqa: E402
 
@@ -92,7 +92,7 @@ def build_client_app(
     def setup(msg: Message, context: Context) -> Message:
         """Load and check this site's data; report its size and class counts."""
         context = view(context)
-        reply = site_setup(context.node_config, context.run_config, loader(context))
+        reply = site_setup(context.node_config, context.run_config, load=loader(context))
         return Message(to_records(reply), reply_to=msg)
 
     def run_step(context: Context, request: Packet) -> Packet:
@@ -100,7 +100,7 @@ def build_client_app(
         if request.config.get("op") == EVALUATE:  # a federated evaluation's exchange (flower/evaluate.py)
             return site_evaluate(context.node_config, context.run_config, request)
         saved = from_records(context.state, SITE) if f"{SITE}config" in context.state else None
-        reply, new = site_step(context.node_config, context.run_config, saved, request, loader(context))
+        reply, new = site_step(context.node_config, context.run_config, saved, request, load=loader(context))
         if new is not None and new is not saved:
             for key in [k for k in context.state if k.startswith(SITE)]:
                 del context.state[key]

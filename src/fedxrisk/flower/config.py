@@ -1,245 +1,210 @@
-"""The run configuration of a Flower deployment (``[tool.flwr.app.config]`` of the app).
+"""Flower's run config (``[tool.flwr.app.config]``): a flat view of :class:`RunConfig`, not a schema.
 
-Flower run-config values are flat scalars with hyphenated keys; this module
-turns them into a validated :class:`FlowerConfig` that the ServerApp and every
-ClientApp build identically (same schedule, same model, same algorithm).
+Flower run-config values are flat scalars with hyphenated keys. :func:`to_flat` writes every
+field of :class:`~fedxrisk.run.spec.RunConfig` (``dataclasses.fields``) under its hyphenated
+name (``local_steps`` → ``local-steps``); a dict or list becomes JSON text and None the string
+``"none"``, as in a config file. :func:`from_flat` reads it back, type-checks each value against
+``RunConfig``'s hints and runs the run layer's own :func:`~fedxrisk.run.checks.check`, so a
+Flower run and ``fedxrisk run`` have the same defaults and refusals by construction (rounds,
+stages, ``eval_every``; ``lr`` resolved from the data by :func:`~fedxrisk.run.build.with_data_lr`).
+
+What only a deployment has (the server's test data and output folder, how many nodes to wait
+for and how long, secure aggregation) is a :class:`Deployment`, which holds no run setting.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+import re
+import typing
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
-from fedxrisk.data import PARTITIONS
 from fedxrisk.errors import ConfigError
-from fedxrisk.flower.private import check_flower_privacy
-from fedxrisk.flower.secure import check_secure_config
-from fedxrisk.models import MODELS, build_model
-from fedxrisk.problem import BUFFER_POLICIES, POS_RATIO_MODES, Problem
-from fedxrisk.run.checks import MONITORS, SELECTIONS
-from fedxrisk.run.spec import DEFAULT_LOCAL_STEPS
+from fedxrisk.models import build_model
+from fedxrisk.problem import Problem
+from fedxrisk.run.checks import check
+from fedxrisk.run.configtypes import NONE, check_value
+from fedxrisk.run.privacy import privacy_from_table
+from fedxrisk.run.spec import RunConfig
+
+ModelFn = Callable[[tuple[int, ...]], Any]  # input shape → an nn.Module (any model, not only registered)
 
 
-@dataclass
-class FlowerConfig:
-    """Run settings shared by the server and all sites (hyphenated in the app's pyproject)."""
+@dataclass(frozen=True)
+class Deployment:
+    """Settings of a Flower deployment that ``fedxrisk run`` has no use for."""
 
-    algorithm: str = "codasca"
-    options: dict[str, Any] = field(default_factory=dict)  # JSON string in the run config
-    model: str = "mlp"
-    rounds: int = 10
-    local_steps: int = 0  # 0: the algorithm's fixed window, else 8
-    batch_size: int = 32
-    lr: float = 0.0  # 0: the algorithm's default_lr
-    stages: int = 1
-    lr_decay: float = 3.0
-    window_growth: float = 1.0
-    seed: int = 0
-    buffer_policy: str = "average"
-    pos_ratio_mode: str = "global"
-    positives_per_batch: int = 0  # > 0: class-aware batches for any algorithm (fedxrisk.classaware)
-    allow_missing_class: bool = False
-    eval_every: int = 1
-    # federated validation (per-class score histograms summed on the server) and selection on it
-    validation: float = 0.0  # trial sites: this fraction of each class of a site's part; 0: none
-    selection: str = "last"  # model.pt: "last" or "best" (the best validation evaluation)
-    monitor: str = ""  # the val_* column followed; "": the algorithm's
-    early_stopping: int = 0  # stop after this many evaluations without improvement; 0: off
-    init_from: str = ""  # a state dict / run folder at this path on the server and every site; "": none
-    reset_head: bool = False  # re-initialise the classifier head after init-from (init_from.py)
-    # trial sites (node config ``dataset`` + ``partition-id`` + ``num-partitions``)
-    partition: str = "class"
-    imratio: float = 0.1  # 0: keep the data's own ratio
-    dirichlet_alpha: float = 0.5
-    positive_classes: str = ""  # comma-separated class ids or names; "": the dataset's default
-    # server side
-    test_data: str = ""  # held-out file (npz/csv) or bundled dataset name; "": none
+    test_data: str = ""  # the server's held-out file (npz/csv) or a bundled dataset's name; "": none
     out_dir: str = "fedxrisk-flower"
     min_nodes: int = 2
-    node_wait_timeout: float = 300.0  # seconds to wait for min_nodes SuperNodes
+    node_wait_timeout: float = 300.0  # seconds to wait for min-nodes SuperNodes
     round_timeout: float = 600.0  # seconds one exchange may take before the run fails
-    # client-level DP, noise added by the server (flower/private.py); privacy-clip = 0: off
-    privacy_clip: float = 0.0
-    privacy_noise_multiplier: float = 0.0
-    privacy_target_epsilon: float = 0.0
-    privacy_delta: float = 0.0  # 0: 1/N, N the sites' training samples
-    privacy_noise_seed: int = -1  # -1: a secret the server draws
-    privacy_sampling_rate: float = 1.0  # q: the fraction of sites per round (the server draws them)
-    privacy_sampling: str = "poisson"  # or "fixed" (round(q·K) sites, without replacement)
-    secure_aggregation: bool = False  # every mean through Flower's SecAgg+ (flower/secure.py, secagg.py)
+    secure_aggregation: bool = False  # every mean through Flower's SecAgg+ (secure.py, secagg.py)
     secure_aggregation_range: float = 64.0  # R: values in [-R, R] are quantized; beyond stops the run
 
-    @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> FlowerConfig:
-        """Parse Flower's flat run config; unknown keys are an error naming them."""
-        known = {f.name.replace("_", "-"): f.name for f in fields(cls)}
-        types = {f.name: str(f.type) for f in fields(cls)}
-        unknown = sorted(set(run_config) - set(known))
-        if unknown:
-            raise ConfigError(f"unknown run-config key(s) {unknown}; allowed: {sorted(known)}")
-        kwargs: dict[str, Any] = {}
-        for key, value in run_config.items():
-            name = known[key]
-            if name == "options":
-                try:
-                    value = json.loads(value) if isinstance(value, str) else dict(value)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"run-config 'options' must be a JSON object: {e}") from e
-                if not isinstance(value, dict):
-                    raise ConfigError("run-config 'options' must be a JSON object")
-            kwargs[name] = _typed(key, value, types[name])
-        cfg = cls(**kwargs)
-        cfg.validate()
-        return cfg
 
-    def build_model(self, input_shape: tuple[int, ...]) -> Any:
-        """The model every party builds identically: seeded, then ``init-from`` loaded (strictly)."""
-        from fedxrisk.run.weights import load_weights
+def _key(name: str) -> str:
+    return name.replace("_", "-")
 
-        model = build_model(self.model, input_shape, self.seed)
-        if self.init_from or self.reset_head:
-            load_weights(model, self.model, self.init_from or None, self.reset_head)
-        return model
 
-    # -- resolved settings ---------------------------------------------------
+def _hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def flat_value(value: Any) -> Any:
+    """One run-config value as Flower takes it: None → "none", a dict or list → JSON text."""
+    if value is None:
+        return NONE
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value)
+    return value
+
+
+def to_flat(cfg: RunConfig, deploy: Deployment | None = None) -> dict[str, Any]:
+    """Every field of ``cfg`` (then of ``deploy``) as a flat Flower run-config entry."""
+    out = {_key(f.name): flat_value(getattr(cfg, f.name)) for f in dataclasses.fields(RunConfig)}
+    deploy = deploy or Deployment()
+    return out | {_key(f.name): getattr(deploy, f.name) for f in dataclasses.fields(Deployment)}
+
+
+def _parse(key: str, value: Any, hint: Any) -> Any:
+    """A flat value for a field of type ``hint``: JSON text for dicts and lists, then the type check."""
+    text = value.strip() if isinstance(value, str) else None
+    if text and text[0] in "[{" and any(t in str(hint) for t in ("dict", "list", "Any")):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"run-config {key!r} must be JSON: {e}") from None
+    return check_value(f"run-config {key!r}", value, hint)
+
+
+def from_flat(mapping: Mapping[str, Any]) -> FlowerConfig:
+    """Flower's flat run config → a checked :class:`FlowerConfig`; an unknown key is an error."""
+    run_hints, deploy_hints = _hints(RunConfig), _hints(Deployment)
+    run: dict[str, Any] = {}
+    deploy: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = key.replace("-", "_")
+        if name in run_hints:
+            run[name] = _parse(key, value, run_hints[name])
+        elif name in deploy_hints:
+            deploy[name] = _parse(key, value, deploy_hints[name])
+        else:
+            allowed = sorted(map(_key, (*run_hints, *deploy_hints)))
+            raise ConfigError(f"unknown run-config key {key!r}; allowed: {', '.join(allowed)}")
+    if "options" in run and not isinstance(run["options"], dict):
+        raise ConfigError("run-config 'options' must be a JSON object")
+    if run.get("privacy") is not None:
+        run["privacy"] = privacy_from_table(run["privacy"])
+    cfg = FlowerConfig(RunConfig(**run), Deployment(**deploy))
+    cfg.validate()
+    return cfg
+
+
+@dataclass(frozen=True)
+class FlowerConfig:
+    """A run (:class:`RunConfig`) and where it is deployed (:class:`Deployment`)."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    deploy: Deployment = field(default_factory=Deployment)
+    # any nn.Module: input shape → the model (the same on the server and every site); None: run.model
+    model_fn: ModelFn | None = field(default=None, compare=False)
+
+    from_run_config = staticmethod(from_flat)  # the name the apps and tests call
+
     @property
     def algorithm_class(self) -> type[Algorithm]:
-        return ALGORITHMS[self.algorithm]
+        return ALGORITHMS[self.run.algorithm]
 
-    def resolved_local_steps(self) -> int:
-        fixed = self.algorithm_class.fixed_window
-        return self.local_steps or fixed or DEFAULT_LOCAL_STEPS
+    @property
+    def privacy(self) -> dict[str, Any] | None:
+        """The ``[privacy]`` table with every key filled, or None (no DP)."""
+        return None if self.run.privacy is None else privacy_from_table(self.run.privacy)
 
-    def resolved_monitor(self) -> str:
-        """The ``val_*`` column selection and early stopping follow (as ``RunConfig.resolved_monitor``)."""
-        return self.monitor or self.algorithm_class.monitor
+    @property
+    def private_reports(self) -> bool:
+        """Under DP or SecAgg+ a site sends no loss, no AUROC and no validation count in clear."""
+        return self.run.privacy is not None or self.deploy.secure_aggregation
 
-    def resolved_lr(self) -> float:
-        return self.lr or self.algorithm_class.default_lr
+    def resolved(self, pos_ratio: float) -> RunConfig:
+        """The run with its step size fixed for the federation's positive ratio, as ``build`` fixes it
+        (every party computes it from the same set-up counts)."""
+        from fedxrisk.run.build import with_data_lr
 
-    def schedule(self) -> Schedule:
+        with warnings.catch_warnings():  # the server logs it once (coordinator)
+            warnings.simplefilter("ignore")
+            return with_data_lr(self.run, pos_ratio)
+
+    def schedule(self, pos_ratio: float) -> Schedule:
+        run = self.resolved(pos_ratio)
         return Schedule.build(
-            self.rounds, self.resolved_local_steps(), self.resolved_lr(), self.stages, self.lr_decay,
-            self.window_growth,
+            run.rounds, run.resolved_local_steps(), run.resolved_lr(), run.stages, run.lr_decay,
+            run.window_growth,
         )  # fmt: skip
 
-    def positive_class_ids(self) -> list[int | str] | None:
-        """Comma-separated class ids or names (``lesion``, ``1``), or None for the dataset's default."""
-        text = self.positive_classes.strip()
-        if not text:
-            return None
-        items = [c.strip() for c in text.split(",")]
-        if not all(items):
-            raise ConfigError(f"positive-classes must be comma-separated class ids or names, got {text!r}")
-        return [int(c) if c.lstrip("-").isdigit() else c for c in items]
+    def build_model(self, input_shape: tuple[int, ...]) -> Any:
+        """The model every party builds identically: ``model_fn``'s or the registered ``model`` (seeded),
+        then ``init-from`` loaded (strictly)."""
+        from fedxrisk.run.weights import load_weights
 
-    def imratio_or_none(self) -> float | None:
-        return self.imratio or None
+        run = self.run
+        if self.model_fn is not None:
+            return self.model_fn(input_shape)
+        model = build_model(run.model, input_shape, run.seed)
+        if run.init_from or run.reset_head:
+            load_weights(model, run.model, run.init_from or None, run.reset_head)
+        return model
 
     def build_algorithm(self, problem: Problem) -> Algorithm:
         try:
-            return self.algorithm_class(problem, **self.options)
+            return self.algorithm_class(problem, **self.run.options)
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"{self.algorithm}: {e}") from e
-
-    def validate(self) -> None:
-        """Check every setting that needs no data (errors name the run-config key)."""
-        for key, value, allowed in (
-            ("algorithm", self.algorithm, ALGORITHMS),
-            ("model", self.model, MODELS),
-            ("buffer-policy", self.buffer_policy, BUFFER_POLICIES),
-            ("pos-ratio-mode", self.pos_ratio_mode, POS_RATIO_MODES),
-            ("partition", self.partition, PARTITIONS),
-        ):
-            if value not in allowed:
-                raise ConfigError(f"unknown {key} {value!r}; choose one of {sorted(allowed)}")
-        for key in ("rounds", "batch_size", "eval_every", "stages", "min_nodes"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key.replace('_', '-')} must be ≥ 1, got {getattr(self, key)}")
-        for key in ("local_steps", "lr", "imratio"):
-            if getattr(self, key) < 0:
-                raise ConfigError(
-                    f"{key.replace('_', '-')} must be ≥ 0 (0: default), got {getattr(self, key)}"
-                )
-        if not self.imratio < 1:
-            raise ConfigError(f"imratio must lie in (0, 1) (0: keep all samples), got {self.imratio}")
-        if self.round_timeout <= 0 or self.node_wait_timeout <= 0:
-            raise ConfigError("round-timeout and node-wait-timeout must be > 0 seconds")
-        fixed = self.algorithm_class.fixed_window
-        if fixed is not None and self.resolved_local_steps() != fixed:
-            raise ConfigError(
-                f"{self.algorithm} communicates every {fixed} step(s); set local-steps = {fixed}"
-            )
-        unknown = sorted(set(self.options) - set(self.algorithm_class.hyperparameters()))
-        if unknown:
-            raise ConfigError(
-                f"unknown option(s) {unknown} for {self.algorithm}; "
-                f"allowed: {sorted(self.algorithm_class.hyperparameters())}"
-            )
-        positives = self.positives_per_batch or self.options.get(
-            "positives_per_batch", self.algorithm_class.positives_per_batch
-        )
-        if isinstance(positives, int) and positives >= self.batch_size:
-            raise ConfigError(
-                f"{self.algorithm} draws positives_per_batch = {positives} positives per batch, which "
-                f"leaves no negatives in batch-size = {self.batch_size}; raise batch-size or set "
-                f'options = {{"positives_per_batch": ...}} below it'
-            )
-        self.positive_class_ids()
-        self._validate_selection()
-        check_flower_privacy(self)
-        check_secure_config(self)
-        try:
-            self.schedule()
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
-
-    def _validate_selection(self) -> None:
-        if not 0 <= self.validation < 1:
-            raise ConfigError(f"validation must be 0 (none) or a fraction in (0, 1), got {self.validation}")
-        if self.selection not in SELECTIONS:
-            raise ConfigError(f"unknown selection {self.selection!r}; choose one of {list(SELECTIONS)}")
-        if self.monitor and self.monitor not in MONITORS:
-            raise ConfigError(f"unknown monitor {self.monitor!r}; choose one of {list(MONITORS)}")
-        if self.early_stopping < 0:
-            raise ConfigError(f"early-stopping must be ≥ 0 (0: off), got {self.early_stopping}")
+            raise ConfigError(f"{self.run.algorithm}: {e}") from e
 
     def is_eval_round(self, round_: int) -> bool:
-        """Evaluate after round ``round_`` (0-based): every ``eval_every`` rounds and at the end."""
-        return (round_ + 1) % self.eval_every == 0 or round_ + 1 == self.rounds
+        """Evaluate after round ``round_`` (0-based): every ``eval-every`` rounds and at the end."""
+        return (round_ + 1) % self.run.eval_every == 0 or round_ + 1 == self.run.rounds
+
+    def validate(self) -> None:
+        """The run layer's checks, then what a Flower deployment adds (errors name run-config keys)."""
+        from fedxrisk.flower.private import check_flower_privacy
+        from fedxrisk.flower.secure import check_secure_config
+
+        run, deploy = self.run, self.deploy
+        try:
+            check(run)
+        except ConfigError as e:  # name the run-config key, e.g. early-stopping for early_stopping
+            raise ConfigError(_flat_names(str(e))) from None
+        if deploy.min_nodes < 1:
+            raise ConfigError(f"min-nodes must be ≥ 1, got {deploy.min_nodes}")
+        if deploy.round_timeout <= 0 or deploy.node_wait_timeout <= 0:
+            raise ConfigError("round-timeout and node-wait-timeout must be > 0 seconds")
+        positives = run.positives_per_batch or run.options.get(
+            "positives_per_batch", self.algorithm_class.positives_per_batch
+        )
+        if isinstance(positives, int) and positives >= run.batch_size:
+            raise ConfigError(
+                f"{run.algorithm} draws positives_per_batch = {positives} positives per batch, which "
+                f"leaves no negatives in batch-size = {run.batch_size}; raise batch-size or set "
+                f'options = {{"positives_per_batch": ...}} below it'
+            )
+        check_flower_privacy(self)
+        check_secure_config(self)
 
 
-def _typed(key: str, value: Any, annotation: str) -> Any:
-    """A run-config value as its field's type: a bool is true/false (never a string that counts as
-    on), a number a number; anything else is one line naming the key."""
-    if annotation == "bool":
-        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-        if not isinstance(value, bool):
-            raise ConfigError(f"run-config {key} must be true or false, got {value!r}")
-        return value
-    if annotation not in ("int", "float"):
-        return value
-    try:
-        number = float(value) if not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        number = None
-    if number is None:
-        raise ConfigError(f"run-config {key} must be a number, got {value!r}")
-    if annotation == "int":
-        if not number.is_integer():
-            raise ConfigError(f"run-config {key} must be a whole number, got {value!r}")
-        return int(number)
-    return number
+def _flat_names(message: str) -> str:
+    """``message`` with RunConfig field names as run-config keys (not inside ``privacy.*`` etc.)."""
+    for name in (f.name for f in dataclasses.fields(RunConfig) if "_" in f.name):
+        message = re.sub(rf"(?<![\w.]){name}(?!\w)", _key(name), message)
+    return message
 
 
 def default_run_config() -> dict[str, Any]:
     """The defaults as Flower run-config entries (what ``new-app`` writes to pyproject)."""
-    out: dict[str, Any] = {}
-    for f in fields(FlowerConfig):
-        value = FlowerConfig().__getattribute__(f.name)
-        out[f.name.replace("_", "-")] = json.dumps(value) if f.name == "options" else value
-    return out
+    return to_flat(RunConfig())

@@ -28,7 +28,7 @@ import torch
 
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
-from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.config import FlowerConfig, to_flat
 from fedxrisk.flower.outputs import LAST_MODEL, RunOutputs, global_model, mean_std, summed_validation
 from fedxrisk.flower.private import ServerDP, server_dp
 from fedxrisk.flower.secure import check_secure_algorithm, secure_mean
@@ -39,10 +39,15 @@ from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.problem import Problem
 from fedxrisk.run.callbacks import BestModel, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import json_safe
-from fedxrisk.run.loop import _selected
+from fedxrisk.run.loop import selected_record
 from fedxrisk.tree import Tree, stack, tmap
 
 __all__ = ["Coordinator", "FederationError", "LocalTransport", "Site", "Transport"]
+
+
+def _mean(values: list[float]) -> float:
+    """The mean over sites (NaN when no site reports it: under DP or SecAgg+ none does)."""
+    return float(torch.tensor(values).mean()) if values else math.nan
 
 
 class Coordinator:
@@ -60,17 +65,17 @@ class Coordinator:
         self.cfg, self.transport = cfg, transport
         self.log = log or (lambda msg: None)
         self.clock = clock
-        self.exchange = Exchange(transport, cfg.round_timeout, poll_interval, clock, sleep)
+        self.exchange = Exchange(transport, cfg.deploy.round_timeout, poll_interval, clock, sleep)
         self.outputs = RunOutputs(cfg)
-        self.callbacks = selection_callbacks(cfg)  # type: ignore[arg-type]  (duck-typed: selection, monitor)
-        self.state = LoopState(cfg, self.outputs.out, cfg.rounds, history=self.outputs.history)  # type: ignore[arg-type]
+        self.callbacks = selection_callbacks(cfg.run)
+        self.state = LoopState(cfg.run, self.outputs.out, cfg.run.rounds, history=self.outputs.history)
         self.state.global_model = lambda: (self.model["params"], self.model["buffers"])  # type: ignore[index]
-        self.plans = list(cfg.schedule().plan())
+        self.plans: list = []  # the schedule: known once the sites' counts give the positive ratio
         self.ledger = ByteLedger()
         # seed of the score-pool shuffle: a server-only secret if FEDXRISK_POOL_SEED is set on the
         # server's host (sites cannot undo the shuffle); else the run seed, which the sites also know
         # (then Flower runs equal the simulation's; docs/privacy.md)
-        self.pool_seed = int(os.environ.get("FEDXRISK_POOL_SEED", cfg.seed))
+        self.pool_seed = int(os.environ.get("FEDXRISK_POOL_SEED", cfg.run.seed))
         self.sites: list[Site] = []
         self.done = -1
         self.model: dict[str, Tree] | None = None
@@ -97,7 +102,7 @@ class Coordinator:
 
     def _setup(self) -> None:
         check_secure_algorithm(self.cfg)  # before any message: SecAgg+ carries means only
-        nodes = self.exchange.wait_for_nodes(self.cfg.min_nodes, self.cfg.node_wait_timeout)
+        nodes = self.exchange.wait_for_nodes(self.cfg.deploy.min_nodes, self.cfg.deploy.node_wait_timeout)
         replies = self.exchange({n: Packet(config={"op": "setup"}) for n in nodes}, "setup", "set-up")
         sites = []
         for node, reply in replies.items():
@@ -122,13 +127,18 @@ class Coordinator:
         self.pos_ratio = sum(s.positives for s in sites) / sum(s.samples for s in sites)
         self.max_samples = max(s.samples for s in sites)  # ClientInfo.max_samples, as in simulation
         model = self.cfg.build_model(sites[0].input_shape)
-        self.problem = Problem(model, self.pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
+        run = self.cfg.run
+        self.problem = Problem(model, self.pos_ratio, run.buffer_policy, run.pos_ratio_mode)
+        schedule = self.cfg.schedule(self.pos_ratio)  # lr from the data, as `fedxrisk run` sets it
+        self.plans = list(schedule.plan())
         try:  # the schedule checks engines make (CoDA's stages, LocalSCGDAM's rates)
-            self.cfg.build_algorithm(self.problem).validate_schedule(self.cfg.schedule())
+            self.cfg.build_algorithm(self.problem).validate_schedule(schedule)
         except ValueError as e:
-            raise FederationError(f"{self.cfg.algorithm}: {e}") from e
-        self.holdout = load_holdout(self.cfg.test_data, self.cfg)
-        self.num_val = sum(int(r.metrics.get("num-val", 0)) for r in replies.values())
+            raise FederationError(f"{run.algorithm}: {e}") from e
+        self.holdout = load_holdout(self.cfg.deploy.test_data, self.cfg)
+        self.num_val = sum(
+            int(r.metrics.get("num-val", r.metrics.get("has-val", 0))) for r in replies.values()
+        )
         if self.callbacks and not self.num_val:
             raise FederationError(
                 "selection = 'best' / early-stopping choose on validation data, and no site holds any: "
@@ -137,7 +147,7 @@ class Coordinator:
         self.dp = server_dp(self.cfg, self.problem, sites, self.max_samples, self.log)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
-            f"{self.pos_ratio:.4f}; {self.cfg.algorithm} for {self.cfg.rounds} rounds"
+            f"{self.pos_ratio:.4f}; {run.algorithm} for {run.rounds} rounds, lr {self.plans[0].lr:.4g}"
         )
 
     def _rounds(self) -> None:
@@ -146,7 +156,9 @@ class Coordinator:
         last = len(self.plans) - 1
         while True:
             what = f"round {self.done + 2}/{len(self.plans)}"  # 1-based, as in history.csv
-            replies = self.exchange(requests, "secure-step" if self.cfg.secure_aggregation else "step", what)
+            replies = self.exchange(
+                requests, "secure-step" if self.cfg.deploy.secure_aggregation else "step", what
+            )
             finished, pending = (
                 self._common(replies, "finished", what),
                 self._common(replies, "pending", what),
@@ -194,7 +206,7 @@ class Coordinator:
         ``comm.pool`` (valid records of all sites, shuffled: :func:`~fedxrisk.engines.pooling.merge_pool`)."""
         what = f"round {round_ + 1}/{len(self.plans)}"
         kind, call = self._common(replies, "kind", what), self._common(replies, "call", what)
-        if self.cfg.secure_aggregation:  # SecAgg+: the sites' mean arrives, never a site's payload
+        if self.cfg.deploy.secure_aggregation:  # SecAgg+: the sites' mean arrives, never a site's payload
             return secure_mean(self, replies, round_, what), kind, call
         payloads = [replies[s.node].arrays["payload"] for s in self.sites]
         names = [list(p) for p in payloads]
@@ -235,9 +247,9 @@ class Coordinator:
         plan = self.plans[r]
         row = {
             "round": r + 1, "step": plan.first_step + plan.window, "stage": plan.stage, "lr": plan.lr,
-            "train_loss": float(torch.tensor([rep.metrics["loss"] for rep in ordered]).mean()),
+            "train_loss": _mean([rep.metrics["loss"] for rep in ordered if "loss" in rep.metrics]),
             **self.outputs.test_metrics(self.problem, self.model, self.holdout),
-            **summed_validation(ordered),
+            **summed_validation(ordered if self.num_val else []),
             **mean_std([rep.metrics.get("train-auroc", -1.0) for rep in ordered], "client_auroc"),
             "bytes_up_per_client": self.ledger.total_up, "bytes_down_per_client": self.ledger.total_down,
             "wall_seconds": round(self.clock() - self.start, 4),
@@ -258,6 +270,11 @@ class Coordinator:
             f"{row['test_auroc']:.4f}, site AUROC {row['client_auroc_mean']:.4f}{val}"
         )
 
+    def _resolved(self) -> Any:
+        """The run config with the step size it trained with (known once the sites' counts are)."""
+        ratio = getattr(self, "pos_ratio", None)
+        return self.cfg.run if ratio is None else self.cfg.resolved(ratio)
+
     def _callback(self, kind: type) -> Any:
         return next((cb for cb in self.callbacks if isinstance(cb, kind)), None)
 
@@ -274,11 +291,11 @@ class Coordinator:
             "status": "failed" if error else "completed",
             "error": f"{type(error).__name__}: {error}" if error else None,
             "engine": "flower",
-            "algorithm": self.cfg.algorithm,
+            "algorithm": self.cfg.run.algorithm,
             "rounds": self.done + 1,
             "num_clients": len(self.sites),
             "final": {k: final.get(k, math.nan) for k in keys},
-            "selected": _selected(self.cfg, self.outputs.history, self._callback(BestModel)),
+            "selected": selected_record(self.cfg.run, self.outputs.history, self._callback(BestModel)),
             **self._stopping(),
             "communication": self.ledger.summary(),
             **({"privacy": self.dp.summary(self.done + 1)} if self.dp is not None else {}),
@@ -293,6 +310,6 @@ class Coordinator:
                 for s in self.sites
             ],  # fmt: skip
             "wall_seconds": round(self.clock() - self.start, 3),
-            "config": {k.replace("_", "-"): v for k, v in vars(self.cfg).items()},
+            "config": to_flat(self._resolved(), self.cfg.deploy),
             "torch_version": torch.__version__,
         }

@@ -38,13 +38,16 @@ from fedxrisk.tree import Tree
 
 def history_fields(cfg: FlowerConfig) -> tuple[str, ...]:
     """``history.csv``'s columns: those of ``fedxrisk run`` (a private run adds ``epsilon``)."""
-    return (*HISTORY_FIELDS, "epsilon") if cfg.privacy_clip else HISTORY_FIELDS
+    return (*HISTORY_FIELDS, "epsilon") if cfg.privacy is not None else HISTORY_FIELDS
 
 
 def summed_validation(replies: list[Packet]) -> dict[str, float]:
     """``val_*`` and ``val_*_bound`` of the global model from the **sum** of the sites' per-class
     score histograms (integers: secure aggregation could wrap the sum); NaN when no site holds
     validation data. The same code computes the distributed engine's values from its ranks' sums."""
+    secure = [rep.arrays["validation-sum"]["counts"] for rep in replies if "validation-sum" in rep.arrays]
+    if secure:  # under SecAgg+: the sum, the same on every reply
+        return histogram_validation(secure[0].numpy())
     counts = [rep.arrays["validation"]["counts"] for rep in replies if "validation" in rep.arrays]
     if not counts:
         return dict.fromkeys((*VAL_KEYS, *BOUND_KEYS), math.nan)
@@ -74,7 +77,7 @@ class RunOutputs:
     """The files in ``out-dir``: ``history.csv`` rows as evaluations come, models, the summary."""
 
     def __init__(self, cfg: FlowerConfig):
-        self.cfg, self.out, self.fields = cfg, Path(cfg.out_dir), history_fields(cfg)
+        self.cfg, self.out, self.fields = cfg, Path(cfg.deploy.out_dir), history_fields(cfg)
         self.history: list[dict[str, Any]] = []
         self._append: Callable[[dict[str, Any]], None] | None = None
 
@@ -108,7 +111,7 @@ class RunOutputs:
 
     def save_model(self, model: dict[str, Tree], input_shape: tuple[int, ...], name: str = MODEL) -> None:
         data = io.BytesIO()
-        torch.save({**model, "model": self.cfg.model, "input_shape": input_shape}, data)
+        torch.save({**model, "model": self.cfg.run.model, "input_shape": input_shape}, data)
         replace_atomic(self.out / name, lambda f: f.write(data.getvalue()), "wb")
 
     def test_metrics(self, problem: Any, model: dict[str, Tree], holdout: Any) -> dict[str, float]:

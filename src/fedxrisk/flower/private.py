@@ -1,14 +1,12 @@
 """Client-level DP on Flower: the server (coordinator) clips every site's update and adds the noise.
 
-Run-config keys (flat, as Flower wants them): ``privacy-clip`` (C; 0: DP off),
-``privacy-noise-multiplier`` (σ) or ``privacy-target-epsilon`` (ε for the planned rounds),
-``privacy-delta`` (0: min(1e-5, 1/(10·N)), N the sites' training samples), ``privacy-noise-seed``
-(-1, the default: the server's :meth:`~fedxrisk.engines.privacy.NoiseSource.secret`, never
-written; ≥ 0: the reproducible test mode, as the simulation's ``privacy.reproducible_noise`` —
-the run is then not private),
-``privacy-sampling-rate`` q and ``privacy-sampling`` (``poisson`` or ``fixed``): the server draws
-each round's participants with :meth:`~fedxrisk.engines.privacy.ClientSampling.mask` from the
-noise source and tells each site whether it takes part; a site sitting the round out keeps its
+The run config's ``privacy`` (the ``[privacy]`` table of ``fedxrisk run`` as JSON, e.g.
+``privacy='{"clip": 1.0, "target_epsilon": 3.0}'``; level ``client`` only): noise and site sampling come from the server's
+:meth:`~fedxrisk.engines.privacy.NoiseSource.secret`, never written (``reproducible_noise = SEED``:
+the test mode of the simulation, the run then NOT PRIVATE); ``sampling_rate``
+q and ``sampling`` (``poisson`` or ``fixed``): the server draws
+each round's participants with :meth:`~fedxrisk.engines.privacy.ClientSampling.mask` from that
+source and tells each site whether it takes part; a site sitting the round out keeps its
 state as the simulation's idle clients do and sends zeros of its payload's shape (excluded from
 the sum). The server is the :class:`~fedxrisk.engines.privacy.PrivateAggregator` of the
 simulation engines, so a Flower run with the same test-mode seed gives the loop engine's numbers.
@@ -21,7 +19,6 @@ sums them, and the server adds the noise to the sum (:meth:`ServerDP.release`).
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
@@ -37,38 +34,27 @@ from fedxrisk.engines.privacy import (
 )
 from fedxrisk.engines.privacy.accountant import REPLACE, Segment, relation, replace_epsilon
 from fedxrisk.errors import ConfigError
+from fedxrisk.run.privacy import default_delta
 from fedxrisk.tree import Tree, leaves, tmap
 
 
 def check_flower_privacy(cfg: Any) -> None:
-    """One-line :class:`ConfigError` for privacy settings a Flower run cannot honour."""
-    ClientSampling(cfg.privacy_sampling_rate, cfg.privacy_sampling)  # one line on a bad rate or kind
-    if cfg.privacy_clip == 0:
-        if cfg.privacy_noise_multiplier or cfg.privacy_target_epsilon:
-            raise ConfigError("privacy-noise-multiplier / privacy-target-epsilon need privacy-clip > 0")
-        if cfg.privacy_sampling_rate < 1:
-            raise ConfigError(
-                "privacy-sampling-rate < 1 samples sites for client-level DP: set privacy-clip > 0 too"
-            )
+    """One-line :class:`ConfigError` for a ``[privacy]`` table a Flower run cannot honour (the run
+    layer's :func:`~fedxrisk.run.privacy.check_privacy` has checked the rest)."""
+    p = cfg.privacy
+    if p is None:
         return
-    if cfg.privacy_clip < 0:
-        raise ConfigError(f"privacy-clip must be > 0 (0: no DP), got {cfg.privacy_clip}")
-    if (cfg.privacy_noise_multiplier > 0) == (cfg.privacy_target_epsilon > 0):
+    if p["level"] != "client":
         raise ConfigError(
-            "privacy: set exactly one of privacy-noise-multiplier and privacy-target-epsilon (> 0)"
+            f"privacy.level = {p['level']!r}: a Flower deployment adds client-level noise on the server; "
+            "use level = 'client' (instance-level DP-SGD runs in simulation)"
         )
-    if not 0 <= cfg.privacy_delta < 1:
-        raise ConfigError(f"privacy-delta must lie in [0, 1) (0: 1/N), got {cfg.privacy_delta}")
-    cls = cfg.algorithm_class
-    stub = types.SimpleNamespace(
-        name=cfg.algorithm, begin_batch=cls.begin_batch, problem=None,
-        stage_batch_size=cfg.options.get("stage_batch_size", getattr(cls, "stage_batch_size", 0)),
-        round_batch_size=cfg.options.get("round_batch_size", getattr(cls, "round_batch_size", 0)),
-    )  # fmt: skip
-    try:
-        check_client_dp(stub)
-    except ConfigError as e:
-        raise ConfigError(f"privacy-clip: {e}") from None
+    run = cfg.run
+    if (run.selection == "best" or run.early_stopping) and not cfg.deploy.secure_aggregation:
+        raise ConfigError(
+            "selection = 'best' / early-stopping under privacy on Flower choose on the sites' validation "
+            "histograms, which then travel only inside SecAgg+'s sum: set secure-aggregation = true"
+        )
 
 
 class ServerDP:
@@ -77,18 +63,20 @@ class ServerDP:
     def __init__(self, cfg: Any, problem: Any, samples: list[int], positives: list[int], max_samples: int):
         algorithm = cfg.build_algorithm(problem)
         check_client_dp(algorithm)
-        self.k, self.rounds = len(samples), cfg.rounds
-        self.delta = cfg.privacy_delta or min(1e-5, 1.0 / (10 * sum(samples)))  # run.privacy.default_delta
-        sampling = ClientSampling(cfg.privacy_sampling_rate, cfg.privacy_sampling)
-        sigma = cfg.privacy_noise_multiplier or noise_for_epsilon(
-            cfg.privacy_target_epsilon, cfg.rounds, self.delta, sampling.rate, sampling.kind, self.k
+        p = cfg.privacy
+        self.k, self.rounds = len(samples), cfg.run.rounds
+        self.delta = p["delta"] if p["delta"] is not None else default_delta(sum(samples))
+        sampling = ClientSampling(p["sampling_rate"], p["sampling"])
+        sigma = p["noise_multiplier"] or noise_for_epsilon(
+            p["target_epsilon"], self.rounds, self.delta, sampling.rate, sampling.kind, self.k
         )
-        seed = cfg.privacy_noise_seed if cfg.privacy_noise_seed >= 0 else None  # None: a secret source
-        self.config = ClientDP(cfg.privacy_clip, sigma, sampling, noise_seed=seed)
+        seed = p["reproducible_noise"]  # None: a secret source (NoiseSource.secret), never written
+        self.config = ClientDP(p["clip"], sigma, sampling, noise_seed=seed)
+        self.target_epsilon = p["target_epsilon"]
         initial = algorithm.init(ClientInfo(0, samples[0], positives[0] / samples[0], max_samples))
         self.aggregator = PrivateAggregator(self.config, algorithm, initial, 0, self.k)
         self.rounds_meaned: set[int] = set()
-        self.clipped_by = "sites" if cfg.secure_aggregation else "server"
+        self.clipped_by = "sites" if cfg.deploy.secure_aggregation else "server"
 
     def _once(self, round_: int) -> None:
         if round_ in self.rounds_meaned:
@@ -151,7 +139,7 @@ class ServerDP:
             + (
                 ""
                 if self.aggregator.private
-                else " — NOT PRIVATE: reproducible test noise (privacy-noise-seed)"
+                else " — NOT PRIVATE: reproducible test noise (privacy.reproducible_noise)"
             )
         )
 
@@ -174,8 +162,8 @@ def _rebuild(tree: Tree, flat: dict[str, torch.Tensor], prefix: str = "") -> Tre
 
 
 def server_dp(cfg: Any, problem: Any, sites: list[Any], max_samples: int, log: Any) -> ServerDP | None:
-    """The run's :class:`ServerDP` (None without ``privacy-clip``); logs the guarantee."""
-    if not cfg.privacy_clip:
+    """The run's :class:`ServerDP` (None without ``privacy``); logs the guarantee."""
+    if cfg.privacy is None:
         return None
     dp = ServerDP(cfg, problem, [s.samples for s in sites], [s.positives for s in sites], max_samples)
     log(dp.describe())

@@ -45,12 +45,14 @@ from flwr.serverapp import Grid
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.secure import (
     MODULUS,
+    VALIDATION,
     check_range,
     flat_vector,
     levels,
     packet_bytes,
     packet_from_bytes,
     split_vector,
+    summed_counts,
     value_range,
 )
 from fedxrisk.flower.wire import Packet
@@ -68,7 +70,7 @@ def secure_step_handler(
     def handler(msg: Message, context: Context) -> Message:
         request = packet_from_bytes(compat.recorddict_to_fitins(msg.content, keep_input=True).config[KEY])
         reply = run_step(context, request)
-        payload = reply.arrays.pop("payload", {})
+        payload = reply.arrays.pop("payload", {}) | reply.arrays.pop("secure", {})  # the validation histogram
         if not reply.error:
             bound = value_range(FlowerConfig.from_run_config(context.run_config))
             if (problem := check_range(payload, bound)) is not None:
@@ -194,7 +196,7 @@ def secure_exchange(
     context = LegacyContext(Context(run_id, 0, {}, state, {}), strategy=strategy)
     workflow = SecAggPlusWorkflow(
         1.0, 1.0, max_weight=1.0, clipping_range=float(value_range(cfg)),
-        quantization_range=levels(len(requests)), modulus_range=MODULUS, timeout=cfg.round_timeout,
+        quantization_range=levels(len(requests)), modulus_range=MODULUS, timeout=cfg.deploy.round_timeout,
     )  # fmt: skip
     failure = None
     try:
@@ -211,6 +213,10 @@ def secure_exchange(
         layout = json.loads(packet.config.pop("layout"))
         if not packet.error:
             (vector,) = parameters_to_ndarrays(res.parameters)
-            packet.arrays["mean"] = split_vector(torch.from_numpy(vector), layout)
+            mean = split_vector(torch.from_numpy(vector), layout)
+            if VALIDATION in mean:  # the sites' summed validation histogram, exact integers
+                counts = summed_counts(mean.pop(VALIDATION), cfg, len(requests))
+                packet.arrays["validation-sum"] = {"counts": counts}
+            packet.arrays["mean"] = mean
         out[node] = packet
     return out, watched

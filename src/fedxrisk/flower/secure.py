@@ -73,7 +73,9 @@ def collective_kinds(cfg: Any) -> set[str]:
     problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
     algorithm = cfg.build_algorithm(problem)
     schedule = Schedule.build(2, cfg.algorithm_class.fixed_window or 1, 0.01, stages=2)
-    batch = max(cfg.batch_size, 8, 2 * (algorithm.positives_per_batch or 0))  # the collectives do not change
+    batch = max(
+        cfg.run.batch_size, 8, 2 * (algorithm.positives_per_batch or 0)
+    )  # the collectives do not change
     sim = Simulation(algorithm, data, schedule, batch, 0, "loop")
     sim._collective = lambda: Recording(sim.num_clients, sim.engine, sim.ledger, sim.seed)
     for _ in range(2):
@@ -91,34 +93,60 @@ def algorithm_refusal(cfg: Any) -> str | None:
         "gather": "per-site tensors every site receives",
     }
     return (
-        f"secure-aggregation: {cfg.algorithm} calls collective(s) {other} ({'; '.join(what[k] for k in other)}), "
+        f"secure-aggregation: {cfg.run.algorithm} calls collective(s) {other} ({'; '.join(what[k] for k in other)}), "
         "which a secure sum cannot carry; only algorithms whose every message is a mean can use SecAgg+"
     )
 
 
 def check_secure_algorithm(cfg: Any) -> None:
     """With ``secure-aggregation``: a one-line :class:`ConfigError` from :func:`algorithm_refusal`."""
-    if cfg.secure_aggregation and (refusal := algorithm_refusal(cfg)) is not None:
+    if cfg.deploy.secure_aggregation and (refusal := algorithm_refusal(cfg)) is not None:
         raise ConfigError(refusal)
 
 
 def check_secure_config(cfg: Any) -> None:
     """One-line :class:`ConfigError` for settings SecAgg+ cannot honour (no data needed)."""
-    if not cfg.secure_aggregation:
+    if not cfg.deploy.secure_aggregation:
         return
-    if cfg.min_nodes < 2:
+    if cfg.deploy.min_nodes < 2:
         raise ConfigError(
-            f"secure-aggregation needs min-nodes ≥ 2 (SecAgg+ sums 2+ sites), got {cfg.min_nodes}"
+            f"secure-aggregation needs min-nodes ≥ 2 (SecAgg+ sums 2+ sites), got {cfg.deploy.min_nodes}"
         )
-    if cfg.buffer_policy == "local":
+    if cfg.run.buffer_policy == "local":
         raise ConfigError(
             "secure-aggregation with buffer-policy 'local': each site's own BatchNorm statistics would reach "
             "the server in the clear at evaluation; use buffer-policy 'average'"
         )
-    if not 0 < cfg.secure_aggregation_range < math.inf:
+    if not 0 < cfg.deploy.secure_aggregation_range < math.inf:
         raise ConfigError(
-            f"secure-aggregation-range must be a finite number > 0, got {cfg.secure_aggregation_range}"
+            f"secure-aggregation-range must be a finite number > 0, got {cfg.deploy.secure_aggregation_range}"
         )
+
+
+VALIDATION = "fedxrisk.validation"  # a site's validation histogram inside its secure vector
+
+
+def count_cap(num_sites: int) -> int:
+    """The largest count M a site may put in a secure vector: values c·R/M quantized with K sites err by
+    less than K·2R/L in the sum, i.e. K·2M/L counts; M = L/(8K) keeps that below 1/4, so rounding the
+    dequantized sum gives the exact integer sum."""
+    return levels(num_sites) // (8 * max(num_sites, 2))
+
+
+def secure_counts(counts: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
+    """A site's integer histogram scaled into [0, R] for SecAgg+ (float64: exact)."""
+    cap = count_cap(num_sites)
+    if int(counts.max()) > cap:
+        raise ValueError(
+            f"secure-aggregation: {int(counts.max())} validation scores in one bin exceed {cap}, the most "
+            f"{num_sites} sites' secure sum keeps exact; use fewer validation samples per site"
+        )
+    return counts.double() * (value_range(cfg) / cap)
+
+
+def summed_counts(mean: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
+    """The sites' summed integer histogram from SecAgg+'s mean of :func:`secure_counts`."""
+    return torch.round(mean.double() * num_sites * count_cap(num_sites) / value_range(cfg)).long()
 
 
 def check_range(payload: dict[str, torch.Tensor], value_range: float) -> str | None:
@@ -187,7 +215,8 @@ def value_range(cfg: Any) -> float:
     """The quantization range R: with client-level DP the sites send clipped updates, whose every
     coordinate lies in [−C, C], so R = C (+ 10⁻⁶ relative for float rounding); else
     ``secure-aggregation-range``."""
-    return cfg.privacy_clip * (1 + 1e-6) if cfg.privacy_clip else cfg.secure_aggregation_range
+    clip = cfg.privacy["clip"] if cfg.privacy is not None else None
+    return clip * (1 + 1e-6) if clip else cfg.deploy.secure_aggregation_range
 
 
 class SiteClip:
@@ -200,7 +229,7 @@ class SiteClip:
         from fedxrisk.engines.privacy import ClientDP, PrivateAggregator
 
         self.aggregator = PrivateAggregator(
-            ClientDP(cfg.privacy_clip, 0.0), algorithm, initial, 0, num_clients
+            ClientDP(cfg.privacy["clip"], 0.0), algorithm, initial, 0, num_clients
         )
 
     def update(self, stacked: Tree) -> Tree:
@@ -219,6 +248,6 @@ class SiteClip:
 
 def site_clip(cfg: Any, algorithm: Any, info: Any, num_clients: int) -> SiteClip | None:
     """The site's :class:`SiteClip` when client-level DP runs under SecAgg+, else None."""
-    if not (cfg.privacy_clip and cfg.secure_aggregation):
+    if cfg.privacy is None or not cfg.deploy.secure_aggregation:
         return None
     return SiteClip(cfg, algorithm, algorithm.init(info), num_clients)

@@ -30,26 +30,25 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedxrisk.algorithms import ClientInfo, RoundContext, StepContext
+from fedxrisk.algorithms import ClientInfo
 from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.data.stream import Stream, sampler_requests
-from fedxrisk.engines import privacy as dp
+from fedxrisk.engines import clientround as one_round
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
-from fedxrisk.flower.secure import site_clip
-from fedxrisk.flower.sitedata import SiteData, load_site
+from fedxrisk.flower.secure import VALIDATION, secure_counts, site_clip
+from fedxrisk.flower.sitedata import SiteData
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
 from fedxrisk.problem import Problem
@@ -59,10 +58,6 @@ from fedxrisk.tree import Tree, index, is_finite, stack, tmap
 def _sampler_json(sampler: ClientSampler) -> str:
     """A sampler's state (RNG and queues) as JSON, for the node's context."""
     return json.dumps(sampler.state_dict(), default=lambda a: np.asarray(a).tolist())
-
-
-def _load_sampler(sampler: ClientSampler, text: str) -> None:
-    sampler.load_state_dict(json.loads(text))
 
 
 BEGIN, COMMUNICATE = "begin", "communicate"  # the two phases that call collectives
@@ -95,7 +90,7 @@ class SiteRunner:
 
     def __init__(self, cfg: FlowerConfig, site: SiteData):
         self.cfg, self.site = cfg, site
-        self.plans = list(cfg.schedule().plan())
+        self.plans: list = []  # the schedule: known once the server sends the positive ratio
         self.engine = LoopEngine()
         self.state: Tree | None = None  # stacked, leading axis 1
         self.pending: Pending | None = None
@@ -105,9 +100,13 @@ class SiteRunner:
 
     # -- set-up ------------------------------------------------------------------
     def setup_metrics(self) -> dict[str, float]:
+        """The counts docs/privacy.md lists as public; under DP or SecAgg+ only whether the site holds
+        validation data, not how much."""
         site = self.site
         out = {"num-samples": site.num_samples, "num-positives": site.num_positives}
-        if site.y_val is not None:
+        if site.y_val is not None and self.cfg.private_reports:
+            out["has-val"] = 1
+        elif site.y_val is not None:
             out["num-val"] = len(site.y_val)
         return out
 
@@ -122,13 +121,13 @@ class SiteRunner:
         self.client, self.num_clients, self.pos_ratio = client, num_clients, pos_ratio
         self.max_samples = max_samples
         model = self.cfg.build_model(self.site.input_shape)
-        self.problem = Problem(model, pos_ratio, self.cfg.buffer_policy, self.cfg.pos_ratio_mode)
+        run = self.cfg.run
+        self.plans = list(self.cfg.schedule(pos_ratio).plan())
+        self.problem = Problem(model, pos_ratio, run.buffer_policy, run.pos_ratio_mode)
         self.algorithm = self.cfg.build_algorithm(self.problem)
-        self.algorithm = class_aware_batches(
-            self.algorithm, self.cfg.positives_per_batch, self.cfg.batch_size
-        )
+        self.algorithm = class_aware_batches(self.algorithm, run.positives_per_batch, run.batch_size)
         self.problem = self.algorithm.problem
-        n, b, seed, ids = self.site.num_samples, self.cfg.batch_size, self.cfg.seed, [client]
+        n, b, seed, ids = self.site.num_samples, run.batch_size, run.seed, [client]
         self.sampler, self.aux_sampler = make_samplers(
             [n], b, seed, ids, self.algorithm.positives_per_batch, [self.site.y.numpy()]
         )
@@ -174,8 +173,8 @@ class SiteRunner:
         if self.clip is not None:
             self.clip.last.update(saved.arrays.get("dp-last", {}))
         self.done = int(c["done"])
-        _load_sampler(self.sampler, c["sampler"])
-        _load_sampler(self.aux_sampler, c["aux-sampler"])
+        self.sampler.load_state_dict(json.loads(c["sampler"]))
+        self.aux_sampler.load_state_dict(json.loads(c["aux-sampler"]))
         if int(c["pending"]) >= 0:
             kinds = json.loads(c["kinds"])
             answers = [(k, unflatten(saved.arrays[f"answer.{i}"])) for i, k in enumerate(kinds)]
@@ -217,29 +216,19 @@ class SiteRunner:
         return batch
 
     def _local_steps(self, r: int, active: bool = True) -> None:
-        """The round's I local steps, exactly as ``Simulation.run_round`` draws and runs them; a site
-        sitting the round out (``active`` False) draws the same batches, takes no step, and is made
-        ready for ``communicate`` as the simulation's idle clients are."""
+        """The first half of :func:`~fedxrisk.engines.clientround.client_round`, as ``Simulation`` runs it: the
+        round's local steps (a site sitting the round out, ``active`` False, keeps its state and is made
+        ready for ``communicate`` as the simulation's idle clients are) and the extra batches."""
         plan = self.plans[r]
         stream = self._stream()
         if stream is not None:  # decode the round's steps ahead, as the simulation's stream does
             stream.start(sampler_requests(self.sampler, self.algorithm.uniforms_per_step, plan.window))
-        for i in range(plan.window):
-            ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
-            batch = self._batch(*self._draw())
-            if active:
-                self.state = self.engine.map_clients(
-                    partial(self.algorithm.local_step, ctx=ctx), self.state, batch
-                )
-        if not active:
-            self.state = dp.before_communicate(IDLE, self.state)
-        positions = None
-        size = self.algorithm.stage_batch_size
-        if size and plan.stage_end and r + 1 < len(self.plans):
-            positions = self.aux_sampler.sample(size)
-        round_size = self.algorithm.round_batch_size  # drawn after the stage batch, as in Simulation
-        round_positions = self.aux_sampler.sample(round_size) if round_size else None
-        self.pending = Pending(r, self.state, [], positions, round_positions=round_positions, active=active)
+        mask = None if active else IDLE
+        next_batch = lambda step: self._batch(*self._draw())  # noqa: E731  (no instance-level DP on Flower)
+        self.state = one_round.local_steps(self.algorithm, self.engine, self.state, plan, next_batch, mask)
+        last = r + 1 == len(self.plans)
+        stage, round_ = one_round.extra_positions(self.algorithm, plan, last, self.aux_sampler.sample)
+        self.pending = Pending(r, self.state, [], stage, round_positions=round_, active=active)
 
     def _resume(self) -> CollectiveRequest | None:
         """Replay the pending phase with the answers so far: the next request, or None when done."""
@@ -248,17 +237,13 @@ class SiteRunner:
         try:
             if p.phase == BEGIN:
                 state = self.algorithm.begin(p.state, comm, self._batch(p.positions, p.uniforms))
-            else:
-                plan = self.plans[p.round]
-                next_plan = self.plans[p.round + 1] if p.round + 1 < len(self.plans) else None
-                stage_batch = self._batch(p.positions) if p.positions is not None else None
-                round_batch = self._batch(p.round_positions) if p.round_positions is not None else None
-                ctx = RoundContext(plan, next_plan, stage_batch, round_batch)
-                state = self.algorithm.communicate(p.state, comm, ctx)
+            else:  # the second half of client_round, replayed
+                ctx = one_round.round_context(
+                    self.plans, p.round, p.positions, p.round_positions, self._batch
+                )
+                state = one_round.communicate(self.algorithm, p.state, comm, ctx, None if p.active else IDLE)
         except CollectiveRequest as request:
             return request
-        if not p.active:  # keeps its own control variate, takes the broadcast
-            state = dp.after_communicate(IDLE, p.state, state)
         if p.phase == COMMUNICATE:
             if not torch.isfinite(state["loss"]).all() or not is_finite(state["w"]):
                 raise SiteError(
@@ -269,18 +254,28 @@ class SiteRunner:
         return None
 
     def report(self, with_model: bool) -> tuple[dict[str, float], dict[str, dict[str, torch.Tensor]]]:
-        """Metrics of the finished round: loss, and at evaluation rounds the site's training AUROC,
-        the model, and the per-class histograms of its validation scores (the fixed bins of
-        :func:`~fedxrisk.engines.validation.score_histograms`, as the distributed engine's ranks send)."""
-        metrics = {"loss": float(self.state["loss"][0])}
+        """The round's last loss; at evaluations the training AUROC, the model and the per-class counts
+        of validation scores in fixed bins (``score_histograms``, as the distributed engine's ranks).
+        Under DP or SecAgg+ no loss, no AUROC; the counts only inside SecAgg+'s sum (zeros without
+        validation data), without SecAgg+ not at all."""
+        private = self.cfg.private_reports
+        metrics = {} if private else {"loss": float(self.state["loss"][0])}
         if not with_model:
             return metrics, {}
         params, buffers = (index(t, 0) for t in self.algorithm.model(self.state))
-        metrics["train-auroc"] = _auroc(self.problem, params, buffers, self.site.x, self.site.y)
+        if not private:
+            metrics["train-auroc"] = _auroc(self.problem, params, buffers, self.site.x, self.site.y)
         arrays = {"model": flatten({"params": params, "buffers": buffers})}
         if self.site.x_val is not None and self.site.y_val is not None:  # counts per bin, never a score
             scores = predict(self.problem, params, buffers, self.site.x_val)
             counts = score_histograms(self.site.y_val.numpy(), scores, 1)
+        else:  # no validation data: zeros of the histogram's shape
+            counts = score_histograms(np.zeros(1), np.zeros(1), 1) * 0
+        if self.cfg.deploy.secure_aggregation:
+            arrays["secure"] = {
+                VALIDATION: secure_counts(torch.from_numpy(counts), self.cfg, self.num_clients)
+            }
+        elif not private and self.site.y_val is not None:
             arrays["validation"] = {"counts": torch.from_numpy(counts)}
         return metrics, arrays
 
@@ -336,63 +331,3 @@ def init_args(config: Mapping[str, Any]) -> tuple[int, int, float, int]:
 def _auroc(problem: Problem, params: Tree, buffers: Tree, x: torch.Tensor, y: torch.Tensor) -> float:
     value = auroc(y.numpy(), predict(problem, params, buffers, x))
     return value if not math.isnan(value) else -1.0  # MetricRecord holds no NaN reliably: −1 = undefined
-
-
-# -- the two handlers a site runs (Flower's ClientApp calls them; tests call them directly) --
-
-
-def _guard(fn: Callable[[], Packet]) -> Packet:
-    """Turn a site's failure into a reply the server reports, instead of a silent crash."""
-    try:
-        return fn()
-    except (ValueError, RuntimeError, KeyError, OSError) as e:
-        return Packet(config={"error": f"{type(e).__name__}: {e}"})
-
-
-SiteLoader = Callable[[Mapping[str, Any], FlowerConfig], SiteData]  # (node config, run config) → data
-
-
-def site_setup(
-    node_config: Mapping[str, Any], run_config: Mapping[str, Any], load: SiteLoader = load_site
-) -> Packet:
-    """Load and check the site's data (``load``: from the node config by default); report its size
-    and class counts (nothing else)."""
-
-    def go() -> Packet:
-        cfg = FlowerConfig.from_run_config(run_config)
-        site = load(node_config, cfg)
-        runner = SiteRunner(cfg, site)
-        config = {"input-shape": json.dumps(list(site.input_shape))}
-        if site.order is not None:
-            config["order"] = site.order
-        return Packet(config=config, metrics=runner.setup_metrics())
-
-    return _guard(go)
-
-
-def site_step(
-    node_config: Mapping[str, Any],
-    run_config: Mapping[str, Any],
-    saved: Packet | None,
-    request: Packet,
-    load: SiteLoader = load_site,
-) -> tuple[Packet, Packet | None]:
-    """One step message: restore the site from ``saved``, run, return (reply, new saved state)."""
-    out: list[Packet] = []
-
-    def go() -> Packet:
-        cfg = FlowerConfig.from_run_config(run_config)
-        runner = SiteRunner(cfg, load(node_config, cfg))
-        c = request.config
-        if saved is not None:
-            runner.restore(saved)
-        elif "client" in c:
-            runner.initialize(*init_args(c))
-        else:
-            raise SiteError("no client state on this node and no initialization in the message")
-        reply = runner.step(request)
-        out.append(runner.save())
-        return reply
-
-    reply = _guard(go)
-    return reply, (out[0] if out else saved)

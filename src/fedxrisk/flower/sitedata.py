@@ -30,7 +30,7 @@ import torch
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
 from fedxrisk.data.checks import DataFileError, check_features, read_text
-from fedxrisk.data.validation import carve_validation
+from fedxrisk.data.validation import with_validation
 from fedxrisk.flower.config import FlowerConfig
 
 LABEL_COLUMN = "label"
@@ -168,13 +168,14 @@ def load_folder(
 def trial_data(cfg: FlowerConfig, dataset: str, num_partitions: int) -> FederatedData:
     """The federated split every trial site (and the ``export`` helper) computes identically,
     with each part's validation data carved as ``fedxrisk run``'s ``data.validation`` does."""
+    run = cfg.run
     with warnings.catch_warnings():  # a site reports only its own missing class (check_classes)
         warnings.simplefilter("ignore")
         fed = make_federated(
-            dataset, num_partitions, cfg.partition, cfg.imratio_or_none(), cfg.seed,
-            cfg.positive_class_ids(), cfg.dirichlet_alpha, allow_missing_class=True,
+            dataset, num_partitions, run.partition, run.imratio, run.seed,
+            run.positive_classes, run.dirichlet_alpha, allow_missing_class=True,
         )  # fmt: skip
-    return carve_validation(fed, cfg.validation, cfg.seed) if cfg.validation else fed
+    return with_validation(fed, run.validation, run.seed)  # as `fedxrisk run` carves client k's
 
 
 def trial_part(fed: FederatedData, part: int) -> tuple[torch.Tensor, ...]:
@@ -222,7 +223,7 @@ def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
             "(a folder with train.npz or train.csv) or, for a trial, "
             "'dataset=\"digits\" partition-id=0 num-partitions=2'"
         )
-    site.check_classes(cfg.allow_missing_class or not ALGORITHMS[cfg.algorithm].needs_both_classes)
+    site.check_classes(cfg.run.allow_missing_class or not ALGORITHMS[cfg.run.algorithm].needs_both_classes)
     return site
 
 
@@ -231,7 +232,7 @@ def load_holdout(spec: str, cfg: FlowerConfig) -> tuple[torch.Tensor, torch.Tens
     if not spec:
         return None
     if spec in DATASETS:
-        data = binarize(load_dataset(spec), cfg.positive_class_ids())
+        data = binarize(load_dataset(spec), cfg.run.positive_classes)
         return data.x_test, data.y_test
     path = Path(spec).expanduser()
     if not path.is_file():

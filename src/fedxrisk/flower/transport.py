@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fedxrisk.flower.site import site_setup, site_step
+from fedxrisk.flower.handlers import site_setup, site_step
 from fedxrisk.flower.wire import Packet, clone_packet
 
 
@@ -118,8 +118,15 @@ class LocalTransport:
     """Sites in this process: the same handlers a Flower ClientApp runs, with packets deep-copied
     both ways and each site's saved state kept between messages, as a node's context is."""
 
-    def __init__(self, run_config: dict[str, Any], node_configs: dict[int, dict[str, Any]]):
+    def __init__(
+        self,
+        run_config: dict[str, Any],
+        node_configs: dict[int, dict[str, Any]],
+        model_fn: Any = None,
+        data_fn: Any = None,
+    ):
         self.run_config, self.node_configs = run_config, node_configs
+        self.model_fn, self.data_fn = model_fn, data_fn  # site_setup / site_step's hooks
         self.saved: dict[int, Packet | None] = dict.fromkeys(node_configs)
         self.messages = 0
 
@@ -130,8 +137,9 @@ class LocalTransport:
         """One site's reply (``None``: no reply, e.g. a site that vanished)."""
         config = self.node_configs[node]
         if op == "setup":
-            return site_setup(config, self.run_config)
-        reply, saved = site_step(config, self.run_config, self.saved[node], request)
+            return site_setup(config, self.run_config, self.model_fn, self.data_fn)
+        saved = self.saved[node]
+        reply, saved = site_step(config, self.run_config, saved, request, self.model_fn, self.data_fn)
         self.saved[node] = clone_packet(saved) if saved is not None else None
         return reply
 

@@ -119,7 +119,7 @@ def train(
     chosen = next((cb for cb in callbacks if isinstance(cb, BestModel)), None)
     stopper = next((cb for cb in callbacks if isinstance(cb, EarlyStopping)), None)
     summary = _summary(setup, history, best, elapsed(), failure)
-    summary["selected"] = json_safe(_selected(cfg, history, chosen))
+    summary["selected"] = json_safe(selected_record(cfg, history, chosen))
     if (note := below_chance(summary["selected"])) is not None:
         warnings.warn(note, stacklevel=2)
         summary["selected"]["warning"] = note
@@ -163,7 +163,7 @@ def below_chance(selected: dict[str, Any] | None) -> str | None:
 ORACLE_NOTE = "chosen on the test set: an optimistic bound for comparison, not a result; see 'selected'"
 
 
-def _selected(cfg, history: list[dict[str, Any]], chosen: BestModel | None) -> dict[str, Any] | None:
+def selected_record(cfg, history: list[dict[str, Any]], chosen: BestModel | None) -> dict[str, Any] | None:
     """summary.json ``selected``: the model in ``model.pt``, its round, monitor value and test metrics."""
     monitor = cfg.resolved_monitor()
     fallback = chosen is not None and chosen.row is None  # no finite validation value: the last model
