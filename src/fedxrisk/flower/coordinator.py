@@ -253,7 +253,7 @@ class Coordinator:
             **mean_std([rep.metrics.get("train-auroc", -1.0) for rep in ordered], "client_auroc"),
             "bytes_up_per_client": self.ledger.total_up, "bytes_down_per_client": self.ledger.total_down,
             "wall_seconds": round(self.clock() - self.start, 4),
-            **({"epsilon": self.dp.epsilon(r + 1)} if self.dp is not None else {}),
+            **(self._epsilons(r + 1) if self.dp is not None else {}),
         }  # fmt: skip
         self.outputs.add_row(row)
         self.state.round = r + 1
@@ -274,6 +274,14 @@ class Coordinator:
         """The run config with the step size it trained with (known once the sites' counts are)."""
         ratio = getattr(self, "pos_ratio", None)
         return self.cfg.run if ratio is None else self.cfg.resolved(ratio)
+
+    def _epsilons(self, rounds: int) -> dict[str, float]:
+        """ε after ``rounds`` and, where it differs, the replace-one ε (as ``fedxrisk run``'s columns)."""
+        replace = self.dp.replace_epsilon(rounds)
+        return {
+            "epsilon": self.dp.epsilon(rounds),
+            **({} if replace is None else {"epsilon_replace_one": replace}),
+        }
 
     def _callback(self, kind: type) -> Any:
         return next((cb for cb in self.callbacks if isinstance(cb, kind)), None)

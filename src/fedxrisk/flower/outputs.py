@@ -37,8 +37,15 @@ from fedxrisk.tree import Tree
 
 
 def history_fields(cfg: FlowerConfig) -> tuple[str, ...]:
-    """``history.csv``'s columns: those of ``fedxrisk run`` (a private run adds ``epsilon``)."""
-    return (*HISTORY_FIELDS, "epsilon") if cfg.privacy is not None else HISTORY_FIELDS
+    """``history.csv``'s columns: those of ``fedxrisk run`` (a private run adds ``epsilon`` and, where
+    replacing one site's data costs more, ``epsilon_replace_one``, as run/privacy_outputs.py)."""
+    p = cfg.privacy
+    if p is None:
+        return HISTORY_FIELDS
+    from fedxrisk.engines.privacy.accountant import REPLACE, relation
+
+    same = relation(p["sampling"], p["sampling_rate"]) == REPLACE
+    return (*HISTORY_FIELDS, "epsilon", *(() if same else ("epsilon_replace_one",)))
 
 
 def summed_validation(replies: list[Packet]) -> dict[str, float]:
