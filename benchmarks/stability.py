@@ -43,7 +43,7 @@ SKEW = {"dir0.5": {"partition": "dirichlet", "dirichlet_alpha": 0.5},
         "dir0.1": {"partition": "dirichlet", "dirichlet_alpha": 0.1}, "class": {"partition": "class"}}  # fmt: skip
 
 
-def columns(data: Path, datasets: list[str]) -> dict[str, dict[str, Any]]:
+def columns(data: Path, datasets: list[str], splits: list[str]) -> dict[str, dict[str, Any]]:
     """Column name → RunConfig changes (natural prevalence, clients allowed one class)."""
     out: dict[str, dict[str, Any]] = {}
     if "heart" in datasets:
@@ -52,6 +52,8 @@ def columns(data: Path, datasets: list[str]) -> dict[str, dict[str, Any]]:
     for name, rel in TABULAR.items():
         if name in datasets:
             for split, changes in SKEW.items():
+                if split not in splits:
+                    continue
                 out[f"{name} {split}"] = {
                     "dataset": "npz",
                     "data_dir": str(data / rel),
@@ -129,6 +131,7 @@ def main() -> None:
     p.add_argument(
         "--datasets", default="heart,campaign,mammography", help="of heart,campaign,mammography,donors"
     )
+    p.add_argument("--splits", default="dir0.5,dir0.1,class", help="of the tabular sets: dir0.5,dir0.1,class")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--resume", action="store_true", help="keep the runs stability.json already holds")
     p.add_argument("--render-only", action="store_true")
@@ -143,13 +146,14 @@ def main() -> None:
     torch.set_num_threads(1)
     from fedxrisk.run.spec import RunConfig
 
-    cols = columns(Path(args.data), args.datasets.split(","))
+    cols = columns(Path(args.data), args.datasets.split(","), args.splits.split(","))
     methods = args.methods.split(",")
     old = json.loads(path.read_text()) if args.resume and path.exists() else {"cells": {}, "cpu_seconds": 0.0}
     results = {"rounds": RunConfig().rounds, "seeds": list(range(args.seeds)), "columns": list(cols),
                "cells": old["cells"], "cpu_seconds": old["cpu_seconds"], "command": " ".join(["python", *sys.argv]),
                "notes": [] if "donors" in args.datasets else
                ["donors (619k rows) left out to keep the study under ~40 CPU-minutes"]}  # fmt: skip
+    results["columns"] = [*old.get("columns", []), *(c for c in cols if c not in old.get("columns", []))]
     for seed in range(args.seeds):  # seed-major: a stopped study still covers every cell
         for method, (col, changes) in itertools.product(methods, cols.items()):
             runs = results["cells"].setdefault(method, {}).setdefault(col, [])
