@@ -2,9 +2,10 @@
 
 Every AUC method × every split × seeds, each run at the method's defaults (step size, window,
 rounds, stages, batch size, hyperparameters; the default MLP): the heart hospitals
-(``partition = source``, 4 sites) and the ADBench tabular sets split over 16 clients by
-``dirichlet`` with α = 0.5 and 0.1 (label skew: some clients almost all positive) and by the
-stratified ``class`` split, at their natural prevalence (``imratio = none``,
+(``partition = source``, 4 sites) and the ADBench tabular sets split by ``dirichlet``
+with α = 0.5 over 16 clients and α = 0.1 over 4 (with 8 or 16 clients nearly every α = 0.1 draw
+leaves a client empty; over 4, some clients are all positive) and by the stratified ``class``
+split over 16, at their natural prevalence (``imratio = none``,
 ``allow_missing_class``). A cell counts NaN runs (non-finite loss or model), the final test
 AUROC (mean ± sd over the seeds that ran) and the splits that are invalid for that seed (a
 Dirichlet draw leaving a client without data is refused by fedxrisk before training).
@@ -39,8 +40,9 @@ METHODS = (
 )  # fmt: skip
 TABULAR = {"campaign": "adbench/5_campaign.npz", "mammography": "adbench/23_mammography.npz",
            "donors": "adbench/11_donors.npz"}  # fmt: skip
-SKEW = {"dir0.5": {"partition": "dirichlet", "dirichlet_alpha": 0.5},
-        "dir0.1": {"partition": "dirichlet", "dirichlet_alpha": 0.1}, "class": {"partition": "class"}}  # fmt: skip
+SKEW = {"dir0.5": {"partition": "dirichlet", "dirichlet_alpha": 0.5, "clients": 16},
+        "dir0.1": {"partition": "dirichlet", "dirichlet_alpha": 0.1, "clients": 4},  # 8 or 16: a client empty
+        "class": {"partition": "class", "clients": 16}}  # fmt: skip
 
 
 def columns(data: Path, datasets: list[str], splits: list[str]) -> dict[str, dict[str, Any]]:
@@ -54,12 +56,8 @@ def columns(data: Path, datasets: list[str], splits: list[str]) -> dict[str, dic
             for split, changes in SKEW.items():
                 if split not in splits:
                     continue
-                out[f"{name} {split}"] = {
-                    "dataset": "npz",
-                    "data_dir": str(data / rel),
-                    "clients": 16,
-                    **changes,
-                }
+                name_k = f"{name} {split} K={changes['clients']}"
+                out[name_k] = {"dataset": "npz", "data_dir": str(data / rel), **changes}
     return out
 
 
