@@ -69,3 +69,22 @@ def test_stable_scale_is_one_where_the_paper_step_is_stable_and_caps_it_elsewher
     (h,) = torch.autograd.grad(g, a)
     assert float(l_a) == pytest.approx(float(h)) == pytest.approx(2 * 0.9 * 0.75)
     assert float(l_b) == pytest.approx(2 * 0.1 * 0.25) and float(l_alpha) == pytest.approx(2 * 0.1 * 0.9)
+
+
+def test_tune_trial_zero_uses_the_step_size_fedxrisk_run_uses(tmp_path):
+    """Balanced data (p ≈ 0.5): `fedxrisk run` lowers CODASCA's lr 3; tune's trial 0 must too."""
+    from click.testing import CliRunner
+
+    from fedxrisk.cli import main
+    from fedxrisk.run.tune import load_records, tune_config
+
+    args = ["--set", 'data.imratio="none"', "--rounds", "3", "--eval-every", "1", "--clients", "4"]
+    result = CliRunner().invoke(main, ["tune", *args, "--trials", "1", "-q", "--out", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    cfg = RunConfig(imratio=None, rounds=3, eval_every=1, clients=4, tensorboard=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the same run as tune's trials (its validation split included)
+        ran = run_experiment(tune_config(cfg, None), tmp_path / "run")
+    lr = ran.summary["config"]["lr"]
+    assert lr < 2.0  # lowered from 3 for p ≈ 0.5
+    assert load_records(tmp_path / "t", None)[0].params["lr"] == lr

@@ -17,6 +17,7 @@ from fedxrisk.classaware import use_class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.data.preprocessing import normalization
 from fedxrisk.engines import DistributedSimulation, Simulation
+from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
@@ -115,6 +116,8 @@ def build(
             cfg.window_growth,
         )
         algorithm, client_dp, privacy = plan_privacy(cfg, algorithm, data, schedule, batch_size)
+        if cfg.server is not None:  # outermost: it acts on the (privatized) mean of w
+            algorithm = with_server_optimizer(algorithm, ServerOptimizer(**cfg.server))
         if cfg.engine == "distributed":
             sim: Simulation = DistributedSimulation(
                 algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
@@ -144,6 +147,17 @@ def with_data_lr(cfg: RunConfig, pos_ratio: Any) -> RunConfig:
         stacklevel=2,
     )
     return dataclasses.replace(cfg, lr=lr)
+
+
+def run_lr(cfg: RunConfig) -> float:
+    """The step size ``fedxrisk run`` trains ``cfg`` with: ``cfg.lr``, else the algorithm's default
+    for the data's positive ratio (reads the data when the algorithm's default depends on it)."""
+    cls = ALGORITHMS[cfg.algorithm]
+    if cfg.lr is not None or cls.default_lr_for.__func__ is Algorithm.default_lr_for.__func__:
+        return cfg.resolved_lr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the run itself warns
+        return with_data_lr(cfg, build_data(check(cfg).config)[0].data.pos_ratio).resolved_lr()
 
 
 def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:

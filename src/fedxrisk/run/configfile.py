@@ -78,7 +78,16 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "engine": ("engine", "device", "clients_per_rank", "dist_timeout"),
 }
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
-PRIVACY, NESTED = "privacy", (PRETRAIN, "privacy")  # sections kept as one dict field of RunConfig
+PRIVACY, SERVER = "privacy", "server"
+NESTED = (PRETRAIN, PRIVACY, SERVER)  # sections kept as one dict field of RunConfig
+SERVER_KEYS = {
+    "optimizer": str,
+    "lr": float,
+    "beta1": float,
+    "beta2": float,
+    "tau": float,
+    "bias_correction": bool,
+}
 
 
 def _fields() -> dict[str, Any]:
@@ -111,7 +120,8 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
     fields = _fields()
     for section, table in doc.items():
         if section in NESTED and table is not None:
-            values[section] = (pretrain_from_table if section == PRETRAIN else privacy_from_table)(table)
+            read = {PRETRAIN: pretrain_from_table, PRIVACY: privacy_from_table, SERVER: server_from_table}
+            values[section] = read[section](table)
             continue
         if section not in SECTIONS:
             if section in fields:
@@ -150,6 +160,18 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
     return cfg
 
 
+def server_from_table(table: Any) -> dict[str, Any]:
+    """Type-check a ``[server]`` table (engines/server_opt.py checks the values when the run is built)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[server] must be a table of keys, got {table!r}")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in SERVER_KEYS:
+            raise unknown_key(f"server.{key}", list(SERVER_KEYS), "[server]")
+        out[key] = check_value(f"server.{key}", value, SERVER_KEYS[key])
+    return out
+
+
 def pretrain_from_table(table: Any) -> dict[str, Any]:
     """Type-check a ``[pretrain]`` table (stage keys plus the algorithm's hyperparameters)."""
     if not isinstance(table, Mapping):
@@ -179,6 +201,8 @@ def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         doc[PRETRAIN] = dict(cfg.pretrain)
     if cfg.privacy is not None:
         doc[PRIVACY] = dict(cfg.privacy)
+    if cfg.server is not None:
+        doc[SERVER] = dict(cfg.server)
     return doc
 
 

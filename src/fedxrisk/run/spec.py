@@ -76,6 +76,7 @@ class RunConfig:
     reset_head: bool = False  # re-initialise the classifier head after loading (FDAM protocol)
     pretrain: dict[str, Any] | None = None  # a first stage's settings (run/recipes.py); None: one stage
     privacy: dict[str, Any] | None = None  # [privacy]: differential privacy (run/privacy.py); None: off
+    server: dict[str, Any] | None = None  # [server]: optimizer on the mean of w (engines/server_opt.py)
     options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_local_steps(self) -> int:
@@ -97,8 +98,9 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["local_steps"] = self.resolved_local_steps()
         out["lr"] = self.resolved_lr()
-        if out["privacy"] is None:  # summaries of runs without DP stay as they were
-            del out["privacy"]
+        for key in ("privacy", "server"):  # summaries of runs without them stay as they were
+            if out[key] is None:
+                del out[key]
         return out
 
 

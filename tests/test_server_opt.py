@@ -1,0 +1,119 @@
+"""Server optimizers (Reddi et al. 2021) on the mean of w: references and engine equality (issue 33)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedxrisk.algorithms import ALGORITHMS, Schedule
+from fedxrisk.data import make_federated
+from fedxrisk.engines import Simulation
+from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
+from fedxrisk.models import build_model
+from fedxrisk.problem import Problem
+from fedxrisk.tree import index
+from helpers import assert_equal_across_clients, max_abs_diff
+
+ROUNDS = 4
+
+
+def _sim(
+    algorithm: str, optimizer: ServerOptimizer | None, engine: str = "loop", clients: int = 3, **options
+):
+    data = make_federated("digits", clients, "class", 0.3, 0)
+    problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
+    alg = ALGORITHMS[algorithm](problem, **options)
+    if optimizer is not None:
+        alg = with_server_optimizer(alg, optimizer)
+    return Simulation(alg, data, Schedule.build(ROUNDS, 2, 0.1, 1), 8, 0, engine)
+
+
+@pytest.mark.parametrize("name", ["adam", "adagrad"])
+def test_server_optimizer_on_one_client_is_torch_optim_on_the_pseudo_gradient(name):
+    """K = 1: every round g = x − (the client's w after its local steps from x), and x takes one
+    torch.optim.Adam (FedAdam) / torch.optim.Adagrad (FedAdagrad, β₁ = 0) step on g, eps = τ."""
+    opt = ServerOptimizer(name, lr=0.05, beta1=0.9 if name == "adam" else 0.0, beta2=0.99, tau=1e-3)
+    sim = _sim("localsgdm", opt, clients=1)
+    plain = _sim("localsgdm", None, clients=1)  # the same client: its local steps from the reference x
+    x = {k: v[0].clone() for k, v in plain.states["w"].items()}
+    params = list(x.values())
+    reference = (torch.optim.Adam(params, lr=0.05, betas=(0.9, 0.99), eps=1e-3) if name == "adam"
+                 else torch.optim.Adagrad(params, lr=0.05, eps=1e-3))  # fmt: skip
+    for _ in range(ROUNDS):
+        sim.run_round()
+        plain.run_round()
+        for k, p in x.items():
+            p.grad = p - plain.states["w"][k][0]
+        reference.step()
+        plain.states = dict(plain.states, w={k: v.clone().unsqueeze(0) for k, v in x.items()})
+        assert max_abs_diff(index(sim.states["w"], 0), x) < 1e-6
+    assert (
+        max_abs_diff(index(sim.states["w"], 0), index(_sim("localsgdm", None, clients=1).states["w"], 0))
+        > 1e-3
+    )
+
+
+def test_sgd_with_lr_one_and_no_momentum_is_fedavg():
+    a = _sim("codasca", ServerOptimizer("sgd", lr=1.0, beta1=0.0))
+    b = _sim("codasca", None)
+    for _ in range(ROUNDS):
+        a.run_round()
+        b.run_round()
+    assert max_abs_diff({k: v for k, v in a.states.items() if k != "server_opt"}, b.states) < 1e-6
+
+
+@pytest.mark.parametrize("algorithm, name", [("localsgdm", "adam"), ("codasca", "yogi"), ("codaplus", "sgd")])
+def test_loop_and_vmap_agree_with_a_server_optimizer(algorithm, name):
+    opt = ServerOptimizer(name, lr=0.03 if name != "sgd" else 0.9)
+    loop, vmap = _sim(algorithm, opt, "loop"), _sim(algorithm, opt, "vmap")
+    for _ in range(ROUNDS):
+        loop.run_round()
+        vmap.run_round()
+    assert max_abs_diff(loop.states, vmap.states) < 1e-5
+    for key in (*loop.algorithm.communicates,):
+        assert_equal_across_clients(loop.states[key], key, atol=1e-6)
+    assert float(loop.states["server_opt"]["t"][0]) == ROUNDS
+
+
+def test_bad_server_settings_are_named():
+    with pytest.raises(ValueError, match="server.optimizer must be one of"):
+        ServerOptimizer("adamw")
+    with pytest.raises(ValueError, match="server.beta2 must lie in"):
+        ServerOptimizer("adam", beta2=1.0)
+
+
+def test_torchrun_distributed_run_with_fedadam_equals_the_loop_engine(tmp_path):
+    """The CLI's [server] table through `fedxrisk run` on 2 torchrun ranks (2 clients each) and on loop."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fedxrisk.run.recipes import run_experiment
+    from fedxrisk.run.spec import RunConfig
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(root / "src"), OMP_NUM_THREADS="1")
+    common = ["--algorithm", "codasca", "-K", "4", "--rounds", "4", "--eval-every", "4",
+              "--set", 'server.optimizer="adam"', "--set", "server.lr=0.02"]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), "-m", "fedxrisk", "run", *common, "--engine", "distributed",
+           "--clients-per-rank", "2", "-q", "--out", str(tmp_path / "dist")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dist = json.loads((tmp_path / "dist" / "summary.json").read_text())
+    cfg = RunConfig(algorithm="codasca", clients=4, rounds=4, eval_every=4, engine="loop",
+                    server={"optimizer": "adam", "lr": 0.02}, tensorboard=False)  # fmt: skip
+    loop = run_experiment(cfg, tmp_path / "loop").summary
+    plain = run_experiment(RunConfig(algorithm="codasca", clients=4, rounds=4, eval_every=4, tensorboard=False),
+                           tmp_path / "plain").summary  # fmt: skip
+    assert dist["config"]["server"] == {"optimizer": "adam", "lr": 0.02}
+    for key in ("test_auroc", "test_ap", "client_auroc_mean"):
+        assert abs(dist["final"][key] - loop["final"][key]) < 1e-5, key
+    assert dist["final"]["test_auroc"] != plain["final"]["test_auroc"]  # the optimizer acted
