@@ -117,3 +117,21 @@ def test_torchrun_distributed_run_with_fedadam_equals_the_loop_engine(tmp_path):
     for key in ("test_auroc", "test_ap", "client_auroc_mean"):
         assert abs(dist["final"][key] - loop["final"][key]) < 1e-5, key
     assert dist["final"]["test_auroc"] != plain["final"]["test_auroc"]  # the optimizer acted
+
+
+def test_flower_sites_with_fedyogi_equal_the_loop_engine(tmp_path):
+    """Flower's run config keys server-optimizer, server-lr: each site applies the optimizer to the
+    server's mean while replaying communicate; the model equals the loop engine's."""
+    from test_flower_protocol import K, run_config, run_local, trial_nodes
+
+    rc = run_config("codasca", tmp_path, **{"server-optimizer": "yogi", "server-lr": 0.02})
+    summary, _ = run_local(rc, trial_nodes())
+    data = make_federated("digits", K, "iid", 0.3, 0)
+    problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
+    alg = with_server_optimizer(ALGORITHMS["codasca"](problem), ServerOptimizer("yogi", lr=0.02))
+    sim = Simulation(alg, data, Schedule.build(rc["rounds"], rc["local-steps"], rc["lr"], rc["stages"]), 8, 0)
+    while not sim.done:
+        sim.run_round()
+    model = torch.load(tmp_path / "model.pt")
+    assert max_abs_diff(model["params"], sim.global_model()[0]) < 1e-6
+    assert summary["status"] == "completed"

@@ -69,6 +69,12 @@ class FlowerConfig:
     privacy_noise_seed: int = -1  # -1: a secret the server draws
     privacy_sampling_rate: float = 1.0  # q: the fraction of sites per round (the server draws them)
     privacy_sampling: str = "poisson"  # or "fixed" (round(q·K) sites, without replacement)
+    # a server optimizer on the mean of w (engines/server_opt.py); "": the plain mean
+    server_optimizer: str = ""
+    server_lr: float = 0.0  # 0: the optimizer's default
+    server_beta1: float = 0.9
+    server_beta2: float = 0.99
+    server_tau: float = 1e-3
     secure_aggregation: bool = False  # every mean through Flower's SecAgg+ (flower/secure.py, secagg.py)
     secure_aggregation_range: float = 64.0  # R: values in [-R, R] are quantized; beyond stops the run
 
@@ -140,7 +146,14 @@ class FlowerConfig:
 
     def build_algorithm(self, problem: Problem) -> Algorithm:
         try:
-            return self.algorithm_class(problem, **self.options)
+            algorithm = self.algorithm_class(problem, **self.options)
+            if not self.server_optimizer:
+                return algorithm
+            from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
+
+            opt = ServerOptimizer(self.server_optimizer, self.server_lr or None, self.server_beta1,
+                                  self.server_beta2, self.server_tau)  # fmt: skip
+            return with_server_optimizer(algorithm, opt)  # each site applies it to the server's mean
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{self.algorithm}: {e}") from e
 
