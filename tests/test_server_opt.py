@@ -135,3 +135,28 @@ def test_flower_sites_with_fedyogi_equal_the_loop_engine(tmp_path):
     model = torch.load(tmp_path / "model.pt")
     assert max_abs_diff(model["params"], sim.global_model()[0]) < 1e-6
     assert summary["status"] == "completed"
+
+
+def _dp_sim(optimizer: ServerOptimizer | None, engine: str):
+    from fedxrisk.engines.privacy import ClientDP
+
+    data = make_federated("digits", 3, "class", 0.3, 0)
+    problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
+    alg = ALGORITHMS["localsgdm"](problem)
+    if optimizer is not None:
+        alg = with_server_optimizer(alg, optimizer)
+    return Simulation(alg, data, Schedule.build(ROUNDS, 2, 0.1, 1), 8, 0, engine, privacy=ClientDP(0.5, 0.8))
+
+
+def test_with_client_dp_the_optimizer_steps_on_the_privatized_mean():
+    """σ = 0.8: FedAvgM with η = 1, β = 0 is DP-FedAvg itself (the optimizer sees the noised mean);
+    FedAdam on top of DP is equal on the loop and vmap engines."""
+    identity, plain = _dp_sim(ServerOptimizer("sgd", lr=1.0, beta1=0.0), "loop"), _dp_sim(None, "loop")
+    adam_loop = _dp_sim(ServerOptimizer("adam", lr=0.02), "loop")
+    adam_vmap = _dp_sim(ServerOptimizer("adam", lr=0.02), "vmap")
+    for _ in range(ROUNDS):
+        for sim in (identity, plain, adam_loop, adam_vmap):
+            sim.run_round()
+    assert max_abs_diff(identity.states["w"], plain.states["w"]) < 1e-6
+    assert max_abs_diff(adam_loop.states, adam_vmap.states) < 1e-5
+    assert max_abs_diff(adam_loop.states["w"], plain.states["w"]) > 1e-3
