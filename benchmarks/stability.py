@@ -97,7 +97,8 @@ def summarize(runs: list[dict[str, Any]]) -> str:
     invalid = sum(r["outcome"] == "invalid" for r in runs)
     if not ok and not nan:
         return f"– ({invalid} invalid)" if invalid else "–"
-    text = f"{statistics.mean(ok):.3f} ± {statistics.stdev(ok) if len(ok) > 1 else 0.0:.3f}" if ok else "–"
+    sd = f" ± {statistics.stdev(ok):.3f}" if len(ok) > 1 else ""
+    text = f"{statistics.mean(ok):.3f}{sd} (n={len(ok)}, min {min(ok):.3f})" if ok else "–"
     text += f", **{nan} NaN**" if nan else ""
     return text + (f" ({invalid} invalid)" if invalid else "")
 
@@ -107,7 +108,7 @@ def render(results: dict[str, Any]) -> str:
     cells = results["cells"]
     lines = [
         f"Every AUC method at its defaults (default MLP, {results['rounds']} rounds), seeds {results['seeds']}; "
-        "cell: final test AUROC mean ± sd over the runs that finished, **k NaN**: runs with a non-finite "
+        "cell: final test AUROC mean ± sd over the n runs that finished and their minimum, **k NaN**: runs with a non-finite "
         "loss or model, (k invalid): seeds whose split fedxrisk refuses (a client without data). "
         f"{results['runs']} runs, {results['cpu_seconds'] / 60:.0f} CPU-minutes (one process). "
         f"`{results['command']}`",
@@ -118,7 +119,13 @@ def render(results: dict[str, Any]) -> str:
     for method, row in cells.items():
         lines.append(f"| {method} | " + " | ".join(summarize(row.get(c, [])) for c in cols) + " |")
     nan = sum(r["outcome"] == "nan" for row in cells.values() for runs in row.values() for r in runs)
-    lines += ["", f"NaN runs: {nan}."] + [f"Note: {n}" for n in results["notes"]]
+    weak = sorted({f"{m} ({c})" for m, row in cells.items() for c, runs in row.items()
+                   for r in runs if r["outcome"] == "ok" and r["test_auroc"] < 0.6})  # fmt: skip
+    lines += [
+        "",
+        f"NaN runs: {nan}. Finished but below 0.6 test AUROC in some seed: {', '.join(weak) or 'none'}.",
+    ]
+    lines += [f"Note: {n}" for n in results["notes"]]
     return "\n".join(lines) + "\n"
 
 
