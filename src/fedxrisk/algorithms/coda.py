@@ -28,6 +28,11 @@ A restart from the stage average also restarts the float buffers (BatchNorm runn
 statistics) from their stage average, averaged over clients under the ``average``
 buffer policy and per client under ``local``, consistently with the weights.
 
+``stabilize`` (on in ``"paper"``, off in ``"code"``): Lemma 1's η ≤ 1/(4ℓ) held for a, b, α
+by scaling their steps to min(η, 1/ℓ) with ℓ their exact curvature on the batch, and a, b, α
+projected onto the intervals holding the saddle point (a, b ∈ [0, 1], α ∈ [−1, 1]); the
+network's step is the paper's. Why, and the NaN it prevents: :mod:`fedxrisk.objectives.auc`.
+
 Deviation (documented): CODASCA's theory returns a random round's iterate per
 stage; we use the stage's average iterate, as CODA+ does.
 """
@@ -51,7 +56,12 @@ from fedxrisk.algorithms.base import (
     register,
     with_model,
 )
-from fedxrisk.objectives import AUC_LOSSES, aucm_alpha_direction
+from fedxrisk.objectives import (
+    AUC_LOSSES,
+    alpha_bounds,
+    aucm_alpha_direction,
+    auxiliary_scales,
+)
 from fedxrisk.problem import Problem
 from fedxrisk.tree import tmap, zeros_like
 
@@ -59,12 +69,12 @@ FORMS: dict[str, dict[str, Any]] = {
     "paper": dict(
         loss="square", restart="average", dual_step="gradient", clip_grad=None,
         weight_decay=0.0, control_variate="iterates", dual_order="simultaneous",
-        prox_reference="global", reset_variates=True,
+        prox_reference="global", reset_variates=True, stabilize=True,
     ),
     "code": dict(
         loss="aucm", restart="last", dual_step="closed_form", clip_grad=1.0,
         weight_decay=1e-5, control_variate="gradients", dual_order="sequential",
-        prox_reference="local", reset_variates=False,
+        prox_reference="local", reset_variates=False, stabilize=False,
     ),
 }  # fmt: skip
 ALPHA_MAX = 999.0  # the authors' clamp for AUCM's α
@@ -109,6 +119,7 @@ class CODAPlus(Algorithm):
     clip_scope: str = "network"  # "network" (code: ∇w only) | "all" (∇w, ∇a, ∇b)
     dual_order: str | None = None  # "simultaneous" (paper) | "sequential" (code: α after v, at the new a, b)
     prox_reference: str | None = None  # "global" (paper: v0 = mean stage average) | "local" (code: own)
+    stabilize: bool | None = None  # a, b, α: steps ≤ 1/curvature, projected onto their bounded domains
 
     def check_hyperparameters(self) -> None:
         if self.form not in FORMS:
@@ -182,16 +193,27 @@ class CODAPlus(Algorithm):
         g, (f, buffers) = self.gradient(state, batch)
         return g["v"], g["alpha"], f, buffers
 
-    def primal_direction(self, state: State, gv) -> dict[str, Any]:
+    def aux_scales(self, state: State, batch: Batch, lr: float) -> dict[str, Any] | None:
+        """min(1, 1/(η·ℓ)) for a, b and α on this batch (``stabilize``), else None."""
+        if not self.stabilize:
+            return None
+        p = self.problem.batch_p(state["p"], batch["y"])
+        extra = self.prox + self.weight_decay  # the prox and decay terms add to a's and b's curvature
+        return auxiliary_scales(batch["y"], p, lr, extra, self.dual_step == "closed_form")
+
+    def primal_direction(self, state: State, gv, scales: dict[str, Any] | None = None) -> dict[str, Any]:
         """clip(∇_v F) + wd·v + γ(v − v0): the primal descent direction of stage s
-        (``clip_scope``: clip ∇w only, as the authors' code, or all of ∇v)."""
+        (``clip_scope``: clip ∇w only, as the authors' code, or all of ∇v); a's and b's scaled."""
         if self.clip_grad is not None:
             clip = lambda g: g.clamp(-self.clip_grad, self.clip_grad)  # noqa: E731
             gv = tmap(clip, gv) if self.clip_scope == "all" else dict(gv, w=tmap(clip, gv["w"]))
-        return tmap(
+        d = tmap(
             lambda g, v, v0: g + self.weight_decay * v + self.prox * (v - v0),
             gv, _primal(state), state["ref"],
         )  # fmt: skip
+        if scales is not None:
+            d.update(a=scales["a"] * d["a"], b=scales["b"] * d["b"])
+        return d
 
     def dual_point(self, state: State, dv, lr: float) -> State:
         """Where α's step is taken: the current (a, b), or after the primal step (sequential)."""
@@ -199,18 +221,27 @@ class CODAPlus(Algorithm):
             return state
         return dict(state, a=state["a"] - lr * dv["a"], b=state["b"] - lr * dv["b"])
 
-    def dual_direction(self, state: State, galpha: torch.Tensor) -> torch.Tensor:
+    def dual_direction(self, state: State, galpha: torch.Tensor, scales=None) -> torch.Tensor:
         if self.dual_step == "closed_form":
-            return aucm_alpha_direction(state["a"], state["b"], state["alpha"], self.margin)
-        return galpha
+            galpha = aucm_alpha_direction(state["a"], state["b"], state["alpha"], self.margin)
+        return galpha if scales is None else scales["alpha"] * galpha
 
     def project_alpha(self, alpha: torch.Tensor) -> torch.Tensor:
-        """α ≥ 0 for AUCM (clamped to [0, 999] as in the authors' code); free for square."""
+        """``stabilize``: α onto [−1, 1] (square) or [0, 1 + m] (AUCM); else AUCM's α clamped to
+        [0, 999] as in the authors' code and the square loss's α free."""
+        if self.stabilize:
+            return alpha.clamp(*alpha_bounds(self.loss, self.margin))
         return alpha.clamp(0.0, ALPHA_MAX) if self.loss == "aucm" else alpha
+
+    def project_scores(self, v: dict[str, Any]) -> dict[str, Any]:
+        """``stabilize``: a, b onto [0, 1], where the class-mean scores they estimate lie."""
+        if not self.stabilize:
+            return v
+        return dict(v, a=v["a"].clamp(0.0, 1.0), b=v["b"].clamp(0.0, 1.0))
 
     def apply_step(self, state: State, dv, dalpha, lr: float, f, buffers) -> State:
         """v ← v − η·dv, α ← α + η·dα, and accumulate the iterates for the stage average."""
-        v = tmap(lambda x, d: x - lr * d, _primal(state), dv)
+        v = self.project_scores(tmap(lambda x, d: x - lr * d, _primal(state), dv))
         alpha = self.project_alpha(state["alpha"] + lr * dalpha)
         point = {**v, "alpha": alpha}
         if "buffers" in state["iterate_sum"]:
@@ -224,8 +255,9 @@ class CODAPlus(Algorithm):
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
         """Alg. 2: v ← v − η(∇_v F_k + γ(v − v0)),  α ← α + η ∇_α F_k."""
         gv, galpha, f, buffers = self.gradients(state, batch)
-        dv = self.primal_direction(state, gv)
-        dalpha = self.dual_direction(self.dual_point(state, dv, ctx.lr), galpha)
+        scales = self.aux_scales(state, batch, ctx.lr)
+        dv = self.primal_direction(state, gv, scales)
+        dalpha = self.dual_direction(self.dual_point(state, dv, ctx.lr), galpha, scales)
         return self.apply_step(state, dv, dalpha, ctx.lr, f, buffers)
 
     # -- communication ---------------------------------------------------------
@@ -323,16 +355,18 @@ class CODASCA(CODAPlus):
     def local_step(self, state: State, batch: Batch, ctx: StepContext) -> State:
         """v ← v − η_l(∇_v F^s_k − c_v^k + c_v),  α ← α + η_l(∇_α F^s_k − c_α^k + c_α)."""
         gv, galpha, f, buffers = self.gradients(state, batch)
-        c_local, c = state["c_local"], state["c"]
+        c_local, c, scales = state["c_local"], state["c"], self.aux_scales(state, batch, ctx.lr)
         dv = tmap(
             lambda d, ck, cg: d - ck + cg,
-            self.primal_direction(state, gv),
+            self.primal_direction(state, gv, scales),
             {k: c_local[k] for k in ("w", "a", "b")},
             {k: c[k] for k in ("w", "a", "b")},
         )
-        direction = self.dual_direction(self.dual_point(state, dv, ctx.lr), galpha)
+        direction = self.dual_direction(self.dual_point(state, dv, ctx.lr), galpha, scales)
         new = self.apply_step(state, dv, direction - c_local["alpha"] + c["alpha"], ctx.lr, f, buffers)
         if self.control_variate == "gradients":  # unclipped ∇v; α: the step's direction or ∇_α F
+            if scales is not None:
+                gv = dict(gv, a=scales["a"] * gv["a"], b=scales["b"] * gv["b"])
             raw = {**gv, "alpha": direction if self.alpha_variate == "direction" else galpha}
             new["grad_sum"] = tmap(lambda acc, g: acc + g, state["grad_sum"], raw)
         return new
@@ -354,7 +388,7 @@ class CODASCA(CODAPlus):
         new_point = tmap(
             lambda s, m: s + self.eta_g * (m - s), start, {k: avg[k] for k in ("w", "a", "b", "alpha")}
         )
-        new_point["alpha"] = self.project_alpha(new_point["alpha"])
+        new_point = self.project_scores(dict(new_point, alpha=self.project_alpha(new_point["alpha"])))
         model = dict(avg, w=new_point["w"])
         state = dict(
             with_model(state, model),

@@ -163,7 +163,12 @@ class FlowerConfig:
 
     def build_algorithm(self, problem: Problem) -> Algorithm:
         try:
-            return self.algorithm_class(problem, **self.run.options)
+            algorithm = self.algorithm_class(problem, **self.run.options)
+            if self.run.server is None:
+                return algorithm
+            from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
+
+            return with_server_optimizer(algorithm, ServerOptimizer(**self.run.server))  # each site steps it
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{self.run.algorithm}: {e}") from e
 

@@ -22,6 +22,7 @@ from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.data.preprocessing import normalization, value_range
 from fedxrisk.engines import DistributedSimulation, Simulation
+from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
@@ -129,6 +130,8 @@ def build(
         algorithm, client_dp, privacy = plan_privacy(
             cfg, algorithm, data, schedule, batch_size, privacy_ledger
         )
+        if cfg.server is not None:  # outermost: it acts on the (privatized) mean of w
+            algorithm = with_server_optimizer(algorithm, ServerOptimizer(**cfg.server))
     if cfg.engine == "distributed":
         sim: Simulation = DistributedSimulation(
             algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
@@ -169,6 +172,17 @@ def with_data_lr(cfg: RunConfig, pos_ratio: Any) -> RunConfig:
         stacklevel=2,
     )
     return dataclasses.replace(cfg, lr=lr)
+
+
+def run_lr(cfg: RunConfig) -> float:
+    """The step size ``fedxrisk run`` trains ``cfg`` with: ``cfg.lr``, else the algorithm's default
+    for the data's positive ratio (reads the data when the algorithm's default depends on it)."""
+    cls = ALGORITHMS[cfg.algorithm]
+    if cfg.lr is not None or cls.default_lr_for.__func__ is Algorithm.default_lr_for.__func__:
+        return cfg.resolved_lr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the run itself warns
+        return with_data_lr(cfg, build_data(checked(cfg).config)[0].data.pos_ratio).resolved_lr()
 
 
 def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:

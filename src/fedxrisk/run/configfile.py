@@ -53,7 +53,16 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     section: tuple(s.name for s in settings().values() if s.section == section) for section in SECTION_ORDER
 }
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
-PRIVACY, NESTED = "privacy", (PRETRAIN, "privacy")  # sections kept as one dict field of RunConfig
+PRIVACY, SERVER = "privacy", "server"
+NESTED = (PRETRAIN, PRIVACY, SERVER)  # sections kept as one dict field of RunConfig
+SERVER_KEYS = {
+    "optimizer": str,
+    "lr": float,
+    "beta1": float,
+    "beta2": float,
+    "tau": float,
+    "bias_correction": bool,
+}
 
 
 def _fields() -> dict[str, Any]:
@@ -100,7 +109,9 @@ def read_sections(doc: Mapping[str, Any], thorough: bool = False) -> tuple[RunCo
 
     for section, table in doc.items():
         if section in NESTED and table is not None:
-            parse = pretrain_from_table if section == PRETRAIN else privacy_from_table
+            parse = {PRETRAIN: pretrain_from_table, PRIVACY: privacy_from_table, SERVER: server_from_table}[
+                section
+            ]
             value = collect(lambda p=parse, t=table: p(t))
             if value is not MISMATCH:
                 values[section] = value
@@ -164,6 +175,18 @@ def _unknown_section(section: str, fields: Mapping[str, Any]) -> None:
     raise unknown_key(section, SECTIONS, "a config file")
 
 
+def server_from_table(table: Any) -> dict[str, Any]:
+    """Type-check a ``[server]`` table (engines/server_opt.py checks the values when the run is built)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[server] must be a table of keys, got {table!r}")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in SERVER_KEYS:
+            raise unknown_key(f"server.{key}", list(SERVER_KEYS), "[server]")
+        out[key] = check_value(f"server.{key}", value, SERVER_KEYS[key])
+    return out
+
+
 def pretrain_from_table(table: Any) -> dict[str, Any]:
     """Type-check a ``[pretrain]`` table (stage keys plus the algorithm's hyperparameters)."""
     if not isinstance(table, Mapping):
@@ -193,6 +216,8 @@ def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         doc[PRETRAIN] = dict(cfg.pretrain)
     if cfg.privacy is not None:
         doc[PRIVACY] = dict(cfg.privacy)
+    if cfg.server is not None:
+        doc[SERVER] = dict(cfg.server)
     return doc
 
 

@@ -200,6 +200,9 @@ class RunConfig:
     pretrain: dict[str, Any] | None = setting(
         None, section=None, help="[pretrain]: a first stage's settings (run/recipes.py); none: one stage"
     )
+    server: dict[str, Any] | None = setting(
+        None, section=None, help="[server]: optimizer on the mean of w (engines/server_opt.py); none: off"
+    )
     privacy: dict[str, Any] | None = setting(
         None, section=None, help="[privacy]: differential privacy (run/privacy.py); none: off"
     )
@@ -226,8 +229,9 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["local_steps"] = self.resolved_local_steps()
         out["lr"] = self.resolved_lr()
-        if out["privacy"] is None:  # summaries of runs without DP stay as they were
-            del out["privacy"]
+        for key in ("privacy", "server"):  # summaries of runs without them stay as they were
+            if out[key] is None:
+                del out[key]
         for key, default in (("personal", "none"), ("finetune_steps", 0)):  # likewise without personalization
             if out[key] == default:
                 del out[key]

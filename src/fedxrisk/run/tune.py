@@ -239,7 +239,12 @@ def tune(
     study = open_study(optuna, storage, settings, out, name, pruner)
     _rerun_dead_trials(optuna, study)
     if not study.trials:
-        study.enqueue_trial(default_params(base, space), user_attrs={"default": True}, skip_if_exists=True)
+        from fedxrisk.run.build import run_lr  # trial 0 = what `fedxrisk run` would train with
+
+        lr = run_lr(base) if "lr" in space else None
+        study.enqueue_trial(
+            default_params(base, space, lr), user_attrs={"default": True}, skip_if_exists=True
+        )
     study.sampler = _sampler(optuna, settings, space, len(study.trials))
 
     def objective(trial: Any) -> float:

@@ -151,13 +151,14 @@ def apply_params(cfg: RunConfig, params: dict[str, Any]) -> RunConfig:
     return dataclasses.replace(cfg, **fields, options={**cfg.options, **options})
 
 
-def default_params(cfg: RunConfig, space: dict[str, Param]) -> dict[str, Any]:
-    """The values ``cfg`` runs with for the keys of ``space`` (the first, enqueued, trial), clipped into range."""
+def default_params(cfg: RunConfig, space: dict[str, Param], lr: float | None = None) -> dict[str, Any]:
+    """The values ``cfg`` runs with for the keys of ``space`` (the first, enqueued, trial), clipped into range;
+    ``lr``: the step size ``fedxrisk run`` would use (``run.build.run_lr``: the data-dependent default)."""
     hyper = algorithm_entry(cfg.algorithm)["hyperparameters"]
     out: dict[str, Any] = {}
     for name, p in space.items():
         if name == "lr":
-            value = cfg.lr if cfg.lr is not None else algorithm_entry(cfg.algorithm)["default_lr"]
+            value = lr if lr is not None else cfg.resolved_lr()
         elif name in INT_FIELDS + FLOAT_FIELDS:
             value = getattr(cfg, name)
         else:
