@@ -1,40 +1,36 @@
 """Federated deep AUC maximization: CODA+ and CODASCA here, CoDA and NPA in coda_baselines.py.
 
-FDAM paper (Yuan et al., ICML 2021), Algorithms 1–4; ALGORITHMS.md §2.2–2.5.
-Primal variable v = (w, a, b), dual variable α, objective F = AUC square loss
-(eq. 2) or AUCM. A stage s solves the proximal subproblem (eq. 5)
-``min_v max_α f(v, α) + (γ/2)‖v − v0_s‖²`` with γ = ``prox``.
+FDAM paper (Yuan et al., ICML 2021), Algorithms 1–4; ALGORITHMS.md §2.2–2.5. Primal variable
+v = (w, a, b), dual variable α, objective F = AUC square loss (eq. 2) or AUCM. A stage s solves the
+proximal subproblem (eq. 5) ``min_v max_α f(v, α) + (γ/2)‖v − v0_s‖²`` with γ = ``prox``.
 
 Two forms (``form``), each option overridable on its own:
 
 - ``"paper"`` (default): AUC square loss, gradient ascent on α, no clipping,
   the next stage restarts from the stage's average iterate (Alg. 2's output),
   CODASCA's control variates from the iterates (eq. 6).
-- ``"code"``: the authors' released script: AUCM loss, α's closed-form step
-  2(m + b − a) − 2α clamped to [0, 999] and taken after the primal step (with the
-  updated a, b: ``dual_order="sequential"``), the network's gradients clipped to
-  [−1, 1] (not ∇a, ∇b: ``clip_scope="network"``), weight decay 1e-5, the model
-  continues from its last iterate while the prox reference becomes each client's
-  own stage average (``prox_reference="local"``); CODASCA's control variates are
-  the mean raw (unclipped) gradients, with the α variate accumulating the
-  closed-form direction the α step uses (``alpha_variate="direction"``), and they
-  are never reset at stage ends (``reset_variates=False``).
+- ``"code"``: the authors' released script: AUCM loss, α's closed-form step 2(m + b − a) − 2α clamped to
+  [0, 999] and taken after the primal step (with the updated a, b: ``dual_order="sequential"``), the
+  network's gradients clipped to [−1, 1] (not ∇a, ∇b: ``clip_scope="network"``), weight decay 1e-5, the
+  model continues from its last iterate while the prox reference becomes each client's own stage average
+  (``prox_reference="local"``); CODASCA's control variates are the mean raw (unclipped) gradients, with
+  the α variate accumulating the closed-form direction the α step uses (``alpha_variate="direction"``),
+  and they are never reset at stage ends (``reset_variates=False``).
 
-Where the paper speaks, ``"paper"`` follows it (simultaneous primal-dual step,
-global prox reference, Alg. 4's zero variates at each stage start); where it does
-not (clipping scope, the α variate of a closed-form step), both forms follow the code.
+Where the paper speaks, ``"paper"`` follows it (simultaneous primal-dual step, global prox reference,
+Alg. 4's zero variates at each stage start); where it does not (clipping scope, the α variate of a
+closed-form step), both forms follow the code.
 
-A restart from the stage average also restarts the float buffers (BatchNorm running
-statistics) from their stage average, averaged over clients under the ``average``
-buffer policy and per client under ``local``, consistently with the weights.
+A restart from the stage average also restarts the float buffers (BatchNorm running statistics) from
+their stage average, averaged over clients under ``average`` and per client under ``local``.
 
 ``stabilize`` (on in ``"paper"``, off in ``"code"``): Lemma 1's η ≤ 1/(4ℓ) held for a, b, α
 by scaling their steps to min(η, 1/ℓ) with ℓ their exact curvature on the batch, and a, b, α
 projected onto the intervals holding the saddle point (a, b ∈ [0, 1], α ∈ [−1, 1]); the
 network's step is the paper's. Why, and the NaN it prevents: :mod:`fedxrisk.objectives.auc`.
 
-Deviation (documented): CODASCA's theory returns a random round's iterate per
-stage; we use the stage's average iterate, as CODA+ does.
+Deviation (documented): CODASCA's theory returns a random round's iterate per stage; we use the
+stage's average iterate, as CODA+ does.
 """
 
 from __future__ import annotations
@@ -306,8 +302,7 @@ def _expand(count: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _stage_average(state: State) -> dict[str, Any]:
     """This client's average of the stage's iterates (and float buffers)."""
-    count = state["iterate_count"]
-    return tmap(lambda s: s / _expand(count, s), state["iterate_sum"])
+    return tmap(lambda s: s / _expand(state["iterate_count"], s), state["iterate_sum"])
 
 
 def _float_buffers(buffers: dict[str, Any]) -> dict[str, Any]:
