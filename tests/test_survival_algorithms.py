@@ -131,3 +131,17 @@ def test_sites_learn_a_concordant_score(tmp_path):
         w = index(sim.states, 0)["w"]
         scores = fed.data.x_test.double().numpy() @ w["weight"].squeeze(0).double().numpy()
         assert c_index(fed.data.groups_test["time"], fed.data.y_test.numpy(), scores) > 0.65, alg.name
+
+
+def test_dp_refuses_what_it_does_not_cover():
+    """Instance-level DP-SGD refuses all three (a Cox batch loss and the X-risks couple patients);
+    client-level DP refuses the pools (they release other sites' scores and times in clear) and
+    covers FedAvg-Cox, whose rounds are means of the model."""
+    from fedxrisk.engines.privacy import unsupported_instance_reason, unsupported_reason
+
+    problem = Problem(nn.Linear(3, 1), 0.2)
+    for alg in (FedAvgCox, FeDXL2Cox, FeDXL1CIndex):
+        assert "not covered by per-sample clipping" in unsupported_instance_reason(alg(problem))
+    assert unsupported_reason(FedAvgCox(problem)) is None
+    for alg in (FeDXL2Cox, FeDXL1CIndex):
+        assert "score pools" in unsupported_reason(alg(problem))

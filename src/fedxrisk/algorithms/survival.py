@@ -62,6 +62,7 @@ class FedAvgCox(LocalSGDM):
 
     name = "fedavg_cox"
     default_lr = 0.1
+    couples_samples = "its Cox loss couples the patients of a batch through their risk sets"
 
     def _loss(self, w, buffers, batch: Batch):
         logits, new_buffers = self.problem.logits(w, buffers, batch["x"])
@@ -72,6 +73,7 @@ class FedAvgCox(LocalSGDM):
 class _SurvivalPools(PairwiseBase):
     """FeDXL's pools, momentum and averaging for survival: pools of (η, T, …) instead of scores."""
 
+    couples_samples = "its X-risk couples every patient with other sites' patients (risk sets, pairs)"
     positives_per_batch: int = 0  # uniform batches: events are found by ``y``
     tau: int = 2
     passive_samples: int = 16  # S
