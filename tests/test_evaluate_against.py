@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import json
 
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ from fedxrisk.evaluation_clinic import (
     sensitivity_at,
     specificity_at,
 )
-from fedxrisk.experiment import RunConfig, build_data, load_model
+from fedxrisk.experiment import RunConfig, build_data, load_model, run_experiment
 from fedxrisk.stats import delong_paired
 from test_evaluate_federated import runs  # noqa: F401  (the module fixture: two runs on four sites)
 
@@ -50,10 +50,9 @@ def test_against_is_the_paired_delong_test_of_both_models_scores(runs, tmp_path)
 
 
 def test_against_a_run_tested_on_other_patients_is_refused_in_one_line(runs, tmp_path):  # noqa: F811
-    other = tmp_path / "other"
-    shutil.copytree(runs / "localsgdm", other)
-    config = other / "config.toml"
-    config.write_text(config.read_text().replace('test_imratio = "none"', "test_imratio = 0.2", 1))
+    other = tmp_path / "other"  # the same training, tested on a thinned test set (other patients)
+    config = json.loads((runs / "localsgdm" / "summary.json").read_text())["config"]
+    run_experiment(RunConfig(**{**config, "test_imratio": 0.2}), other)
     out = tmp_path / "out"
     res = CliRunner().invoke(
         main, ["evaluate", str(runs / "codasca"), "--against", str(other), "--out", str(out)]

@@ -277,8 +277,10 @@ class Simulation:
         self.ledger = ByteLedger()
         self.clients = list(range(data.num_clients)) if clients is None else list(clients)
         self.local_data = data if clients is None else data.subset(clients)
-        positives, shards = algorithm.positives_per_batch, self.local_data.shards
-        labels = [self.local_data.data.y_train.numpy()[s] for s in shards] if positives else None
+        positives = algorithm.positives_per_batch  # duck-typed sources (fedxrisk.tasks) have no shards
+        labels = (
+            [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards] if positives else None
+        )
         poisson = dp.poisson_batches(algorithm, noise, data.shard_sizes)  # instance-level DP, else None
         self.sampler, self.aux_sampler = make_samplers(
             self.local_data.shard_sizes, batch_size, seed, self.clients, positives, labels, poisson
