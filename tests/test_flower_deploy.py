@@ -49,8 +49,8 @@ SECURE_TOL = 1e-5  # each secure mean is within 2R/levels = 1.2e-7 of the plain 
 # tests/test_one_path.py's config through flwr run (DP, validation, selection = best, SecAgg+); lr and
 # stages back to fedxrisk run's defaults, which this module's app overrides (SETTINGS)
 ONE_PATH = {
-    "rounds": 3, "eval-every": 1, "selection": "best", "validation": 0.25, "lr": "none", "stages": 3,
-    "privacy": json.dumps({"clip": 0.5, "noise_multiplier": 0.8, "noise_seed": 7}), "secure-aggregation": True,
+    "rounds": 3, "eval-every": 1, "validation": 0.25, "lr": "none", "stages": 3,
+    "privacy": json.dumps({"clip": 0.5, "noise_multiplier": 0.8, "reproducible_noise": 7}), "secure-aggregation": True,
 }  # fmt: skip
 RUN_WAIT = 900.0  # s; an idle 2-core machine needs about a minute, a heavily loaded one many
 
@@ -161,7 +161,7 @@ def test_flower_secagg_over_tls_gives_the_plain_model(federation, runs):
 
 def test_one_config_over_real_processes_equals_fedxrisk_run(runs, tmp_path):
     """Issue 31's one path with real SuperNodes: the config of tests/test_one_path.py gives
-    fedxrisk run's (loop engine's) model.pt and last.pt, history columns, ε and selected round."""
+    fedxrisk run's (loop engine's) model.pt, history columns, ε and selected round."""
     from fedxrisk.run.configfile import load_config
     from fedxrisk.run.recipes import run_experiment
     from test_one_path import CONFIG, _column, _header
@@ -171,11 +171,11 @@ def test_one_config_over_real_processes_equals_fedxrisk_run(runs, tmp_path):
     (tmp_path / "run.toml").write_text(CONFIG)
     cfg = load_config(tmp_path / "run.toml", ["engine.engine=loop"])
     ref = run_experiment(cfg, tmp_path / "loop").summary
-    for name in ("model.pt", "last.pt"):
-        a, b = torch.load(tmp_path / "loop" / name), torch.load(out / name)
-        assert max_abs_diff(a["params"], b["params"]) < SECURE_TOL, name
+    a, b = torch.load(tmp_path / "loop" / "model.pt"), torch.load(out / "model.pt")
+    assert max_abs_diff(a["params"], b["params"]) < SECURE_TOL
     assert _header(out) == _header(tmp_path / "loop")
-    assert _column(out, "epsilon") == pytest.approx(_column(tmp_path / "loop", "epsilon"), rel=1e-12)
+    for key in ("epsilon", "epsilon_replace_one"):
+        assert _column(out, key) == pytest.approx(_column(tmp_path / "loop", key), rel=1e-9), key
     assert summary["selected"]["round"] == ref["selected"]["round"]
     assert summary["config"]["lr"] == pytest.approx(ref["config"]["lr"], rel=1e-6)
 
