@@ -231,56 +231,68 @@ def paired_bootstrap_p(a: np.ndarray, b: np.ndarray, times, events, draws: int =
     return float(min(1.0, 2 * min((diffs <= 0).mean(), (diffs >= 0).mean())))
 
 
-def render(results: dict[str, Any], data_dir: str | None) -> str:
+def _versus(per_seed: dict, base: dict) -> str:
+    """Mean regional C-index difference to ``base`` over the common seeds, with the paired t-test."""
     from scipy.stats import ttest_rel
 
+    common = [s for s in sorted(per_seed) if s in base]
+    if per_seed is base or len(common) < 2:
+        return "—"
+    a = np.array([np.nanmean(per_seed[s]["regional"]) for s in common])
+    b = np.array([np.nanmean(base[s]["regional"]) for s in common])
+    return f"{(a - b).mean():+.3f}, p = {ttest_rel(a, b).pvalue:.3f}"
+
+
+def _bootstrap_counts(per_seed: dict, base: dict, fed) -> str:
+    """Seeds whose pooled-test C-index differs from ``base``'s at p < 0.05 (paired bootstrap): up / down."""
+    common = [s for s in sorted(per_seed) if s in base]
+    if per_seed is base or fed is None or not common:
+        return "—"
+    te, y = fed.data.groups_test, fed.data.y_test.numpy()
+    up = down = 0
+    for s in common:
+        sa, sb = np.array(per_seed[s]["test_scores"]), np.array(base[s]["test_scores"])
+        if paired_bootstrap_p(sa, sb, te["time"], y, 300) < 0.05:
+            up += per_seed[s]["pooled"] > base[s]["pooled"]
+            down += per_seed[s]["pooled"] < base[s]["pooled"]
+    return f"{up} / {down}"
+
+
+def render(results: dict[str, Any], data_dir: str | None) -> str:
     sel = selected(results)
-    base = sel.get("fedavg_cox", {})
+    base, adam = sel.get("fedavg_cox", {}), sel.get("fedavg_cox+adam")
     fed = load(data_dir) if data_dir else None
     lines = [
         "| row | mean regional test C-index | pooled test C-index | vs fedavg_cox (regional, paired t) "
-        "| seeds with pooled-test p < 0.05 (paired bootstrap) up / down | selected lr | runs that diverged (NaN) |",
-        "|---|---|---|---|---|---|---|",
+        "| vs fedavg_cox+adam (regional, paired t) | vs fedavg_cox: seeds with pooled-test p < 0.05 "
+        "(paired bootstrap) up / down | selected lr (server rows: the server's step) | runs that diverged (NaN) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, per_seed in sel.items():
         seeds = sorted(per_seed)
         if not seeds:
             lines.append(f"| {name} | no validation C-index at any lr and seed (its validation part has no "
-                         "comparable pair) | — | — | — | — | — |")  # fmt: skip
+                         "comparable pair) | — | — | — | — | — | — |")  # fmt: skip
             continue
         reg = np.array([np.nanmean(per_seed[s]["regional"]) for s in seeds])
         pooled = np.array([per_seed[s]["pooled"] for s in seeds])
-        versus, counts = "—", "—"
-        common = [s for s in seeds if s in base]
-        if name != "fedavg_cox" and len(common) >= 2:
-            a = np.array([np.nanmean(per_seed[s]["regional"]) for s in common])
-            b = np.array([np.nanmean(base[s]["regional"]) for s in common])
-            versus = f"{(a - b).mean():+.3f}, p = {ttest_rel(a, b).pvalue:.3f}"
-            if fed is not None:
-                te = fed.data.groups_test
-                y = fed.data.y_test.numpy()
-                up = down = 0
-                for s in common:
-                    sa, sb = np.array(per_seed[s]["test_scores"]), np.array(base[s]["test_scores"])
-                    p = paired_bootstrap_p(sa, sb, te["time"], y, 300)
-                    if p < 0.05:
-                        up += per_seed[s]["pooled"] > base[s]["pooled"]
-                        down += per_seed[s]["pooled"] < base[s]["pooled"]
-                counts = f"{up} / {down}"
         lrs = sorted({per_seed[s]["lr"] for s in seeds})
         name_cells = [c for k, c in results["cells"].items() if k.split("|")[0] == name]
         diverged = sum("diverged_at" in c for c in name_cells)
         lines.append(
             f"| {name} | {np.nanmean(reg):.3f} ± {np.nanstd(reg):.3f} | {np.nanmean(pooled):.3f} ± "
-            f"{np.nanstd(pooled):.3f} | {versus} | {counts} | {', '.join(f'{v:.3g}' for v in lrs)} | {diverged} of {len(name_cells)} |"
+            f"{np.nanstd(pooled):.3f} | {_versus(per_seed, base)} | {'—' if adam is None else _versus(per_seed, adam)} "
+            f"| {_bootstrap_counts(per_seed, base, fed)} | {', '.join(f'{v:.3g}' for v in lrs)} "
+            f"| {diverged} of {len(name_cells)} |"
         )
     lines += ["", "FLamby's published numbers on the same split (5 seeds; their training budgets):", "",
               "| FLamby row | mean regional test C-index | pooled test C-index |", "|---|---|---|"]  # fmt: skip
     for name, (reg, pooled) in FLAMBY.items():
         lines.append(f"| {name} | {reg:.3f} | {'—' if pooled is None else f'{pooled:.3f}'} |")
     cpu = sum(c.get("cpu_s", 0) for c in results["cells"].values())
-    lines += ["", f"{len(results['cells'])} cells, {cpu / 60:.1f} CPU minutes; seeds {sorted({int(k.split('|')[1]) for k in results['cells']})}; "
-              f"{ROUNDS} rounds × {LOCAL_STEPS} local steps, batch {BATCH}, validation every {EVAL_EVERY} rounds."]  # fmt: skip
+    seeds = sorted({int(k.split("|")[1]) for k in results["cells"]})
+    lines += ["", f"{len(results['cells'])} cells, {cpu / 60:.1f} CPU minutes; seeds {seeds}; {ROUNDS} rounds × "
+              f"{LOCAL_STEPS} local steps, batch {BATCH}, validation every {EVAL_EVERY} rounds."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
