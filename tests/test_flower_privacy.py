@@ -16,7 +16,7 @@ from helpers import make_sim, max_abs_diff, run_all
 from test_flower_protocol import run_config, run_local, trial_nodes
 
 pytest.importorskip("dp_accounting")
-PRIVACY = {"clip": 0.5, "noise_multiplier": 0.8, "noise_seed": 7}
+PRIVACY = {"clip": 0.5, "noise_multiplier": 0.8, "reproducible_noise": 7}
 DP = {"privacy": json.dumps(PRIVACY)}
 
 

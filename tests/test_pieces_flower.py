@@ -133,6 +133,7 @@ def test_validation_data_from_data_fn_feeds_selection(tmp_path):
         batch_size=8,
         lr=0.3,
         selection="best",
+        validation="official",  # the val arrays data_fn returns (check() asks for validation with selection)
     )
     apps = (
         make_client_app(small, lambda c: split(c.node_config["partition-id"]), **settings),

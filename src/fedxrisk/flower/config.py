@@ -27,10 +27,10 @@ from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
-from fedxrisk.run.checks import check
+from fedxrisk.run.checks import checked
 from fedxrisk.run.configtypes import NONE, check_value
 from fedxrisk.run.privacy import privacy_from_table
-from fedxrisk.run.spec import RunConfig
+from fedxrisk.run.spec import SECTION_ORDER, RunConfig
 
 ModelFn = Callable[[tuple[int, ...]], Any]  # input shape → an nn.Module (any model, not only registered)
 
@@ -183,7 +183,7 @@ class FlowerConfig:
 
         run, deploy = self.run, self.deploy
         try:
-            check(run)
+            checked(run)
         except ConfigError as e:  # name the run-config key, e.g. early-stopping for early_stopping
             raise ConfigError(_flat_names(str(e))) from None
         if deploy.min_nodes < 1:
@@ -205,8 +205,9 @@ class FlowerConfig:
 
 def _flat_names(message: str) -> str:
     """``message`` with RunConfig field names as run-config keys (not inside ``privacy.*`` etc.)."""
-    for name in (f.name for f in dataclasses.fields(RunConfig) if "_" in f.name):
-        message = re.sub(rf"(?<![\w.]){name}(?!\w)", _key(name), message)
+    sections = "|".join(SECTION_ORDER)  # the run layer qualifies a setting with its section
+    for name in (f.name for f in dataclasses.fields(RunConfig)):
+        message = re.sub(rf"(?<![\w.])(?:(?:{sections})\.)?{name}(?!\w)", _key(name), message)
     return message
 
 

@@ -60,6 +60,13 @@ OP = "evaluate"  # request.config["op"] of an evaluation exchange
 DP_UNITS = 2**10  # a noisy count travels as 1024 quantization steps: rounding adds < 1/1024 count
 
 
+def _exchange_config(cfg: FlowerConfig, r: float) -> FlowerConfig:
+    """``cfg`` for an evaluation exchange: SecAgg+'s range ``r`` and no training DP (the sites clip nothing)."""
+    return replace(
+        cfg, deploy=replace(cfg.deploy, secure_aggregation_range=r), run=replace(cfg.run, privacy=None)
+    )
+
+
 def fixed_point(cfg: FlowerConfig, sites: int) -> tuple[float, float, int]:
     """(R', step 2R'/L, limb base A): R' the largest power of two ≤ the run's quantization range."""
     r = 2.0 ** math.floor(math.log2(value_range(cfg)))
@@ -162,9 +169,9 @@ def federated_evaluation(
     """The two exchanges over ``nodes``; ``send(requests, cfg)`` delivers them (SecAgg+ or plain)
     and returns each node's reply. Pooled AUROC [CI] of each model, the paired test of models
     0 − 1 when there are two, and the sites' own AUROCs when ``site_auroc``."""
-    secure = cfg.secure_aggregation
+    secure = cfg.deploy.secure_aggregation
     r, step, limb = fixed_point(cfg, len(nodes))
-    sent_cfg = replace(cfg, secure_aggregation_range=r, privacy_clip=0.0)
+    sent_cfg = _exchange_config(cfg, r)
     config = {"op": OP, "models": len(models), "bins": bins, "limit": limit, "secure": secure, "step": step,
               "limb": limb, "site_auroc": site_auroc}  # fmt: skip
     arrays = {f"model{i}": dict(m) for i, m in enumerate(models)}
@@ -204,7 +211,7 @@ def private_evaluation(
     would be released with σ/√K); the paired test and per-site releases are not available."""
     from fedxrisk.stats.dp_eval import DP_BINS, DP_LIMIT, DPTooNoisy, dp_auroc, noise_sigma
 
-    if not cfg.secure_aggregation:
+    if not cfg.deploy.secure_aggregation:
         raise ValueError(
             "a private evaluation needs secure-aggregation = true (each site adds only a share of the noise)"
         )
@@ -213,7 +220,7 @@ def private_evaluation(
     config = {"op": OP, "models": 1, "bins": DP_BINS, "limit": DP_LIMIT, "secure": True, "step": step,
               "limb": limb, "dp_sigma": sigma / math.sqrt(len(nodes)), "units": DP_UNITS, "stage": "histograms"}  # fmt: skip
     replies = send({n: Packet(config=dict(config), arrays={"model0": dict(model)}) for n in nodes},
-                   replace(cfg, secure_aggregation_range=r, privacy_clip=0.0))  # fmt: skip
+                   _exchange_config(cfg, r))  # fmt: skip
     noisy = _summed(replies, "counts", True, step, exact=False)[0] / DP_UNITS
     out = {"sites": len(nodes), "secure_aggregation": True, "bins": DP_BINS, "totals": noisy}
     try:

@@ -37,13 +37,13 @@ def grid_send(grid: Grid) -> Send:
     exchanges = itertools.count(1)
 
     def send(requests: dict[int, Packet], cfg: FlowerConfig) -> dict[int, Packet]:
-        if cfg.secure_aggregation:
+        if cfg.deploy.secure_aggregation:
             return secure_exchange(grid, requests, cfg, next(exchanges), _flower_error)[0]
         messages = [
             Message(to_records(p), dst_node_id=n, message_type=f"query.{OP}") for n, p in requests.items()
         ]
         out = {}
-        for reply in grid.send_and_receive(messages, timeout=cfg.round_timeout):
+        for reply in grid.send_and_receive(messages, timeout=cfg.deploy.round_timeout):
             node = reply.metadata.src_node_id
             out[node] = (
                 Packet(config={"error": _flower_error(reply)})
@@ -58,11 +58,11 @@ def grid_send(grid: Grid) -> Send:
 
 
 def wait_for_nodes(grid: Grid, cfg: FlowerConfig) -> list[int]:
-    end = time.monotonic() + cfg.node_wait_timeout
-    while len(nodes := sorted(grid.get_node_ids())) < cfg.min_nodes:
+    end = time.monotonic() + cfg.deploy.node_wait_timeout
+    while len(nodes := sorted(grid.get_node_ids())) < cfg.deploy.min_nodes:
         if time.monotonic() > end:
             raise RuntimeError(
-                f"{len(nodes)} of min-nodes = {cfg.min_nodes} sites connected in {cfg.node_wait_timeout:g} s"
+                f"{len(nodes)} of min-nodes = {cfg.deploy.min_nodes} sites connected in {cfg.deploy.node_wait_timeout:g} s"
             )
         time.sleep(0.2)
     return nodes
@@ -88,7 +88,7 @@ def run_on_grid(
     else:
         result = federated_evaluation(grid_send(grid), nodes, cfg, load_models(models), site_auroc)
     result |= {"model_files": list(models)}
-    out = Path(cfg.out_dir)
+    out = Path(cfg.deploy.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     public = {
         k: v for k, v in result.items() if k not in ("totals", "moments")
