@@ -60,7 +60,10 @@ def test_the_run_folder_does_not_regenerate_the_noise(tmp_path):
 
     cfg = load_config(tmp_path / "run" / "config.toml", [])
     n = build(cfg).data.shard_sizes[0]
-    quiet = build(load_config(tmp_path / "run" / "config.toml", ["privacy.noise_multiplier=0.0"])).simulation
+    # σ = 1e-12: the tester's noise-free truth (σ = 0 is refused as a config since issue 34)
+    quiet = build(
+        load_config(tmp_path / "run" / "config.toml", ["privacy.noise_multiplier=1e-12"])
+    ).simulation
     w0 = _flat(quiet.global_model()[0])
     quiet.run_round()  # the tester's truth: q = 1, so the noise-free S is deterministic
     released, noise_free = update(tmp_path / "run"), (w0 - _flat(quiet.global_model()[0])) / lr

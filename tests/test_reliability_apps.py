@@ -47,10 +47,10 @@ def test_new_app_never_writes_through_a_link_even_with_overwrite(tmp_path):
 @pytest.mark.parametrize(
     "setting, message",
     [
-        ("secure-aggregation=maybe", "secure-aggregation must be true or false, got 'maybe'"),
-        ("secure-aggregation=1", "secure-aggregation must be true or false"),
-        ("rounds=2.5", "rounds must be a whole number"),
-        ("lr=fast", "lr must be a number"),
+        ("secure-aggregation=maybe", "'secure-aggregation': expected true/false, got 'maybe'"),
+        ("secure-aggregation=1", "'secure-aggregation': expected true/false, got 1"),
+        ("rounds=2.5", "'rounds': expected an integer, got 2.5"),
+        ("lr=fast", "'lr': expected a number or \"none\", got 'fast'"),
     ],
 )
 def test_new_app_refuses_a_value_of_the_wrong_type(tmp_path, setting, message):
@@ -60,7 +60,7 @@ def test_new_app_refuses_a_value_of_the_wrong_type(tmp_path, setting, message):
 
 def test_a_string_false_is_false_not_on():
     cfg = FlowerConfig.from_run_config({"secure-aggregation": "false", "rounds": "3"})
-    assert cfg.secure_aggregation is False and cfg.rounds == 3
+    assert cfg.deploy.secure_aggregation is False and cfg.run.rounds == 3
 
 
 def test_new_app_refuses_secagg_with_a_pooling_algorithm_and_a_nan_range(tmp_path):

@@ -81,7 +81,24 @@ def _parse(key: str, value: Any, hint: Any) -> Any:
             value = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConfigError(f"run-config {key!r} must be JSON: {e}") from None
+    elif text is not None and "str" not in str(hint):  # `flwr run --run-config` may pass text
+        value = _scalar(text, hint)
     return check_value(f"run-config {key!r}", value, hint)
+
+
+def _scalar(text: str, hint: Any) -> Any:
+    """``"true"``/``"false"`` as a bool, a number's text as the number (``"nan"`` too, so that its
+    range check names it); anything else unchanged, for the type check to name."""
+    if hint is bool and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    kinds = str(hint)
+    for kind in (int, float):
+        if kind.__name__ in kinds:
+            try:
+                return kind(text)
+            except ValueError:
+                continue
+    return text
 
 
 def from_flat(mapping: Mapping[str, Any]) -> FlowerConfig:
