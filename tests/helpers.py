@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, ClientInfo, Schedule
@@ -136,3 +142,18 @@ def image_folder_config(folder: Any, **overrides: Any) -> Any:
                 partition="iid", stages=1, local_steps=1, batch_size=4, workers=0, eval_every=1,
                 tensorboard=False, positive_classes=["b"])  # fmt: skip
     return RunConfig(**{**base, **overrides})
+
+
+@contextmanager
+def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. "48k") at ``mount`` for full-disk tests; skips the test unless root."""
+    mount.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode
+    ):
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

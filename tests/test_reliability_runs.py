@@ -4,9 +4,7 @@ summary.json on resume, a full disk at the first checkpoint, and weights that ca
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from click.testing import CliRunner
 from fedxrisk.cli import main
 from fedxrisk.errors import ConfigError
 from fedxrisk.experiment import RunConfig, build, run_experiment
+from helpers import mounted_tmpfs
 
 TINY = dict(rounds=2, stages=1, eval_every=1, clients=2, tensorboard=False, checkpoint_every=1)
 
@@ -86,17 +85,8 @@ def test_resume_of_a_finished_run_with_a_damaged_summary_is_one_line(copy):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 48 kB tmpfs (root only, else skipped): room for config.toml and history.csv, not a CNN's checkpoint."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)]).returncode
-    ):
-        pytest.skip("needs root to mount a tmpfs")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "48k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_the_first_checkpoint_on_a_full_disk_is_one_line(small_disk):

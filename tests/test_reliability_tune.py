@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from fedxrisk.cli import main
 from fedxrisk.errors import ConfigError, NonFiniteLoss
 from fedxrisk.run.configfile import config_to_toml
 from fedxrisk.run.tunespace import parse_space
+from helpers import mounted_tmpfs
 
 optuna = pytest.importorskip("optuna")
 
@@ -234,17 +234,8 @@ def test_best_config_names_the_data_by_an_absolute_path(tmp_path, fake, monkeypa
 @pytest.fixture
 def small_disk(tmp_path):
     """A 40 kB tmpfs (root only, else skipped): room for the study and a trial's first files only."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mount)]).returncode
-    ):
-        pytest.skip("needs root to mount a tmpfs")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "40k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_trial_on_a_really_full_disk_is_one_line_and_labelled_so(small_disk, monkeypatch):
