@@ -40,6 +40,7 @@ from fedxrisk.problem import Problem
 from fedxrisk.run.callbacks import BestModel, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import json_safe
 from fedxrisk.run.loop import selected_record
+from fedxrisk.run.privacy_outputs import privacy_row
 from fedxrisk.tree import Tree, stack, tmap
 
 __all__ = ["Coordinator", "FederationError", "LocalTransport", "Site", "Transport"]
@@ -253,7 +254,7 @@ class Coordinator:
             **mean_std([rep.metrics.get("train-auroc", -1.0) for rep in ordered], "client_auroc"),
             "bytes_up_per_client": self.ledger.total_up, "bytes_down_per_client": self.ledger.total_down,
             "wall_seconds": round(self.clock() - self.start, 4),
-            **(self._epsilons(r + 1) if self.dp is not None else {}),
+            **(privacy_row(self.dp, r + 1) if self.dp is not None else {}),  # fedxrisk run's columns
         }  # fmt: skip
         self.outputs.add_row(row)
         self.state.round = r + 1
@@ -274,14 +275,6 @@ class Coordinator:
         """The run config with the step size it trained with (known once the sites' counts are)."""
         ratio = getattr(self, "pos_ratio", None)
         return self.cfg.run if ratio is None else self.cfg.resolved(ratio)
-
-    def _epsilons(self, rounds: int) -> dict[str, float]:
-        """ε after ``rounds`` and, where it differs, the replace-one ε (as ``fedxrisk run``'s columns)."""
-        replace = self.dp.replace_epsilon(rounds)
-        return {
-            "epsilon": self.dp.epsilon(rounds),
-            **({} if replace is None else {"epsilon_replace_one": replace}),
-        }
 
     def _callback(self, kind: type) -> Any:
         return next((cb for cb in self.callbacks if isinstance(cb, kind)), None)

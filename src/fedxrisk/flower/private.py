@@ -119,12 +119,15 @@ class ServerDP:
         s = self.config.sampling
         return [Segment(0, rounds, s.rate, self.config.noise_multiplier, rounds, s.kind, self.k)]
 
+    @property
+    def differs(self) -> bool:
+        """Whether replacing one site's data costs more than the relation ε is stated under."""
+        s = self.config.sampling
+        return relation(s.kind, s.rate) != REPLACE
+
     def replace_epsilon(self, rounds: int) -> float | None:
         """ε for replacing one site's data, where it differs from :meth:`epsilon` (None: fixed sampling)."""
-        s = self.config.sampling
-        if relation(s.kind, s.rate) == REPLACE:
-            return None
-        return replace_epsilon(self._ledger(rounds), self.delta)
+        return replace_epsilon(self._ledger(rounds), self.delta) if self.differs else None
 
     def describe(self) -> str:
         s = self.config.sampling
