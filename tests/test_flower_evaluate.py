@@ -97,6 +97,21 @@ def test_flower_evaluation_equals_the_simulation(federation, secure):
     assert saved["models"][0]["auroc"] == result["models"][0]["auroc"] and "totals" not in saved
 
 
+def test_the_result_is_never_written_through_a_link(federation, tmp_path):
+    """The server's federated_evaluation.json: a symbolic link in its place is refused in one line and the
+    file it points to is left as it was (the writers of fedxrisk run, not a plain write)."""
+    from fedxrisk.errors import OutputError
+
+    rc, nodes, _, paths, _, _ = federation
+    victim = tmp_path / "mine.txt"
+    victim.write_text("mine")
+    Path(rc["out-dir"]).mkdir(parents=True, exist_ok=True)
+    (Path(rc["out-dir"]) / "federated_evaluation.json").symlink_to(victim)
+    with pytest.raises(OutputError, match="symbolic link"):
+        run_on_grid(InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths[:1])
+    assert victim.read_text() == "mine"
+
+
 def test_the_server_sees_no_histogram_count_or_score_in_clear(federation, monkeypatch):
     rc, nodes, data, paths, states, cfg = federation
     rc = {**rc, "secure-aggregation": True}

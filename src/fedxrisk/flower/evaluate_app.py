@@ -25,6 +25,7 @@ from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.evaluate import OP, Send, federated_evaluation, private_evaluation
 from fedxrisk.flower.secagg import secure_exchange
 from fedxrisk.flower.wire import Packet
+from fedxrisk.outfiles import make_folder, replace_atomic
 from fedxrisk.run.folder import json_safe
 from fedxrisk.run.weights import read_state
 
@@ -89,11 +90,12 @@ def run_on_grid(
         result = federated_evaluation(grid_send(grid), nodes, cfg, load_models(models), site_auroc)
     result |= {"model_files": list(models)}
     out = Path(cfg.deploy.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     public = {
         k: v for k, v in result.items() if k not in ("totals", "moments")
     }  # the pooled sums stay in memory
-    (out / RESULT).write_text(json.dumps(json_safe(_plain(public)), indent=2) + "\n")
+    text = json.dumps(json_safe(_plain(public)), indent=2) + "\n"
+    replace_atomic(out / RESULT, lambda f: f.write(text))  # never half-written, never through a link
     return result
 
 
