@@ -25,7 +25,7 @@ pytest.importorskip("flwr", reason="needs the optional extra: pip install -e '.[
 from flwr.common import bytes_to_ndarray  # noqa: E402
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key  # noqa: E402
 
-import fedxrisk.flower.coordinator as coordinator_module  # noqa: E402
+import fedxrisk.flower.federation as federation_module  # noqa: E402
 import fedxrisk.flower.secagg as secagg  # noqa: E402
 from fedxrisk.engines import Simulation  # noqa: E402
 from fedxrisk.engines.privacy import ClientDP  # noqa: E402
@@ -99,9 +99,9 @@ def test_the_server_receives_only_masked_vectors_and_the_aggregate(tmp_path, mon
         means.append(next(iter(replies.values())).arrays["mean"])
         return real_mean(coordinator, replies, round_, what)
 
-    real_mean = coordinator_module.secure_mean
+    real_mean = federation_module.secure_mean
     monkeypatch.setattr(secagg, "flat_vector", spy_flat)
-    monkeypatch.setattr(coordinator_module, "secure_mean", spy_mean)
+    monkeypatch.setattr(federation_module, "secure_mean", spy_mean)
     rc = {**run_config("codasca", tmp_path), **SECURE}
     summary, grid = run_secure(rc, trial_nodes())
     assert summary["status"] == "completed", summary["error"]

@@ -121,7 +121,9 @@ def test_one_config_gives_one_model_history_and_epsilon(runs, other):
     assert _header(ref)[-2:] == ["epsilon", "epsilon_replace_one"]
     for key in ("epsilon", "epsilon_replace_one"):
         assert _column(out, key) == pytest.approx(_column(ref, key), rel=1e-9), key
-    keys = ("test_auroc", "bytes_up_per_client") + (() if other == "flower" else ("train_loss",))
+    keys = ("test_auroc", "test_pauc30_norm", "bytes_up_per_client") + (
+        () if other == "flower" else ("train_loss",)
+    )
     for key in keys:  # Flower under DP releases no site's loss (the column is empty)
         assert _column(out, key) == pytest.approx(_column(ref, key), abs=1e-5), key
     # loop and vmap score validation exactly; distributed and Flower from summed histograms, whose
@@ -135,3 +137,22 @@ def test_one_config_gives_one_model_history_and_epsilon(runs, other):
     assert s_out["selected"]["round"] == s_ref["selected"]["round"]
     assert s_out["communication"] == s_ref["communication"]
     assert s_out["config"]["lr"] == pytest.approx(s_ref["config"]["lr"], rel=1e-6)  # the lr it trained with
+    # one summary writer (run/loop.train): the same keys; Flower adds its sites and deployment
+    assert set(s_out) - set(s_ref) == ({"sites", "deployment"} if other == "flower" else set())
+    assert set(s_ref) - set(s_out) == set()
+    for block in ("final", "config", "selected", "data"):
+        assert set(s_out[block]) == set(s_ref[block]), block
+    shared = (
+        "level",
+        "delta",
+        "relation",
+        "clip",
+        "noise_multiplier",
+        "sampling_rate",
+        "sampling",
+        "private",
+    )
+    assert {k: s_out["privacy"][k] for k in shared} == {k: s_ref["privacy"][k] for k in shared}
+    assert s_out["hyperparameters"] == s_ref["hyperparameters"]
+    for key in ("train_samples", "test_samples", "client_counts"):
+        assert s_out["data"][key] == s_ref["data"][key], key

@@ -52,7 +52,14 @@ class BadFileError(DataFileError):
         self.detail, self.advice, self.reason = detail, advice, reason
 
 
-class NonFiniteLoss(RuntimeError):
+class RunFailure(RuntimeError):
+    """A run cannot go on: ``run.loop.train`` records it in summary.json (``status: failed``) and
+    raises it. ``keeps_model``: the last evaluated global model is sound and becomes ``model.pt``."""
+
+    keeps_model = False
+
+
+class NonFiniteLoss(RunFailure):
     """Raised when a round produces a NaN/inf loss or model; carries the round (1-based, as history.csv)."""
 
     def __init__(self, round_: int):

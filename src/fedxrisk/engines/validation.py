@@ -38,6 +38,7 @@ from fedxrisk.tree import Tree
 VAL_KEYS = ("val_auroc", "val_ap", *(f"val_{name}_norm" for name in PAUC_FPRS))
 # the largest error binning can cause in each val_* value: 0 when computed exactly from the scores
 BOUND_KEYS = tuple(f"{key}_bound" for key in VAL_KEYS)
+_ALL_KEYS = (*VAL_KEYS, *BOUND_KEYS)
 
 
 def _columns(y: np.ndarray) -> np.ndarray:
@@ -114,10 +115,15 @@ def federated_validation(sim: Any, problem: Problem, data: FederatedData) -> dic
     """The ``val_*`` metrics of ``sim``'s global model (NaN without validation data).
 
     Distributed engine: collective (every rank calls it at the same round) and returns the same
-    numbers on every rank, from summed histograms; otherwise exact.
+    numbers on every rank, from summed histograms; a federation (Flower) whose sites hold the
+    validation data hands the sum of their histograms (``sim.validation_counts()``, None: none);
+    otherwise exact.
     """
+    if (summed := getattr(sim, "validation_counts", None)) is not None:
+        counts = summed()
+        return histogram_validation(counts) if counts is not None else dict.fromkeys(_ALL_KEYS, math.nan)
     if data.val_shards is None:
-        return dict.fromkeys((*VAL_KEYS, *BOUND_KEYS), math.nan)
+        return dict.fromkeys(_ALL_KEYS, math.nan)
     params, buffers = sim.global_model()
     group = getattr(sim, "group", None)
     if group is None:

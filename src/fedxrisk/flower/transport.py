@@ -17,12 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from fedxrisk.errors import RunFailure
 from fedxrisk.flower.handlers import site_setup, site_step
 from fedxrisk.flower.wire import Packet, clone_packet
 
 
-class FederationError(RuntimeError):
-    """The run cannot go on: a site failed, left, or did not answer in time."""
+class FederationError(RunFailure):
+    """The run cannot go on: a site failed, left, or did not answer in time (the model of the last
+    evaluated round stays sound: it is written)."""
+
+    keeps_model = True
 
 
 class Transport(Protocol):

@@ -4,7 +4,10 @@
 until a callback sets ``should_stop``), writing through a
 :class:`~fedxrisk.run.folder.RunFolder`. Under the distributed engine every
 rank trains and takes part in checkpoints (a collective); only the primary rank
-evaluates and writes files.
+evaluates and writes files. A Flower run is trained here too
+(:class:`~fedxrisk.flower.federation.Federation` is its simulation): the simulation may
+``evaluate`` its own rows (the server's held-out set, the sites' reports) and add
+``summary_extra`` facts (its sites, its deployment).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import torch
 
 from fedxrisk.algorithms import Algorithm
 from fedxrisk.data.types import describe_positive, positive_record
-from fedxrisk.engines import NonFiniteLoss
 from fedxrisk.engines.validation import federated_validation
+from fedxrisk.errors import RunFailure
 from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
@@ -42,7 +45,8 @@ def train(
     setup: Setup, folder: RunFolder, callbacks: Sequence[Callback] = (), ckpt: dict[str, Any] | None = None
 ) -> RunResult:
     """Train ``setup`` (resumed from ``ckpt`` if given), evaluating every ``eval_every`` rounds and at
-    the end; on a NaN/inf loss the summary records ``status: failed`` and :class:`NonFiniteLoss` is raised."""
+    the end; on a NaN/inf loss (:class:`NonFiniteLoss`) or another :class:`RunFailure` the summary records
+    ``status: failed`` and the error is raised."""
     cfg, sim = setup.config, setup.simulation
     primary = sim.is_primary
     callbacks = [*selection_callbacks(cfg), *callbacks]  # selection first: later hooks see its choice
@@ -84,7 +88,7 @@ def train(
             best = row0
             folder.write_history(history)
         evaluated(row0)
-    failure: NonFiniteLoss | None = None
+    failure: RunFailure | None = None
     with folder.history_rows() as append:
         try:
             while not sim.done and not state.should_stop:
@@ -111,7 +115,7 @@ def train(
                     folder.save_checkpoint(_checkpoint(setup, callbacks, history, best, elapsed(), resumed))
                 for cb in callbacks:
                     cb.on_round_end(row if primary else {}, state)
-        except NonFiniteLoss as e:
+        except RunFailure as e:  # a NaN loss; on Flower a lost site
             failure = e
         finally:
             for cb in callbacks:
@@ -126,7 +130,9 @@ def train(
     if stopper is not None:
         summary["early_stopping"] = {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}
     summary["resumed_at_rounds"] = resumed
-    if failure is None:  # the models before the summary: the summary commits the run
+    if (extra := getattr(sim, "summary_extra", None)) is not None:  # e.g. Flower's sites and deployment
+        summary |= json_safe(extra())
+    if failure is None or (failure.keeps_model and history):  # the models before the summary: it commits
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
         (params, buffers), personal = finish_personal(setup)  # fine-tunes the sites after the global model
         if personal is not None:
@@ -218,8 +224,7 @@ def _initial_row(setup: Setup) -> dict[str, Any]:
 
 def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
     sim = setup.simulation
-    params, buffers = sim.global_model()
-    metrics = evaluate(setup.problem, params, buffers, setup.data)
+    metrics = _metrics(setup, *sim.global_model())
     return {
         "round": sim.round,
         "step": plan.first_step + plan.window,
@@ -233,10 +238,18 @@ def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
     }
 
 
+def _metrics(setup: Setup, params, buffers) -> dict[str, Any]:
+    """Test and per-client metrics of the global model on the run's data, unless the simulation
+    evaluates itself (Flower: the server's held-out set and the sites' own AUROCs)."""
+    own = getattr(setup.simulation, "evaluate", None)
+    return own(params, buffers) if own is not None else evaluate(setup.problem, params, buffers, setup.data)
+
+
 def _summary(setup: Setup, history, best, wall: float, failure: Exception | None) -> dict[str, Any]:
     cfg, sim = setup.config, setup.simulation
     final = history[-1] if history else {}
-    keys = ("test_auroc", "test_ap", *PAUC_KEYS, "client_auroc_mean", "client_auroc_std", "round")
+    keys = ("test_auroc", "test_ap", *PAUC_KEYS, "client_auroc_mean", "client_auroc_std", "train_loss")
+    keys = (*keys, "round")
     return json_safe(
         {
             "status": "failed" if failure else "completed",

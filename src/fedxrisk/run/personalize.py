@@ -26,7 +26,7 @@ def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | N
     the per-site block needs every site in this process (not the distributed engine)."""
     sim, cfg = setup.simulation, setup.config
     global_model = sim.global_model()
-    if not personalized(setup):
+    if not personalized(setup) or remote_sites(setup):
         return global_model, None
     fine_tune(sim, cfg.finetune_steps)
     if cfg.engine == "distributed" or not sim.is_primary:
@@ -39,7 +39,12 @@ def _site_rows_during_training(setup: Setup) -> bool:
     """Sites differ during training (personal entries, Ditto) and all of them are in this process."""
     cfg = setup.config
     sites = cfg.personal != "none" or hasattr(setup.algorithm, "personal_model")
-    return sites and cfg.engine != "distributed"
+    return sites and cfg.engine != "distributed" and not remote_sites(setup)
+
+
+def remote_sites(setup: Setup) -> bool:
+    """The sites' states live on their own nodes (Flower's federation), not in this process."""
+    return bool(getattr(setup.simulation, "remote_sites", False))
 
 
 def personal_fields(setup: Setup) -> tuple[str, ...]:
