@@ -1,8 +1,9 @@
 """The Flower ServerApp and ClientApp (needs ``fedxrisk[flower]``).
 
 - The ServerApp's ``main`` runs :class:`~fedxrisk.flower.coordinator.Coordinator`
-  over a :class:`GridTransport`: each exchange is one Message per SuperNode,
-  pushed on the Grid and polled for replies.
+  (``fedxrisk run``'s loop, ``run/loop.train``, over the sites) through a
+  :class:`GridTransport`: each exchange is one Message per SuperNode, pushed on
+  the Grid and polled for replies.
 - The ClientApp answers ``query`` (set-up: load and check the site's data) and
   ``train.step`` (deliver a collective's answer, run communicate/local steps, reply
   with the next collective's payload and the round's metrics). The site's

@@ -82,11 +82,12 @@ class Coordinator:
 
 
 def server_setup(federation: Federation) -> Setup:
-    """The run as ``train`` sees it: the run config with the step size it trains with (no server
-    checkpoint: each site's state lives on its node), the server's problem and algorithm (for its
-    hyperparameters), the server's held-out set as the data, the server's DP."""
+    """The run as ``train`` sees it: the run config with the step size and the number of sites it
+    trains with (no server checkpoint: each site's state lives on its node), the server's problem
+    and algorithm (for its hyperparameters), the server's held-out set as the data, the server's DP."""
     cfg = federation.cfg
-    config = dataclasses.replace(cfg.resolved(federation.pos_ratio), checkpoint_every=0)
+    resolved = cfg.resolved(federation.pos_ratio)
+    config = dataclasses.replace(resolved, clients=len(federation.sites), checkpoint_every=0)
     return Setup(
         config, server_data(federation), federation.problem, federation.algorithm, federation,  # type: ignore[arg-type]
         privacy=federation.dp,  # type: ignore[arg-type]
