@@ -189,10 +189,6 @@ class FlowerConfig:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{self.run.algorithm}: {e}") from e
 
-    def is_eval_round(self, round_: int) -> bool:
-        """Evaluate after round ``round_`` (0-based): every ``eval-every`` rounds and at the end."""
-        return (round_ + 1) % self.run.eval_every == 0 or round_ + 1 == self.run.rounds
-
     def validate(self) -> None:
         """The run layer's checks, then what a Flower deployment adds (errors name run-config keys)."""
         from fedxrisk.flower.private import check_flower_privacy

@@ -41,6 +41,7 @@ from fedxrisk.flower.transport import Exchange, FederationError, Site, Transport
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import final_metrics, predict
 from fedxrisk.problem import Problem
+from fedxrisk.run.loop import evaluates
 from fedxrisk.tree import Tree, stack, tmap
 
 
@@ -213,7 +214,7 @@ class Federation:
     def _exchanges(self) -> Iterator[dict[int, Packet]]:
         """Send the requests, reduce the collective the replies ask for, answer; yield the replies
         each time the sites report a round finished (they then carry its report)."""
-        report = self.cfg.is_eval_round
+        report = lambda r: evaluates(self.cfg.run, r + 1, len(self.plans))  # noqa: E731  (0-based r)
         init = {"num-clients": len(self.sites), "pos-ratio": self.pos_ratio, "max-samples": self.max_samples}
         requests = self._packets({**init, "start": 0, "report": report(0)}, first=True)
         op = "secure-step" if self.cfg.deploy.secure_aggregation else "step"

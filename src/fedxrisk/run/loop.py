@@ -95,7 +95,7 @@ def train(
                 plan = sim.run_round()
                 state.round = sim.round
                 row: dict[str, Any] = {}
-                if sim.round % cfg.eval_every == 0 or sim.done:
+                if evaluates(cfg, sim.round, len(sim.plans)):
                     val = federated_validation(sim, setup.problem, setup.data)  # every rank
                     row = (
                         _evaluate_row(setup, plan, elapsed()) | val
@@ -150,6 +150,12 @@ def train(
         folder.save_final_state(_checkpoint(setup, callbacks, history, best, elapsed(), resumed))
     folder.drop_checkpoint()
     return RunResult(summary, history, folder.path)
+
+
+def evaluates(cfg: Any, rounds_done: int, total: int) -> bool:
+    """Whether :func:`train` evaluates after ``rounds_done`` of ``total`` rounds: every ``eval_every``
+    rounds and at the end (a Flower site learns it before the round, to send its model)."""
+    return rounds_done % cfg.eval_every == 0 or rounds_done >= total
 
 
 def below_chance(selected: dict[str, Any] | None) -> str | None:
