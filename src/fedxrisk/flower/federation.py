@@ -69,6 +69,9 @@ class Federation:
         # (then Flower runs equal the simulation's; docs/privacy.md)
         self.pool_seed = int(os.environ.get("FEDXRISK_POOL_SEED", cfg.run.seed))
         self.sites: list[Site] = []
+        self.pos_ratio, self.max_samples = math.nan, 0  # from the sites' set-up counts
+        self.problem: Problem | None = None
+        self.algorithm: Any = None  # the server's copy: its hyperparameters, the schedule checks
         self.plans: list[RoundPlan] = []  # the schedule: known once the sites' counts give p
         self.round = 0  # rounds the sites have finished
         self.dp: ServerDP | None = None  # client-level DP: the server clips and adds the noise
@@ -189,7 +192,7 @@ class Federation:
             "num_clients": len(self.sites),
             "data": {
                 "train_samples": sum(s.samples for s in self.sites),
-                "train_pos_ratio": getattr(self, "pos_ratio", math.nan),
+                "train_pos_ratio": self.pos_ratio,
                 "test_samples": 0 if self.holdout is None else len(self.holdout[1]),
                 "client_counts": counts,
                 "stream": None,
