@@ -194,12 +194,13 @@ def packet_from_bytes(data: bytes) -> Packet:
 
 
 def secure_mean(
-    coordinator: Any, replies: dict[int, Packet], round_: int, what: str
+    federation: Any, replies: dict[int, Packet], round_: int, what: str
 ) -> dict[str, torch.Tensor]:
-    """The coordinator's side of a secure ``mean``: every reply carries the same aggregate
-    (``arrays["mean"]``) and no site's own payload; bytes are counted as for a plain mean. With
-    client-level DP the aggregate is the mean of the sites' clipped updates: the server adds the noise."""
-    ordered = [replies[s.node] for s in coordinator.sites]
+    """The server's side of a secure ``mean`` (:class:`~fedxrisk.flower.federation.Federation`):
+    every reply carries the same aggregate (``arrays["mean"]``) and no site's own payload; bytes are
+    counted as for a plain mean. With client-level DP the aggregate is the mean of the sites' clipped
+    updates: the server adds the noise."""
+    ordered = [replies[s.node] for s in federation.sites]
     if any("payload" in r.arrays for r in ordered) or not all("mean" in r.arrays for r in ordered):
         raise RuntimeError(
             f"{what}: secure-aggregation needs Flower's SecAgg+ (GridTransport); this transport "
@@ -207,8 +208,8 @@ def secure_mean(
         )
     mean = unflatten(ordered[0].arrays["mean"])
     stacked = tmap(lambda t: t.unsqueeze(0), mean)  # the plain mean's shapes, for the ledger
-    coordinator.ledger.record("mean", stacked if isinstance(stacked, dict) else {"": stacked}, len(ordered))
-    return flatten(mean if coordinator.dp is None else coordinator.dp.release(mean, round_))
+    federation.ledger.record("mean", stacked if isinstance(stacked, dict) else {"": stacked}, len(ordered))
+    return flatten(mean if federation.dp is None else federation.dp.release(mean, round_))
 
 
 def value_range(cfg: Any) -> float:
