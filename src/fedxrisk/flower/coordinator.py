@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -140,8 +141,8 @@ class RoundLog(Callback):
         self.log = log
 
     def on_evaluation(self, row: dict[str, Any], state: LoopState) -> None:
-        val = row.get("val_auroc")
-        shown = "" if val is None or val != val else f", val AUROC {val:.4f} ± {row['val_auroc_bound']:.1e}"
+        val = row.get("val_auroc", math.nan)
+        shown = "" if math.isnan(val) else f", val AUROC {val:.4f} ± {row['val_auroc_bound']:.1e}"
         self.log(
             f"round {row['round']}/{state.total}: train loss {row['train_loss']:.4f}, test AUROC "
             f"{row['test_auroc']:.4f}, site AUROC {row['client_auroc_mean']:.4f}{shown}"
