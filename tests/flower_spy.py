@@ -296,3 +296,77 @@ def scores_of(states: list[dict], x: np.ndarray) -> list[np.ndarray]:
         with torch.no_grad():
             out.append(model(torch.from_numpy(x)).reshape(-1).double().numpy())
     return out
+
+
+def evaluated_models(replies: list[dict]) -> list[dict]:
+    """The global models the sites sent back at evaluations (public: the same on every site), in
+    order, each once: the ``model`` group of fedxrisk's packets, as Flower arrays (``arrays.model``)
+    or inside packet bytes (under SecAgg+)."""
+    import torch
+
+    found: list[dict] = []
+    for reply in replies:
+        if "arrays.model" in reply["arrays"]:
+            found.append(
+                {k: torch.from_numpy(np.array(a)) for k, a in reply["arrays"]["arrays.model"].items()}
+            )
+        for record in reply["configs"].values():
+            for value in record.values():
+                try:
+                    packet = (
+                        torch.load(io.BytesIO(value), weights_only=True) if isinstance(value, bytes) else None
+                    )
+                except Exception:
+                    continue
+                if isinstance(packet, dict) and packet.get("arrays", {}).get("model"):
+                    found.append(packet["arrays"]["model"])
+    models: list[dict] = []
+    for model in found:
+        if not any(all(torch.equal(model[k], m[k]) for k in model) for m in models):
+            models.append(model)
+    return models
+
+
+def training_site(name: str, cfg: Any, site: Any, models: list[dict]) -> Site:
+    """The secrets of one training site (a ``SiteData``) under the evaluated global ``models``: its
+    validation logits, their bins and per-class histograms, its validation AUROC, its training
+    AUROC, its validation and training counts."""
+    import torch
+
+    from fedxrisk.flower.wire import unflatten
+    from fedxrisk.metrics import auroc, predict
+    from fedxrisk.problem import Problem
+    from fedxrisk.stats import score_histogram
+    from fedxrisk.stats.histogram import logit_edges
+
+    problem = Problem(cfg.build_model(site.input_shape), 0.5, cfg.run.buffer_policy, cfg.run.pos_ratio_mode)
+    out = Site(name)
+    y_val, y = site.y_val.numpy().astype(bool), site.y.numpy().astype(bool)
+    for r, flat in enumerate(models):
+        tree = unflatten({k: v.to(torch.float32) if v.is_floating_point() else v for k, v in flat.items()})
+        s = predict(problem, tree["params"], tree["buffers"], site.x_val).astype(np.float64)
+        counts = score_histogram(s, y_val)
+        for c, cls in enumerate(("negatives'", "positives'")):
+            filled = np.flatnonzero(counts[c])
+            out.vectors[f"evaluation {r} {cls} validation histogram"] = counts[
+                c, filled[0] : filled[-1] + 1
+            ].astype(np.float64)
+        out.vectors[f"evaluation {r} validation scores"] = s
+        out.vectors[f"evaluation {r} sorted validation scores"] = np.sort(s)
+        out.vectors[f"evaluation {r} validation score bins"] = np.searchsorted(logit_edges(), s).astype(
+            np.float64
+        )
+        out.values[f"evaluation {r} validation scores"] = s
+        train = predict(problem, tree["params"], tree["buffers"], site.x).astype(np.float64)
+        out.values[f"evaluation {r} AUROCs"] = np.array([auroc(y_val, s), auroc(y, train)])
+    out.counts = {
+        "validation rows": len(y_val),
+        "validation positives": int(y_val.sum()),
+        "validation negatives": int((~y_val).sum()),
+        "training rows": len(y),
+        "training positives": int(y.sum()),
+    }
+    for key, v in out.values.items():
+        out.values[key] = v[np.isfinite(v) & (v != np.round(v))]
+    out.vectors = {k: v for k, v in out.vectors.items() if np.ptp(v) > 0}
+    return out

@@ -20,7 +20,14 @@ from fedxrisk.flower.config import FlowerConfig  # noqa: E402
 from fedxrisk.flower.evaluate_app import run_on_grid  # noqa: E402
 from fedxrisk.stats.federated import simulate  # noqa: E402
 from flower_grid import InProcessGrid  # noqa: E402
-from flower_spy import evaluation_files, evaluation_site, find_leaks, scores_of  # noqa: E402
+from flower_spy import (
+    evaluated_models,
+    evaluation_files,
+    evaluation_site,
+    find_leaks,
+    scores_of,
+    training_site,
+)  # noqa: E402
 from spy_serverapp import spy_on  # noqa: E402
 
 NODES = (7_001_234_567, 7_009_876_543)  # node ids no count or bin can equal
@@ -100,3 +107,48 @@ def test_under_secagg_a_secret_beside_the_masked_vector_is_caught(tmp_path, monk
     _, replies, sites, _ = _spied_run(tmp_path, secure=True)
     found = {(leak.site, leak.secret) for leak in find_leaks(replies, sites)}
     assert {(s.name, secret) for s in sites} <= found, sorted(found)
+
+
+def _spied_training(tmp_path, **settings) -> tuple[list[dict], list[dict], list, dict]:
+    """A 2-round CODASCA run with validation every round, through fedxrisk's own ServerApp on the
+    in-process Grid, spied on: (pushes, replies, the sites' secrets, summary)."""
+    from flwr.app import Context, RecordDict
+
+    from fedxrisk.flower.app import server_app
+    from fedxrisk.flower.sitedata import load_trial
+
+    rc = {"algorithm": "codasca", "rounds": 2, "local-steps": 2, "batch-size": 8, "lr": 0.1, "stages": 1,
+          "test-data": "digits", "out-dir": str(tmp_path / "out"), "min-nodes": 2, "partition": "iid",
+          "imratio": 0.3, "seed": 0, "validation": 0.25, "eval-every": 1, **settings}  # fmt: skip
+    nodes = {n: {"dataset": "digits", "partition-id": k, "num-partitions": 2} for k, n in enumerate(NODES)}
+    items: list[dict] = []
+    grid = spy_on(InProcessGrid(client_app, rc, nodes), items.append)
+    server_app(grid, Context(1, 0, {}, RecordDict(), dict(rc)))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    replies = [i["reply"] for i in items if "reply" in i]
+    cfg = FlowerConfig.from_run_config(rc)
+    models = evaluated_models(replies)
+    sites = [training_site(f"site {k}", cfg, load_trial(cfg, "digits", k, 2), models) for k in range(2)]
+    return [i["push"] for i in items if "push" in i], replies, sites, summary
+
+
+def test_without_secagg_the_spy_finds_each_sites_validation_histograms(tmp_path):
+    """The secrets training_site computes are the ones a site sends: in clear without SecAgg+."""
+    _, replies, sites, summary = _spied_training(tmp_path)
+    assert summary["status"] == "completed", summary["error"]
+    found = {(leak.site, leak.secret) for leak in find_leaks(replies, sites)}
+    for site in sites:
+        for r in range(2):
+            for secret in ("negatives' validation histogram", "positives' validation histogram", "AUROCs"):
+                assert (site.name, f"evaluation {r} {secret}") in found, (site.name, r, secret, sorted(found))
+        assert (site.name, "validation rows") in found  # num-val at set-up
+        assert (site.name, "evaluation 0 validation scores") not in found
+
+
+def test_under_secagg_the_training_spy_finds_only_the_set_up_counts(tmp_path):
+    pushes, replies, sites, summary = _spied_training(tmp_path, **{"secure-aggregation": True})
+    assert summary["status"] == "completed", summary["error"]
+    assert {p["id"] for p in pushes} == {r["reply_to"] for r in replies}
+    leaks = find_leaks(replies, sites)
+    assert {leak.secret for leak in leaks} <= {"training rows", "training positives"}, [str(x) for x in leaks]
+    assert all(replies[leak.reply]["type"] == "query" for leak in leaks)  # the set-up, as privacy.md says
