@@ -18,7 +18,9 @@ other algorithms' numbers are checked through the same protocol in-process
 (test_flower_protocol.py). ``flwr log`` shows CODASCA's ``[fedxrisk] round
 k/R`` lines; the unregistered SuperNode was refused. Last, a SuperNode is
 shut down in the middle of a LocalSGDM run and the server must stop that run
-with a message naming the site. Every process started here is stopped at the
+with a message naming the site. The app's ServerApp component is the test's spy
+(spy_serverapp.py) around fedxrisk's: the one-path run's replies are searched
+for the sites' secrets by value (flower_spy.py). Every process started here is stopped at the
 end (with its descendants: Flower detaches its SuperExec).
 """
 
