@@ -152,3 +152,27 @@ def test_under_secagg_the_training_spy_finds_only_the_set_up_counts(tmp_path):
     leaks = find_leaks(replies, sites)
     assert {leak.secret for leak in leaks} <= {"training rows", "training positives"}, [str(x) for x in leaks]
     assert all(replies[leak.reply]["type"] == "query" for leak in leaks)  # the set-up, as privacy.md says
+
+
+@pytest.mark.parametrize("who", ["superlink", "supernodes"])
+def test_a_wait_ends_as_soon_as_the_federation_died_with_its_stderr(tmp_path, who):
+    """tests/procs.py: a dead SuperLink, or every SuperNode dead, fails a wait at once, stderr shown."""
+    import sys
+    import time
+
+    from procs import SecureFederation
+
+    fed = SecureFederation(tmp_path, tmp_path)
+    dies = [sys.executable, "-c", "import sys; sys.stderr.write('gone: bad certificate'); sys.exit(3)"]
+    lives = [sys.executable, "-c", "import time; time.sleep(60)"]
+    try:
+        fed.start("superlink", dies if who == "superlink" else lives)
+        for k in range(2):
+            fed.nodes.append(f"site-{k}")
+            fed.start(f"site-{k}", dies if who == "supernodes" else lives)
+        start = time.monotonic()
+        with pytest.raises(pytest.fail.Exception, match="exited.*gone: bad certificate"):
+            fed.wait_file(tmp_path / "out" / "summary.json", 600.0, tmp_path / "out")
+        assert time.monotonic() - start < 30
+    finally:
+        fed.stop()
