@@ -164,6 +164,7 @@ class SecureFederation:
             f'root-certificates = "{root / "ca.crt"}"\n'
         )  # TLS: no `insecure`
         self.procs: dict[str, subprocess.Popen] = {}
+        self.nodes: list[str] = []  # the SuperNodes' names
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         (self.root / f"home-{name}").mkdir()
@@ -215,6 +216,7 @@ class SecureFederation:
         return key
 
     def supernode(self, name: str, key: Path, node_config: str) -> subprocess.Popen:
+        self.nodes.append(name)
         return self.start(name, [exe("flower-supernode"), "--superlink", f"{HOST}:{self.port}",
                                  "--root-certificates", str(self.root / "ca.crt"), "--auth-supernode-private-key",
                                  str(key), "--host", HOST, "--port", str(free_port()), "--node-config", node_config])  # fmt: skip
@@ -226,13 +228,34 @@ class SecureFederation:
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         return int(re.search(r"run (\d+)", submitted.stdout).group(1))
 
-    def wait_summary(self, out: Path, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while not (out / "summary.json").exists():
-            assert time.monotonic() < deadline, (
-                f"no {out}/summary.json after {timeout} s; logs: {self.logs()}"
+    def ended(self, out: Path | None = None) -> str | None:
+        """Why no file will come any more, or None: the SuperLink exited, every SuperNode exited, or
+        the spied ServerApp of the run writing ``out`` returned or raised (``tests/spy_serverapp.py``)."""
+        if (code := self.procs["superlink"].poll()) is not None:
+            return f"the SuperLink exited with status {code}"
+        if self.nodes and all(self.procs[n].poll() is not None for n in self.nodes):
+            return "every SuperNode exited: " + ", ".join(
+                f"{n} ({self.procs[n].returncode})" for n in self.nodes
             )
+        done = None if out is None else out.with_name(out.name + ".spy-done")
+        if done is not None and done.exists():
+            return f"the ServerApp ended without writing it: {done.read_text(errors='replace')[-3000:]}"
+        return None
+
+    def wait_file(self, path: Path, timeout: float, out: Path | None = None) -> None:
+        """Until ``path`` exists: fails at once (with the processes' logs, stderr included) when
+        :meth:`ended` says it never will, else after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            reason = self.ended(out)
+            if reason is not None and not path.exists():
+                pytest.fail(f"no {path}: {reason}; logs: {self.logs()}", pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {path} after {timeout} s; logs: {self.logs()}", pytrace=False)
             time.sleep(0.5)
+
+    def wait_summary(self, out: Path, timeout: float) -> dict:
+        self.wait_file(out / "summary.json", timeout, out)
         return json.loads((out / "summary.json").read_text())
 
     def stop(self) -> None:

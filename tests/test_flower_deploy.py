@@ -18,7 +18,9 @@ other algorithms' numbers are checked through the same protocol in-process
 (test_flower_protocol.py). ``flwr log`` shows CODASCA's ``[fedxrisk] round
 k/R`` lines; the unregistered SuperNode was refused. Last, a SuperNode is
 shut down in the middle of a LocalSGDM run and the server must stop that run
-with a message naming the site. Every process started here is stopped at the
+with a message naming the site. The app's ServerApp component is the test's spy
+(spy_serverapp.py) around fedxrisk's: the one-path run's replies are searched
+for the sites' secrets by value (flower_spy.py). Every process started here is stopped at the
 end (with its descendants: Flower detaches its SuperExec).
 """
 
@@ -37,6 +39,7 @@ from fedxrisk.flower.__main__ import write_app  # noqa: E402
 from fedxrisk.flower.app import from_records, to_records  # noqa: E402
 from fedxrisk.flower.wire import Packet  # noqa: E402
 from fedxrisk.metrics import evaluate  # noqa: E402
+from flower_spy import Site, evaluated_models, find_leaks, install_spy, load_records, training_site  # noqa: E402
 from helpers import make_sim, max_abs_diff, run_all  # noqa: E402
 from procs import SecureFederation, make_site_key, stop_all  # noqa: E402
 
@@ -63,7 +66,7 @@ def _options(algorithm: str) -> dict:
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
     root = tmp_path_factory.mktemp("flower")
-    fed = SecureFederation(root, write_app(root / "app", SETTINGS))
+    fed = SecureFederation(root, install_spy(write_app(root / "app", SETTINGS)))  # every run spied on
     try:
         fed.superlink()
         for k in range(2):
@@ -178,6 +181,39 @@ def test_one_config_over_real_processes_equals_fedxrisk_run(runs, tmp_path):
         assert _column(out, key) == pytest.approx(_column(tmp_path / "loop", key), rel=1e-9), key
     assert summary["selected"]["round"] == ref["selected"]["round"]
     assert summary["config"]["lr"] == pytest.approx(ref["config"]["lr"], rel=1e-6)
+
+
+def test_the_real_server_process_receives_no_site_statistic_in_clear_during_training(runs):
+    """Issue 32's spy (tests/spy_serverapp.py, in the flwr-serverapp process) on the one-path run: DP,
+    validation every round, SecAgg+. Every pushed message's reply was recorded; the set-up replies
+    hold the counts docs/privacy.md lists (training rows and positives, whether the site validates)
+    and nothing else; no other reply holds, by value, a site's training counts, validation counts,
+    validation logits (or their bins), per-class validation histogram, or AUROC of its own."""
+    from fedxrisk.flower.config import FlowerConfig, default_run_config, flat_value
+    from fedxrisk.flower.sitedata import load_trial
+
+    _, out, summary = runs["one-path"]
+    assert summary["status"] == "completed", summary["error"]
+    pushes, replies = load_records(out)
+    assert {p["id"] for p in pushes} == {r["reply_to"] for r in replies} and all(
+        r["error"] is None for r in replies
+    )
+    flat = {k: flat_value(v) for k, v in {**SETTINGS, "algorithm": "codasca", **ONE_PATH}.items()}
+    cfg = FlowerConfig.from_run_config(default_run_config() | flat | {"out-dir": str(out)})
+    models = evaluated_models(replies)
+    assert len(models) == ONE_PATH["rounds"]  # one global model per evaluation
+    sites = [training_site(f"site {k}", cfg, load_trial(cfg, "digits", k, 2), models) for k in range(2)]
+    setup = [r for r in replies if r["type"] == "query"]
+    assert sorted(r["metrics"]["metrics"]["num-samples"] for r in setup) == sorted(
+        s.counts["training rows"] for s in sites
+    )
+    for reply in setup:
+        assert set(reply["metrics"]["metrics"]) == {"num-samples", "num-positives", "has-val"}
+        assert not reply["arrays"]
+    public = [Site(s.name, s.vectors, s.values, {k: c for k, c in s.counts.items() if not k.startswith("training")})
+              for s in sites]  # fmt: skip
+    assert [str(leak) for leak in find_leaks(setup, public)] == []
+    assert [str(leak) for leak in find_leaks([r for r in replies if r["type"] != "query"], sites)] == []
 
 
 def test_flwr_log_shows_the_round_lines(federation, runs):
