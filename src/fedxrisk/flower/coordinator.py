@@ -145,7 +145,7 @@ class Coordinator:
                 "selection = 'best' / early-stopping choose on validation data, and no site holds any: "
                 "set validation = FRACTION (trial sites) or give the sites a val.npz / val.csv"
             )
-        self.dp = server_dp(self.cfg, self.problem, sites, self.max_samples, self.log)
+        self.dp = server_dp(self.cfg, self.problem, sites, self.max_samples, self.log, self.num_val)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
             f"{self.pos_ratio:.4f}; {run.algorithm} for {run.rounds} rounds, lr {self.plans[0].lr:.4g}"
@@ -250,7 +250,7 @@ class Coordinator:
             "round": r + 1, "step": plan.first_step + plan.window, "stage": plan.stage, "lr": plan.lr,
             "train_loss": _mean([rep.metrics["loss"] for rep in ordered if "loss" in rep.metrics]),
             **self.outputs.test_metrics(self.problem, self.model, self.holdout),
-            **summed_validation(ordered if self.num_val else []),
+            **summed_validation(ordered if self.num_val else [], self.dp and self.dp.validation, r + 1),
             **mean_std([rep.metrics.get("train-auroc", -1.0) for rep in ordered], "client_auroc"),
             "bytes_up_per_client": self.ledger.total_up, "bytes_down_per_client": self.ledger.total_down,
             "wall_seconds": round(self.clock() - self.start, 4),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedxrisk.engines.validation import BOUND_KEYS, VAL_KEYS, histogram_validation
+from fedxrisk.engines.validation import BOUND_KEYS, VAL_KEYS, released_validation
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.wire import Packet, unflatten
 from fedxrisk.metrics import auroc, average_precision, predict
@@ -48,17 +48,18 @@ def history_fields(cfg: FlowerConfig) -> tuple[str, ...]:
     return (*HISTORY_FIELDS, "epsilon", *(() if same else ("epsilon_replace_one",)))
 
 
-def summed_validation(replies: list[Packet]) -> dict[str, float]:
+def summed_validation(replies: list[Packet], release: Any = None, round_: int = 0) -> dict[str, float]:
     """``val_*`` and ``val_*_bound`` of the global model from the **sum** of the sites' per-class
     score histograms (integers: secure aggregation could wrap the sum); NaN when no site holds
-    validation data. The same code computes the distributed engine's values from its ranks' sums."""
+    validation data. The same code computes the distributed engine's values from its ranks' sums;
+    ``release`` (DP, choosing on validation): the sum's Gaussian release for evaluation ``round_``."""
     secure = [rep.arrays["validation-sum"]["counts"] for rep in replies if "validation-sum" in rep.arrays]
     if secure:  # under SecAgg+: the sum, the same on every reply
-        return histogram_validation(secure[0].numpy())
+        return released_validation(secure[0].numpy(), release, round_)
     counts = [rep.arrays["validation"]["counts"] for rep in replies if "validation" in rep.arrays]
     if not counts:
         return dict.fromkeys((*VAL_KEYS, *BOUND_KEYS), math.nan)
-    return histogram_validation(torch.stack(counts).sum(0).numpy())
+    return released_validation(torch.stack(counts).sum(0).numpy(), release, round_)
 
 
 def global_model(replies: list[Packet]) -> dict[str, Tree]:

@@ -35,6 +35,7 @@ from fedxrisk.run.privacy_outputs import (
     privacy_ledger,
     privacy_row,
     privacy_summary,
+    validation_release,
 )
 
 
@@ -76,8 +77,9 @@ def train(
             if primary or cb.all_ranks:
                 cb.on_evaluation(row, state)
 
+    release = validation_release(setup)  # under DP, choosing on validation: its Gaussian release
     if setup.init is not None and ckpt is None:  # the starting weights' metrics
-        val = federated_validation(sim, setup.problem, setup.data)  # collective under distributed
+        val = federated_validation(sim, setup.problem, setup.data, release)  # collective under distributed
         row0 = _initial_row(setup) | val if primary else {"round": 0, **val}
         if primary:
             history.append(row0)
@@ -92,7 +94,7 @@ def train(
                 state.round = sim.round
                 row: dict[str, Any] = {}
                 if sim.round % cfg.eval_every == 0 or sim.done:
-                    val = federated_validation(sim, setup.problem, setup.data)  # every rank
+                    val = federated_validation(sim, setup.problem, setup.data, release)  # every rank
                     row = (
                         _evaluate_row(setup, plan, elapsed()) | val
                         if primary
