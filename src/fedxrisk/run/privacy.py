@@ -14,7 +14,7 @@ Keys (all optional but ``clip`` and one of ``noise_multiplier`` / ``target_epsil
                                  # an integer: TEST MODE, noise fixed by it — the run is not private
     pos_ratio = "none"        # instance level: the AUC losses' public p; "none": data.imratio
     validation_noise_multiplier = 10.0  # z of the validation releases (selection = "best", early stopping)
-    validation_bins = 32      # logit bins of the released validation histograms
+    validation_bins = 16      # logit bins of the released validation histograms
 
 δ's default is min(1e-5, 1/(10·N)) with N the training samples, at both levels
 (:func:`default_delta`): well below 1/N, which admits a mechanism that publishes one record in
@@ -61,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 DEFAULTS["pos_ratio"] = None  # instance level: the public p of the AUC losses (None: data.imratio)
 # the validation release (engines/privacy/validation.py DEFAULT_NOISE, DEFAULT_BINS; docs/privacy.md)
-DEFAULTS |= {"validation_noise_multiplier": 10.0, "validation_bins": 32}
+DEFAULTS |= {"validation_noise_multiplier": 10.0, "validation_bins": 16}
 
 
 def default_delta(train_samples: int) -> float:
