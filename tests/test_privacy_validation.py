@@ -245,3 +245,34 @@ def test_the_run_folder_does_not_regenerate_the_validation_noise(runs):
     assert hit == 0.0
     miss, gap = attack(runs["best"])  # secret noise: no integer of the folder reproduces it
     assert miss > 1e-6 and gap > 1e-6  # and the released value is not the clear one
+
+
+def test_a_resumed_run_accounts_each_release_once(tmp_path):
+    from fedxrisk.run.recipes import resume_experiment
+
+    extra = (
+        "experiment.selection=best",
+        f"privacy.validation_noise_multiplier={Z}",
+        "experiment.checkpoint_every=1",
+        "algorithm.stages=1",
+    )
+    full = run_experiment(cfg_with(*extra, rounds=4), tmp_path / "full").summary
+    run_experiment(cfg_with(*extra, rounds=2), tmp_path / "short")
+    extended = resume_experiment(tmp_path / "short", rounds=4).summary
+    assert extended["privacy"]["epsilon"] == pytest.approx(full["privacy"]["epsilon"], rel=1e-9)
+    releases = [s["steps"] for s in extended["privacy"]["ledger"] if s["release"] == "validation"]
+    assert releases == [2, 2]  # rounds 1-2, then 3-4: each evaluation once
+
+
+def test_instance_level_engines_release_the_same_validation(tmp_path):
+    """Loop and vmap: the same noised histogram (test mode), the same selected round."""
+    extra = (
+        "privacy.level=instance", "experiment.selection=best", "privacy.validation_noise_multiplier=0.5",
+        "privacy.validation_bins=8", "privacy.reproducible_noise=11", "data.imratio=0.3",
+    )  # fmt: skip
+    rows = {}
+    for engine in ("loop", "vmap"):
+        result = run_experiment(cfg_with(*extra, f"engine.engine={engine}"), tmp_path / engine)
+        rows[engine] = [(r["val_auroc"], r["epsilon"]) for r in _history(tmp_path / engine)]
+        assert result.summary["privacy"]["validation"]["level"] == "instance"
+    assert rows["loop"] == rows["vmap"]
