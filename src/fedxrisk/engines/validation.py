@@ -134,15 +134,15 @@ def _private(sim: Any, problem: Problem, data: FederatedData, release: Validatio
     own = [validation_histogram(problem, params, buffers, data, [k]) for k in sim.clients]
     if release.dp.level == "client":
         own = [site_mass(c) for c in own]
-    coarse = coarsen(np.sum(own, axis=0), release.dp.bins)
     group = getattr(sim, "group", None)
-    if group is None or group.rank == 0:
+    if group is None:
+        return released_validation(np.sum(own, axis=0), release, sim.round)
+    coarse = coarsen(np.sum(own, axis=0), release.dp.bins)  # the same steps, the sum across ranks
+    if group.rank == 0:
         coarse = coarse + noise(release.dp, release.source, sim.round, coarse.shape)
-    if group is not None:
-        buf = torch.from_numpy(coarse).to(group.device)
-        group.all_reduce(buf, "validation histograms (all_reduce)")
-        coarse = buf.cpu().numpy()
-    return histogram_validation(finish(coarse))
+    buf = torch.from_numpy(coarse).to(group.device)
+    group.all_reduce(buf, "validation histograms (all_reduce)")
+    return histogram_validation(finish(buf.cpu().numpy()))
 
 
 def federated_validation(
