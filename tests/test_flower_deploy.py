@@ -52,8 +52,9 @@ SECURE_TOL = 1e-5  # each secure mean is within 2R/levels = 1.2e-7 of the plain 
 # tests/test_one_path.py's config through flwr run (DP, validation, selection = best, SecAgg+); lr and
 # stages back to fedxrisk run's defaults, which this module's app overrides (SETTINGS)
 ONE_PATH = {
-    "rounds": 3, "eval-every": 1, "validation": 0.25, "lr": "none", "stages": 3,
-    "privacy": json.dumps({"clip": 0.5, "noise_multiplier": 0.8, "reproducible_noise": 7}), "secure-aggregation": True,
+    "rounds": 3, "eval-every": 1, "validation": 0.25, "lr": "none", "stages": 3, "selection": "best",
+    "privacy": json.dumps({"clip": 0.5, "noise_multiplier": 0.8, "reproducible_noise": 7, "validation_noise_multiplier": 0.02}),
+    "secure-aggregation": True,
 }  # fmt: skip
 RUN_WAIT = 900.0  # s; an idle 2-core machine needs about a minute, a heavily loaded one many
 
@@ -179,6 +180,8 @@ def test_one_config_over_real_processes_equals_fedxrisk_run(runs, tmp_path):
     assert _header(out) == _header(tmp_path / "loop")
     for key in ("epsilon", "epsilon_replace_one"):
         assert _column(out, key) == pytest.approx(_column(tmp_path / "loop", key), rel=1e-9), key
+    for key in ("val_auroc", "val_ap"):  # the same noised validation release (docs/privacy.md)
+        assert _column(out, key) == pytest.approx(_column(tmp_path / "loop", key), abs=1e-12), key
     assert summary["selected"]["round"] == ref["selected"]["round"]
     assert summary["config"]["lr"] == pytest.approx(ref["config"]["lr"], rel=1e-6)
 

@@ -1,6 +1,7 @@
 """The accountant of issue 30: fixed-size sampling at σ/2 (item 4), the ledger composed over resumes
 and extensions (item 5), the neighbouring relation and replace-one ε beside every ε and δ's
-default (item 8), validation-based selection refused and the folder's site data marked (item 7),
+default (item 8), validation-based selection private (tests/test_privacy_validation.py) and tune refused
+and the folder's site data marked (item 7),
 and the Poisson denominator q·K (a mutation check)."""
 
 from __future__ import annotations
@@ -143,10 +144,10 @@ def test_the_ledger_of_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [("experiment.selection=best",), ("experiment.early_stopping=2",)])
-def test_validation_based_selection_is_refused_under_dp(extra):
-    with pytest.raises(ConfigError) as e:
-        cfg_with("noise_multiplier=1.0", extra=extra)
-    assert "validation" in str(e.value) and "\n" not in str(e.value)
+def test_validation_based_selection_passes_the_checks_under_dp(extra):
+    """No longer refused: the validation values are a noised, accounted release (test_privacy_validation)."""
+    cfg = cfg_with("noise_multiplier=1.0", extra=(*extra, "data.validation=0.25"))
+    assert cfg.selection == "best" or cfg.early_stopping == 2
 
 
 def test_tune_under_dp_is_refused_in_one_line(tmp_path):

@@ -12,6 +12,11 @@ sharing a bin), computed from the same summed counts and logged with every value
 (``val_*_bound``; 0 on the exact engines). The Flower server sums the sites' histograms
 (:func:`score_histograms`) the same way. Multi-label data: the mean over labels of each
 label's metric.
+
+Under DP a run that chooses on validation releases the summed histograms through the Gaussian
+mechanism (:mod:`fedxrisk.engines.privacy.validation`); :func:`released_validation` is the one
+function from summed counts to ``val_*`` for every engine and Flower's server, so in the test mode
+they all report the same numbers and select the same model.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 
 from fedxrisk.data.federated import FederatedData
+from fedxrisk.engines.privacy.validation import ValidationRelease, coarsen, finish, noise, site_mass
 from fedxrisk.metrics import PAUC_FPRS, auroc, average_precision, partial_auroc, predict
 from fedxrisk.problem import Problem
 from fedxrisk.stats.histogram import (
@@ -111,19 +117,55 @@ def histogram_validation(counts: np.ndarray) -> dict[str, float]:
     return out
 
 
-def federated_validation(sim: Any, problem: Problem, data: FederatedData) -> dict[str, float]:
+def released_validation(
+    counts: np.ndarray, release: ValidationRelease | None, round_: int
+) -> dict[str, float]:
+    """``val_*`` (and ``*_bound``) from summed ``[L, 2, B + 1]`` histograms; with ``release`` (DP)
+    from their Gaussian release for evaluation ``round_`` (coarser bins, noise, clipped at 0)."""
+    if release is None:
+        return histogram_validation(counts)
+    coarse = coarsen(counts, release.dp.bins)
+    return histogram_validation(finish(coarse + noise(release.dp, release.source, round_, coarse.shape)))
+
+
+def _private(sim: Any, problem: Problem, data: FederatedData, release: ValidationRelease) -> dict[str, float]:
+    """The DP release on a simulation: each client's histogram (client level: scaled to the fixed
+    mass), summed; distributed: rank 0 adds the noise before one float64 ``all_reduce``."""
+    params, buffers = sim.global_model()
+    own = [validation_histogram(problem, params, buffers, data, [k]) for k in sim.clients]
+    if release.dp.level == "client":
+        own = [site_mass(c) for c in own]
+    group = getattr(sim, "group", None)
+    if group is None:
+        return released_validation(np.sum(own, axis=0), release, sim.round)
+    coarse = coarsen(np.sum(own, axis=0), release.dp.bins)  # the same steps, the sum across ranks
+    if group.rank == 0:
+        coarse = coarse + noise(release.dp, release.source, sim.round, coarse.shape)
+    buf = torch.from_numpy(coarse).to(group.device)
+    group.all_reduce(buf, "validation histograms (all_reduce)")
+    return histogram_validation(finish(buf.cpu().numpy()))
+
+
+def federated_validation(
+    sim: Any, problem: Problem, data: FederatedData, release: ValidationRelease | None = None
+) -> dict[str, float]:
     """The ``val_*`` metrics of ``sim``'s global model (NaN without validation data).
 
     Distributed engine: collective (every rank calls it at the same round) and returns the same
     numbers on every rank, from summed histograms; a federation (Flower) whose sites hold the
     validation data hands the sum of their histograms (``sim.validation_counts()``, None: none);
-    otherwise exact.
+    otherwise exact. With ``release`` (a DP run choosing on validation): the Gaussian release of
+    the summed histograms on every engine.
     """
     if (summed := getattr(sim, "validation_counts", None)) is not None:
         counts = summed()
-        return histogram_validation(counts) if counts is not None else dict.fromkeys(_ALL_KEYS, math.nan)
+        if counts is None:
+            return dict.fromkeys(_ALL_KEYS, math.nan)
+        return released_validation(counts, release, sim.round)
     if data.val_shards is None:
         return dict.fromkeys(_ALL_KEYS, math.nan)
+    if release is not None:
+        return _private(sim, problem, data, release)
     params, buffers = sim.global_model()
     group = getattr(sim, "group", None)
     if group is None:

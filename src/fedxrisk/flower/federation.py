@@ -121,7 +121,7 @@ class Federation:
                 "selection = 'best' / early-stopping choose on validation data, and no site holds any: "
                 "set validation = FRACTION (trial sites) or give the sites a val.npz / val.csv"
             )
-        self.dp = server_dp(self.cfg, self.problem, sites, self.max_samples, self.log)
+        self.dp = server_dp(self.cfg, self.problem, sites, self.max_samples, self.log, self.num_val)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
             f"{self.pos_ratio:.4f}; {run.algorithm} for {run.rounds} rounds, lr {self.plans[0].lr:.4g}"

@@ -15,6 +15,11 @@ What it protects: a site's whole contribution, against the other sites and anyon
 model; not against the server, which sees each site's update, unless ``secure-aggregation`` is
 on: then each site clips its own update (:class:`~fedxrisk.flower.secure.SiteClip`), SecAgg+
 sums them, and the server adds the noise to the sum (:meth:`ServerDP.release`).
+
+A run choosing on validation (``selection = "best"``, early stopping) releases the summed validation
+histograms through the Gaussian mechanism (:mod:`fedxrisk.engines.privacy.validation`): each site
+scales its per-class histogram to a fixed mass (:func:`site_counts`), SecAgg+ sums them, the server
+adds the noise from the same source (:attr:`ServerDP.validation`) and ε composes the releases.
 """
 
 from __future__ import annotations
@@ -29,10 +34,17 @@ from fedxrisk.engines.privacy import (
     ClientSampling,
     PrivateAggregator,
     check_client_dp,
-    epsilon,
     noise_for_epsilon,
 )
-from fedxrisk.engines.privacy.accountant import REPLACE, Segment, relation, replace_epsilon
+from fedxrisk.engines.privacy.accountant import REPLACE, Segment, ledger_epsilon, relation, replace_epsilon
+from fedxrisk.engines.privacy.validation import (
+    SITE_MASS,
+    ValidationDP,
+    ValidationRelease,
+    release_rounds,
+    site_mass,
+)
+from fedxrisk.engines.validation import score_histograms
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.privacy import default_delta
 from fedxrisk.tree import Tree, leaves, tmap
@@ -60,16 +72,30 @@ def check_flower_privacy(cfg: Any) -> None:
 class ServerDP:
     """The server's private mean for one Flower run (one ``mean`` per round, every site)."""
 
-    def __init__(self, cfg: Any, problem: Any, samples: list[int], positives: list[int], max_samples: int):
+    def __init__(
+        self, cfg: Any, problem: Any, samples: list[int], positives: list[int], max_samples: int, val_sites: int = 0
+    ):  # fmt: skip
         algorithm = cfg.build_algorithm(problem)
         check_client_dp(algorithm)
         p = cfg.privacy
         self.k, self.rounds = len(samples), cfg.run.rounds
         self.delta = p["delta"] if p["delta"] is not None else default_delta(sum(samples))
         sampling = ClientSampling(p["sampling_rate"], p["sampling"])
+        self.sampling, self.validation, self.releases = sampling, None, ()
+        if chooses_on_validation(cfg) and val_sites:
+            self.releases = release_rounds(self.rounds, cfg.run.eval_every, False)
+            dp = ValidationDP(p["validation_noise_multiplier"], "client", p["validation_bins"])
+            if dp.signal((SITE_MASS * val_sites,) * 2) < 0.5:  # the sites' class counts are not sent
+                raise ConfigError(
+                    f"privacy: the validation release would be noise with {val_sites} sites holding validation "
+                    f"data (z = {dp.noise_multiplier:g}, {dp.bins} bins; docs/privacy.md); use more sites, fewer "
+                    "validation-bins or a smaller validation-noise-multiplier (more ε), or selection = 'last'"
+                )
+            self.z = dp.noise_multiplier
         sigma = p["noise_multiplier"] or noise_for_epsilon(
-            p["target_epsilon"], self.rounds, self.delta, sampling.rate, sampling.kind, self.k
-        )
+            p["target_epsilon"], self.rounds, self.delta, sampling.rate, sampling.kind, self.k,
+            extra=self._validation(self.rounds),
+        )  # fmt: skip
         seed = p["reproducible_noise"]  # None: a secret source (NoiseSource.secret), never written
         self.config = ClientDP(p["clip"], sigma, sampling, noise_seed=seed)
         self.target_epsilon = p["target_epsilon"]
@@ -77,6 +103,14 @@ class ServerDP:
         self.aggregator = PrivateAggregator(self.config, algorithm, initial, 0, self.k)
         self.rounds_meaned: set[int] = set()
         self.clipped_by = "sites" if cfg.deploy.secure_aggregation else "server"
+        if self.releases:  # the server adds the validation noise from the run's source
+            self.validation = ValidationRelease(dp, self.aggregator.source)
+
+    def _validation(self, rounds: int) -> list[Segment]:
+        """The validation releases of the first ``rounds`` rounds as a ledger segment (none: [])."""
+        count = sum(r <= rounds for r in self.releases)
+        kind = "poisson" if self.differs else "fixed"  # a replace-one ledger halves z
+        return [Segment(0, rounds, 1.0, self.z, count, kind, release="validation")] if count else []
 
     def _once(self, round_: int) -> None:
         if round_ in self.rounds_meaned:
@@ -112,18 +146,17 @@ class ServerDP:
         return torch.ones(self.k, dtype=torch.bool) if mask is None else mask
 
     def epsilon(self, rounds: int) -> float:
-        s = self.config.sampling
-        return epsilon(self.config.noise_multiplier, rounds, self.delta, s.rate, s.kind, self.k)
+        return ledger_epsilon(self._ledger(rounds), self.delta)
 
     def _ledger(self, rounds: int) -> list[Segment]:
         s = self.config.sampling
-        return [Segment(0, rounds, s.rate, self.config.noise_multiplier, rounds, s.kind, self.k)]
+        own = Segment(0, rounds, s.rate, self.config.noise_multiplier, rounds, s.kind, self.k)
+        return [own, *self._validation(rounds)]
 
     @property
     def differs(self) -> bool:
         """Whether replacing one site's data costs more than the relation ε is stated under."""
-        s = self.config.sampling
-        return relation(s.kind, s.rate) != REPLACE
+        return relation(self.sampling.kind, self.sampling.rate) != REPLACE
 
     def replace_epsilon(self, rounds: int) -> float | None:
         """ε for replacing one site's data, where it differs from :meth:`epsilon` (None: fixed sampling)."""
@@ -139,6 +172,7 @@ class ServerDP:
             f"{self.rounds} rounds (C = {self.config.clip:g}, σ = {self.config.noise_multiplier:.4g}{sampling}), "
             f"clipped by the {self.clipped_by}, noise added by the server"
             + ("" if replace is None else f"; replacing one site's data: ε = {replace:.3g}")
+            + (f"; {len(self.releases)} validation releases (z = {self.z:g})" if self.releases else "")
             + (
                 ""
                 if self.aggregator.private
@@ -155,6 +189,7 @@ class ServerDP:
             "clipped_by": self.clipped_by, "relation": f"{relation(s.kind, s.rate)} client",
             **({} if (r := self.replace_epsilon(rounds)) is None else {"epsilon_replace_one": r}),
             "private": self.aggregator.private,
+            **({"validation": self.validation.dp.summary(len(self.releases))} if self.validation else {}),
         }  # fmt: skip
 
 
@@ -164,10 +199,25 @@ def _rebuild(tree: Tree, flat: dict[str, torch.Tensor], prefix: str = "") -> Tre
     return flat[prefix[:-1]]
 
 
-def server_dp(cfg: Any, problem: Any, sites: list[Any], max_samples: int, log: Any) -> ServerDP | None:
-    """The run's :class:`ServerDP` (None without ``privacy``); logs the guarantee."""
+def chooses_on_validation(cfg: Any) -> bool:
+    """Whether a DP run chooses its model on validation: its validation is then a noised release."""
+    return cfg.privacy is not None and (cfg.run.selection == "best" or cfg.run.early_stopping > 0)
+
+
+def site_counts(cfg: Any, y: Any, scores: Any) -> Any:
+    """A site's validation histogram: scaled to the fixed mass when the run releases it under DP."""
+    counts = score_histograms(y, scores, 1)
+    return site_mass(counts) if chooses_on_validation(cfg) else counts
+
+
+def server_dp(
+    cfg: Any, problem: Any, sites: list[Any], max_samples: int, log: Any, val_sites: int = 0
+) -> ServerDP | None:
+    """The run's :class:`ServerDP` (None without ``privacy``); logs the guarantee. ``val_sites``: the
+    sites holding validation data (under DP each says only whether it does)."""
     if cfg.privacy is None:
         return None
-    dp = ServerDP(cfg, problem, [s.samples for s in sites], [s.positives for s in sites], max_samples)
+    samples, positives = [s.samples for s in sites], [s.positives for s in sites]
+    dp = ServerDP(cfg, problem, samples, positives, max_samples, val_sites)
     log(dp.describe())
     return dp

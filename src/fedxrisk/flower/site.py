@@ -46,6 +46,7 @@ from fedxrisk.engines import clientround as one_round
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.private import site_counts
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
 from fedxrisk.flower.secure import VALIDATION, secure_counts, site_clip
 from fedxrisk.flower.sitedata import SiteData
@@ -268,7 +269,7 @@ class SiteRunner:
         arrays = {"model": flatten({"params": params, "buffers": buffers})}
         if self.site.x_val is not None and self.site.y_val is not None:  # counts per bin, never a score
             scores = predict(self.problem, params, buffers, self.site.x_val)
-            counts = score_histograms(self.site.y_val.numpy(), scores, 1)
+            counts = site_counts(self.cfg, self.site.y_val.numpy(), scores)  # DP: the fixed mass
         else:  # no validation data: zeros of the histogram's shape
             counts = score_histograms(np.zeros(1), np.zeros(1), 1) * 0
         if self.cfg.deploy.secure_aggregation:

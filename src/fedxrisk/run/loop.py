@@ -38,6 +38,7 @@ from fedxrisk.run.privacy_outputs import (
     privacy_ledger,
     privacy_row,
     privacy_summary,
+    validation_release,
 )
 
 
@@ -80,8 +81,9 @@ def train(
             if primary or cb.all_ranks:
                 cb.on_evaluation(row, state)
 
+    release = validation_release(setup)  # under DP, choosing on validation: its Gaussian release
     if setup.init is not None and ckpt is None:  # the starting weights' metrics
-        val = federated_validation(sim, setup.problem, setup.data)  # collective under distributed
+        val = federated_validation(sim, setup.problem, setup.data, release)  # collective under distributed
         row0 = _initial_row(setup) | val if primary else {"round": 0, **val}
         if primary:
             history.append(row0)
@@ -96,7 +98,7 @@ def train(
                 state.round = sim.round
                 row: dict[str, Any] = {}
                 if evaluates(cfg, sim.round, len(sim.plans)):
-                    val = federated_validation(sim, setup.problem, setup.data)  # every rank
+                    val = federated_validation(sim, setup.problem, setup.data, release)  # every rank
                     row = (
                         _evaluate_row(setup, plan, elapsed()) | val
                         if primary

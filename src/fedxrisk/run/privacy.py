@@ -13,6 +13,8 @@ Keys (all optional but ``clip`` and one of ``noise_multiplier`` / ``target_epsil
     reproducible_noise = "none"  # "none": secret noise (fresh OS entropy, never written);
                                  # an integer: TEST MODE, noise fixed by it — the run is not private
     pos_ratio = "none"        # instance level: the AUC losses' public p; "none": data.imratio
+    validation_noise_multiplier = 10.0  # z of the validation releases (selection = "best", early stopping)
+    validation_bins = 16      # logit bins of the released validation histograms
 
 δ's default is min(1e-5, 1/(10·N)) with N the training samples, at both levels
 (:func:`default_delta`): well below 1/N, which admits a mechanism that publishes one record in
@@ -50,12 +52,16 @@ KEYS: dict[str, tuple[type, ...]] = {
     "reproducible_noise": (int, type(None)),
     "noise_seed": (int, type(None)),  # replaced by reproducible_noise: only "none" is accepted
     "pos_ratio": (float, type(None)),
+    "validation_noise_multiplier": (float,),
+    "validation_bins": (int,),
 }
 DEFAULTS: dict[str, Any] = {
     "level": "client", "noise_multiplier": None, "target_epsilon": None, "delta": None,
     "sampling_rate": 1.0, "sampling": "poisson", "reproducible_noise": None,
 }  # fmt: skip
 DEFAULTS["pos_ratio"] = None  # instance level: the public p of the AUC losses (None: data.imratio)
+# the validation release (engines/privacy/validation.py DEFAULT_NOISE, DEFAULT_BINS; docs/privacy.md)
+DEFAULTS |= {"validation_noise_multiplier": 10.0, "validation_bins": 16}
 
 
 def default_delta(train_samples: int) -> float:
@@ -172,10 +178,10 @@ def check_privacy(cfg: Any) -> None:
         raise ConfigError(f"privacy.delta must lie in (0, 1), got {p['delta']}")
     if p["reproducible_noise"] is not None and p["reproducible_noise"] < 0:
         raise ConfigError(f"privacy.reproducible_noise must be ≥ 0, got {p['reproducible_noise']}")
-    if cfg.selection == "best" or cfg.early_stopping:
+    if not 0 < p["validation_noise_multiplier"] < math.inf or not 3 <= p["validation_bins"] <= 4096:
         raise ConfigError(
-            "privacy: choosing the model on validation data (selection = 'best', early_stopping, fedxrisk "
-            "tune) releases information ε does not cover; use selection = 'last' and early_stopping = 0"
+            "privacy.validation_noise_multiplier must be a finite number > 0 and privacy.validation_bins an "
+            f"integer in [3, 4096], got {p['validation_noise_multiplier']:g} and {p['validation_bins']}"
         )
     ClientDP(p["clip"], p["noise_multiplier"] or 0.0, ClientSampling(p["sampling_rate"], p["sampling"]))
     q, k = p["sampling_rate"], cfg.clients
@@ -234,6 +240,8 @@ class PrivacyPlan:
     target_epsilon: float | None = None
     private: bool = True  # False: reproducible test noise (privacy.reproducible_noise)
     earlier: tuple[Segment, ...] = ()
+    validation: Any = None  # ValidationDP when the run chooses on validation (engines/privacy/validation.py)
+    releases: tuple[int, ...] = ()  # the evaluations (history.csv rounds) that release validation
 
     @property
     def start(self) -> int:
@@ -250,7 +258,12 @@ class PrivacyPlan:
         n = self.num_clients if self.level == "client" else None
         steps = sum(self.steps_per_round[self.start : rounds])
         own = Segment(self.start, rounds, self.q, self.noise_multiplier, steps, self.sampling, n)
-        return [*self.earlier, own]
+        count = sum(self.start < r <= rounds or r == self.start == 0 for r in self.releases)
+        if not count:
+            return [*self.earlier, own]
+        kind = "fixed" if not self.differs else "poisson"  # a replace-one ledger halves z
+        z = self.validation.noise_multiplier
+        return [*self.earlier, own, Segment(self.start, rounds, 1.0, z, count, kind, release="validation")]
 
     def epsilon(self, rounds: int) -> float:
         """ε at δ after the first ``rounds`` rounds under :attr:`relation` (RDP, composed ledger)."""
@@ -286,7 +299,13 @@ class PrivacyPlan:
         sampling = f", {self.sampling} sampling q = {self.q:.4g}" if self.q < 1 else ""
         replace = f"; replacing one {self.level if self.level == 'client' else 'record'}'s data: " \
             f"ε = {self.replace_epsilon(rounds):.3g}" if self.differs else ""  # fmt: skip
-        test = "" if self.private else " — NOT PRIVATE: reproducible test noise (privacy.reproducible_noise)"
+        v = self.validation
+        test = (
+            f"; {len(self.releases)} validation releases (z = {v.noise_multiplier:g}, {v.bins} bins)"
+            if v
+            else ""
+        )
+        test += "" if self.private else " — NOT PRIVATE: reproducible test noise (privacy.reproducible_noise)"
         return (
             f"differential privacy: ({self.epsilon(rounds):.3g}, {self.delta:.3g})-DP per {self.unit}, "
             f"{self.relation}, after {rounds} rounds (C = {self.clip:g}, σ = {self.noise_multiplier:.4g}"
@@ -304,6 +323,7 @@ class PrivacyPlan:
             "ledger": [s.to_dict() for s in self.ledger(rounds)],
             "noise": "secret" if self.private else "reproducible test mode: NOT PRIVATE",
             "private": self.private,
+            **({"validation": self.validation.summary(len(self.releases))} if self.validation else {}),
         }  # fmt: skip
 
 
@@ -335,19 +355,45 @@ def plan_privacy(
         sampling, steps = "poisson", tuple(plan.window for plan in plans)
     n = data.num_clients if p["level"] == "client" else None
     earlier = tuple(Segment.from_dict(d) for d in ledger or ())
+    validation, releases = validation_plan(cfg, p, data, len(plans))
+    kind = "fixed" if sampling == "fixed" and q < 1.0 else "poisson"
+
+    def planned(first: int) -> tuple[Segment, ...]:  # the validation releases after round `first`
+        count = sum(r > first or r == first == 0 for r in releases)
+        z = validation.noise_multiplier if validation else 0.0
+        return (Segment(first, len(plans), 1.0, z, count, kind, release="validation"),) if count else ()
+
     sigma = p["noise_multiplier"]
     if sigma is None:
-        sigma = noise_for_epsilon(p["target_epsilon"], sum(steps), delta, q, sampling, n)
+        sigma = noise_for_epsilon(p["target_epsilon"], sum(steps), delta, q, sampling, n, extra=planned(0))
         if earlier and any(s.noise_multiplier != sigma or s.q != q for s in earlier):  # an extension
             start = earlier[-1].last
             sigma = noise_for_epsilon(
-                p["target_epsilon"], sum(steps[start:]), delta, q, sampling, n, earlier=earlier
-            )
+                p["target_epsilon"], sum(steps[start:]), delta, q, sampling, n, earlier=earlier,
+                extra=planned(start),
+            )  # fmt: skip
     private = p["reproducible_noise"] is None
     plan = PrivacyPlan(
         p["level"], p["clip"], sigma, delta, q, sampling, data.num_clients, steps, p["target_epsilon"], private,
-        earlier,
+        earlier, validation, releases,
     )  # fmt: skip
     if p["level"] == "instance":
         return instance_private(algorithm, p["clip"], sigma, instance_pos_ratio(cfg)), None, plan
     return algorithm, ClientDP(p["clip"], sigma, ClientSampling(q, sampling), p["reproducible_noise"]), plan
+
+
+def validation_plan(cfg: Any, p: dict[str, Any], data: Any, rounds: int) -> tuple[Any, tuple[int, ...]]:
+    """(ValidationDP, the evaluations releasing validation) of a run choosing on validation under DP,
+    else (None, ()); a release that would be noise is refused in one line (docs/privacy.md)."""
+    if not (cfg.selection == "best" or cfg.early_stopping) or data.val_shards is None:
+        return None, ()
+    from fedxrisk.engines.privacy.validation import ValidationDP, noise_refusal, release_rounds
+
+    y_val = data.data.y_val.numpy()
+    labels = y_val.reshape(len(y_val), -1).shape[1]
+    dp = ValidationDP(p["validation_noise_multiplier"], p["level"], p["validation_bins"], labels)
+    reason = noise_refusal(dp, y_val, list(data.val_shards))
+    if reason is not None:
+        raise ConfigError(f"privacy: {reason}")
+    initial = cfg.init_from is not None or (cfg.reset_head and cfg.pretrain is None)
+    return dp, release_rounds(rounds, cfg.eval_every, initial)

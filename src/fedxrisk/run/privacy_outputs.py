@@ -39,3 +39,16 @@ def privacy_ledger(plan: Any, rounds: int) -> list[dict[str, Any]]:
 def privacy_summary(plan: Any, rounds: int) -> dict[str, Any]:
     """summary.json ``privacy``: the plan's summary, the folder's note."""
     return {**plan.summary(rounds), "folder": SITE_DATA_NOTE}
+
+
+def validation_release(setup: Any) -> Any:
+    """The :class:`~fedxrisk.engines.privacy.validation.ValidationRelease` of a DP run choosing on
+    validation (its noise from the simulation's source), else None (validation computed in clear)."""
+    plan = setup.privacy
+    if plan is None or plan.validation is None:
+        return None
+    from fedxrisk.engines.privacy.validation import ValidationRelease, run_source
+
+    if isinstance(plan.validation, ValidationRelease):  # Flower's server: built on its aggregator's source
+        return plan.validation
+    return ValidationRelease(plan.validation, run_source(setup.simulation))

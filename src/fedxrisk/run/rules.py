@@ -249,4 +249,14 @@ def schedule(cfg: RunConfig) -> Any:
     )
 
 
+def tune_under_privacy(cfg: RunConfig) -> None:
+    """``fedxrisk tune`` under DP is refused: choosing across trials would compose every trial's
+    training (each on the same private data) into one ε, which no ledger records (docs/privacy.md)."""
+    if cfg.privacy is not None:
+        raise ConfigError(
+            "privacy: fedxrisk tune chooses across trials that each train on the private data; their "
+            "composition is not accounted: tune without [privacy] on public or synthetic data"
+        )
+
+
 ALGORITHM_CHECKS = (_window, _options, check_privacy, _schedule)

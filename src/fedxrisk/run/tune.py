@@ -224,7 +224,9 @@ def tune(
     out = Path(out)
     base = tune_config(cfg, settings.monitor)
     from fedxrisk.run.checks import checked
+    from fedxrisk.run.rules import tune_under_privacy
 
+    tune_under_privacy(base)  # trials under DP: their composition is not accounted
     checked(base)  # a bad base config (or monitor) fails here, not in every trial
     check_space(base, space)
     monitor = base.resolved_monitor()

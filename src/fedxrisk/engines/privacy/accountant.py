@@ -17,6 +17,10 @@ Neighbouring relations (what ε protects):
   (the number of participants is public). The library's bound for it (Wang et al. 2019) is
   for a mechanism whose output moves by 1 = σ·(noise std) when one unit is replaced; here
   replacing a client moves the sum by 2C, so it is accounted with noise multiplier σ/2.
+
+A ``release = "validation"`` segment counts the validation releases of its rounds
+(:mod:`~fedxrisk.engines.privacy.validation`): ``steps`` Gaussian mechanisms at noise multiplier
+z, no subsampling (σ/2 in a fixed-sampling ledger, whose relation is replace one).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class Segment:
     steps: int
     sampling: str = "poisson"
     num_clients: int | None = None
+    release: str = "train"  # or "validation": the validation releases of these rounds
 
     def __post_init__(self) -> None:
         _check(self.noise_multiplier, self.q, self.steps, 0.5, self.sampling, self.num_clients)
@@ -73,6 +78,9 @@ class Segment:
         """The segment's DpEvent; ``replace``: for the PLD replace-one accountant (Poisson / q = 1)."""
         dpa = _library()
         sigma = self.noise_multiplier
+        if self.release == "validation":  # replace one under fixed sampling moves a count twice: σ/2
+            halve = self.sampling == "fixed" and not replace
+            return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(sigma / 2 if halve else sigma), self.steps)
         if self.sampling == "fixed" and self.q < 1.0:
             m = fixed_count(self.q, self.num_clients)  # type: ignore[arg-type]
             one = dpa.SampledWithoutReplacementDpEvent(self.num_clients, m, dpa.GaussianDpEvent(sigma / 2))
@@ -132,7 +140,7 @@ def ledger_epsilon(ledger: Sequence[Segment], delta: float) -> float:
     if trivial is not None:
         return trivial
     dpa = _library()
-    relations = {relation(s.sampling, s.q) for s in ledger if s.steps > 0}
+    relations = {relation(s.sampling, s.q) for s in ledger if s.steps > 0 and s.release == "train"}
     neighbours = dpa.NeighboringRelation.REPLACE_ONE if REPLACE in relations else None
     accountant = dpa.rdp.RdpAccountant(
         neighboring_relation=neighbours or dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -156,7 +164,7 @@ def replace_epsilon(ledger: Sequence[Segment], delta: float) -> float:
     trivial = _trivial(ledger)
     if trivial is not None:
         return trivial
-    if any(relation(s.sampling, s.q) == REPLACE for s in ledger if s.steps > 0):
+    if any(relation(s.sampling, s.q) == REPLACE for s in ledger if s.steps > 0 and s.release == "train"):
         return ledger_epsilon(ledger, delta)
     dpa = _library()
     # the PLD's grid: 1e-3 for small ε, 1e-2 above 10 (10× faster, < 0.1 % off; pessimistic either way)
@@ -199,22 +207,25 @@ def noise_for_epsilon(
     num_clients: int | None = None,
     tolerance: float = 0.01,
     earlier: Sequence[Segment] = (),
+    extra: Sequence[Segment] = (),
 ) -> float:
     """The smallest σ (to ``tolerance`` in ε) whose ε — the ``earlier`` ledger composed with ``steps``
-    more at σ — is ≤ ``target_epsilon``: bisection on σ, as Opacus's ``get_noise_multiplier`` does."""
+    more at σ and the ``extra`` segments (the planned validation releases) — is ≤ ``target_epsilon``:
+    bisection on σ, as Opacus's ``get_noise_multiplier`` does."""
     if not target_epsilon > 0 or math.isinf(target_epsilon):
         raise ConfigError(f"privacy target_epsilon must be a finite number > 0, got {target_epsilon}")
-    spent = ledger_epsilon(earlier, delta) if earlier else 0.0
+    spent = ledger_epsilon([*earlier, *extra], delta) if earlier or extra else 0.0
     if spent >= target_epsilon - tolerance:
         raise ConfigError(
-            f"privacy.target_epsilon {target_epsilon:g} is already spent by the rounds run (ε = {spent:.3g}): "
+            f"privacy.target_epsilon {target_epsilon:g} is already spent by the rounds run and the planned "
+            f"validation releases (ε = {spent:.3g}): "
             "a target is spent over the rounds planned; start a new run planned with the rounds wanted"
         )
     start = earlier[-1].last if earlier else 0
 
     def eps(sigma: float) -> float:
         segment = Segment(start, start + steps, q, sigma, steps, sampling, num_clients)
-        return ledger_epsilon([*earlier, segment], delta)
+        return ledger_epsilon([*earlier, segment, *extra], delta)
 
     low, high = 0.0, 1.0
     while eps(high) > target_epsilon:

@@ -1,0 +1,203 @@
+"""Validation under DP: the summed per-class validation score histograms through the Gaussian mechanism.
+
+A run that chooses its model on validation data (``selection = "best"``, early stopping) releases,
+at every evaluation, the sum over clients of their per-class score histograms; under DP each
+release gets Gaussian noise and is accounted like a round (a ``GaussianDpEvent``, no subsampling;
+:mod:`~fedxrisk.engines.privacy.accountant`). What one unit moves (L2 sensitivity Δ):
+
+* instance level: one validation record moves one count by 1 in each label's histogram: Δ = √L;
+* client level: one site's whole histogram. Each site scales each of its per-class histograms to
+  the fixed mass :data:`SITE_MASS` (integers, largest-remainder rounding: SecAgg+ still sums them
+  exactly), so a site's contribution has L1 mass ≤ S per class and Δ = √(2L)·S, whatever its size.
+  What it changes: the released AUROC is that of the equal-weight mixture of the sites' per-class
+  score distributions, not of the pooled records.
+
+The release (:func:`release`): the summed histogram is coarsened to ``bins`` logit bins over
+±:data:`LIMIT` (the fine bins of :func:`~fedxrisk.stats.score_histogram` grouped; the NaN column is
+not released), N(0, (zΔ)²) is added to every count from the run's
+:class:`~fedxrisk.engines.privacy.noise.NoiseSource` (sub-stream (:data:`VALIDATION_STREAM`, round)),
+and the result is clipped at 0 and rounded (post-processing). Every engine and Flower's server draw
+the same noise for the same round, so in the test mode they select the same model.
+
+**When the release is noise** (:meth:`ValidationDP.signal`): the clipped noise puts an expected
+mass m = bins·zΔ/√(2π) into each class's histogram, spread over all bins, which pulls the AUROC
+towards ½ by the factor ρ = Π_c n_c / (n_c + m) (n_c: the class's mass). A run with ρ < ½ is
+refused: its validation AUROC keeps less than half of its distance from chance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedxrisk.stats.histogram import logit_edges
+
+VALIDATION_STREAM = 0x56414C  # the noise source's sub-stream key of validation releases
+SITE_MASS = 256  # client level: each site's per-class histogram is scaled to this mass
+LIMIT = 8.0  # the released bins split [−LIMIT, LIMIT] logits; the end bins are open
+DEFAULT_BINS = 16  # benchmarks/privacy_validation.py
+DEFAULT_NOISE = 10.0  # z: ≈ 10 % of ε in the plans of benchmarks/privacy_validation.py
+LEVELS = ("client", "instance")
+
+
+@dataclass(frozen=True)
+class ValidationDP:
+    """The validation release's settings: noise multiplier z (noise std / Δ), the unit's ``level``,
+    the released ``bins`` and the number of ``labels``."""
+
+    noise_multiplier: float = DEFAULT_NOISE
+    level: str = "client"
+    bins: int = DEFAULT_BINS
+    labels: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.noise_multiplier < math.inf:
+            raise ValueError(
+                f"validation noise multiplier must be a finite number > 0, got {self.noise_multiplier}"
+            )
+        if self.level not in LEVELS:
+            raise ValueError(f"validation DP level must be one of {LEVELS}, got {self.level!r}")
+        if not 3 <= self.bins <= 4096:
+            raise ValueError(f"privacy.validation_bins must lie in [3, 4096], got {self.bins}")
+
+    @property
+    def sensitivity(self) -> float:
+        """Δ: L2 norm of one unit's contribution to the summed histograms (module docstring)."""
+        return math.sqrt(self.labels) * (math.sqrt(2) * SITE_MASS if self.level == "client" else 1.0)
+
+    @property
+    def std(self) -> float:
+        """The noise std on every released count: zΔ."""
+        return self.noise_multiplier * self.sensitivity
+
+    def noise_mass(self) -> float:
+        """Expected mass the clipped noise adds to one class's histogram: bins·zΔ/√(2π)."""
+        return self.bins * self.std / math.sqrt(2 * math.pi)
+
+    def signal(self, class_mass: tuple[float, float]) -> float:
+        """ρ: the expected share of the AUROC's distance from ½ the release keeps (module docstring);
+        ``class_mass``: the (negative, positive) mass of the summed histogram (client level: S per
+        site holding the class)."""
+        m = self.noise_mass()
+        return math.prod(n / (n + m) for n in class_mass)
+
+    def summary(self, releases: int) -> dict[str, Any]:
+        """summary.json ``privacy.validation``."""
+        return {
+            "noise_multiplier": self.noise_multiplier, "bins": self.bins, "level": self.level,
+            "sensitivity": self.sensitivity, "noise_std": self.std, "expected_noise_mass": self.noise_mass(),
+            "planned_releases": releases, "site_mass": SITE_MASS if self.level == "client" else None,
+        }  # fmt: skip
+
+
+def site_mass(counts: np.ndarray, mass: int = SITE_MASS) -> np.ndarray:
+    """One site's ``[L, 2, B + 1]`` histograms with each (label, class) row scaled to ``mass``
+    (largest remainder; NaN column dropped; an empty row stays empty)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    out = np.zeros_like(counts)
+    for index in np.ndindex(*counts.shape[:-1]):
+        row = counts[index][:-1]
+        total = int(row.sum())
+        if total == 0:
+            continue
+        exact = row * mass / total
+        whole = np.floor(exact).astype(np.int64)
+        extra = mass - int(whole.sum())
+        order = np.argsort(-(exact - whole), kind="stable")  # ties: the lower bin first
+        whole[order[:extra]] += 1
+        out[index][:-1] = whole
+    return out
+
+
+def coarse_index(fine_bins: int, bins: int, limit: float = LIMIT) -> np.ndarray:
+    """For each of the ``fine_bins`` bins of :func:`~fedxrisk.stats.score_histogram` (default
+    layout over ±16), the released bin holding its centre (the open end bins map to the ends)."""
+    edges = logit_edges(fine_bins)
+    centres = np.r_[-np.inf, (edges[:-1] + edges[1:]) / 2, np.inf]
+    return np.searchsorted(logit_edges(bins, limit), centres, side="right")
+
+
+def coarsen(counts: np.ndarray, bins: int) -> np.ndarray:
+    """``[..., B + 1]`` fine histograms → ``[..., bins + 1]`` float64 (NaN column zero: not released)."""
+    counts = np.asarray(counts)
+    index = coarse_index(counts.shape[-1] - 1, bins)
+    out = np.zeros((*counts.shape[:-1], bins + 1))
+    for j in range(bins):
+        out[..., j] = counts[..., :-1][..., index == j].sum(-1)
+    return out
+
+
+def noise(dp: ValidationDP, source: Any, round_: int, shape: tuple[int, ...]) -> np.ndarray:
+    """N(0, (zΔ)²) for the release of evaluation ``round_`` (NaN column zero), float64."""
+    z = source.spawn(VALIDATION_STREAM, round_).standard_normal(math.prod(shape)).reshape(shape) * dp.std
+    z[..., -1] = 0.0
+    return z
+
+
+def finish(noisy: np.ndarray) -> np.ndarray:
+    """The released counts: the noised sum clipped at 0 and rounded (post-processing), int64."""
+    return np.rint(np.clip(noisy, 0.0, None)).astype(np.int64)
+
+
+def release(counts: np.ndarray, dp: ValidationDP, source: Any, round_: int) -> np.ndarray:
+    """The released ``[L, 2, bins + 1]`` histograms of summed fine ``counts`` at evaluation ``round_``."""
+    coarse = coarsen(counts, dp.bins)
+    return finish(coarse + noise(dp, source, round_, coarse.shape))
+
+
+@dataclass
+class ValidationRelease:
+    """What a server needs to release validation: the settings and the run's noise source (never written)."""
+
+    dp: ValidationDP
+    source: Any
+
+    def __reduce__(self) -> Any:  # its source is never saved
+        raise TypeError("a ValidationRelease holds the run's noise source: it is never saved")
+
+
+def run_source(sim: Any) -> Any:
+    """The simulation's noise source: client level the private collective's, instance level the
+    Poisson sampler's (distributed, client level: rank 0's on every rank)."""
+    if getattr(sim, "privacy", None) is not None:
+        return sim.privacy.source
+    return sim.sampler.source
+
+
+def class_mass(dp: ValidationDP, y_val: np.ndarray, shards: list[np.ndarray]) -> list[tuple[float, float]]:
+    """Per label, the (negative, positive) mass of the summed validation histograms: the counts at
+    instance level; at client level :data:`SITE_MASS` per site holding the class."""
+    y = np.asarray(y_val).reshape(len(y_val), -1)
+    out = []
+    for j in range(y.shape[1]):
+        per_site = [(int((y[s, j] == 0).sum()), int((y[s, j] == 1).sum())) for s in shards]
+        if dp.level == "client":
+            per_site = [(SITE_MASS * (n > 0), SITE_MASS * (p > 0)) for n, p in per_site]
+        out.append((float(sum(n for n, _ in per_site)), float(sum(p for _, p in per_site))))
+    return out
+
+
+def noise_refusal(dp: ValidationDP, y_val: np.ndarray, shards: list[np.ndarray]) -> str | None:
+    """Why the release would be noise (ρ < ½ for some label, module docstring), or None."""
+    masses = class_mass(dp, y_val, shards)
+    rho = min(dp.signal(m) for m in masses)
+    if rho >= 0.5:
+        return None
+    neg, pos = min(masses, key=dp.signal)
+    unit = "site mass (S = 256 a site)" if dp.level == "client" else "validation records"
+    return (
+        f"the validation release would be noise: z = {dp.noise_multiplier:g} adds an expected mass "
+        f"{dp.noise_mass():.4g} per class over {dp.bins} bins against {neg:g} negative and {pos:g} positive "
+        f"{unit}, keeping ρ = {rho:.2f} < 0.5 of the AUROC's distance from 0.5; use more validation data "
+        "(client level: more sites), fewer privacy.validation_bins, a smaller privacy.validation_noise_multiplier "
+        "(more ε), or selection = 'last' without early stopping"
+    )
+
+
+def release_rounds(rounds: int, eval_every: int, initial: bool) -> tuple[int, ...]:
+    """The evaluations that release validation: every ``eval_every`` rounds and the last (1-based, as
+    history.csv's ``round``), and 0 when the starting weights are evaluated."""
+    return (0,) * initial + tuple(r for r in range(1, rounds + 1) if r % eval_every == 0 or r == rounds)
