@@ -108,6 +108,8 @@ def tune(
             raise ConfigError(f"--timeout must be a number of seconds > 0, got {timeout}")
         if grid_points < 1:
             raise ConfigError(f"--grid-points must be ≥ 1, got {grid_points}")
+        if study_name is not None and not study_name.strip():
+            raise ConfigError("--study-name is empty; name the study, or drop --study-name for the default")
         seeds = comma_list(confirm_seeds, int)
         check_seeds(seeds)
         jobs = []

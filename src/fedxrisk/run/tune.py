@@ -41,7 +41,7 @@ from fedxrisk.run.tuneout import (
     write_trial_json,
     write_trials_csv,
 )
-from fedxrisk.run.tunespace import Param, apply_params, check_space, default_params, tune_config
+from fedxrisk.run.tunespace import Param, apply_params, check_grid, check_space, default_params, tune_config
 
 HOST = socket.gethostname()
 
@@ -227,6 +227,7 @@ def tune(
 
     checked(base)  # a bad base config (or monitor) fails here, not in every trial
     check_space(base, space)
+    check_grid(space, settings.sampler, settings.grid_points)
     monitor = base.resolved_monitor()
     name = settings.study_name or study_name(cfg)
     info = {"algorithm": cfg.algorithm, "study": name, "dataset": cfg.dataset, "monitor": monitor, "trials": settings.trials,
