@@ -145,3 +145,50 @@ def test_every_results_file_the_readme_names_exists():
         re.findall(r"benchmarks/results/[\w./-]+\.(?:json|md|csv|png)", (root / "README.md").read_text())
     )
     assert named and [n for n in sorted(named) if not (root / n).exists()] == []
+
+
+def test_tune_shows_each_trials_rounds_and_validation_value_on_stderr_unless_quiet(tmp_path):
+    """Issue 34: "tune shows no progress inside a trial". Piped: one stderr line per evaluation,
+    its value the trial's own history.csv value; -q: none."""
+    import csv
+    import re
+
+    pytest.importorskip("optuna")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(120, 4)).astype(np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x_train=x[:80], y_train=y[:80], x_test=x[80:], y_test=y[80:])
+    args = ["tune", "--dataset", "npz", "--data-dir", str(tmp_path / "d.npz"), "--model", "linear", "--partition",
+            "iid", "--clients", "2", "--rounds", "4", "--eval-every", "2", "--imratio", "none", "--trials", "1",
+            "--no-prune", "--set", "algorithm.stages=1"]  # fmt: skip
+    shown = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "t")])
+    assert shown.exit_code == 0, shown.output
+    lines = [ln for ln in shown.stderr.splitlines() if "round" in ln]
+    assert [re.sub(r"\d\.\d{4}$", "V", ln) for ln in lines] == [
+        "trial 0: round 2/4, val_auroc V",
+        "trial 0: round 4/4, val_auroc V",
+    ]
+    history = list(csv.DictReader(open(tmp_path / "t" / "trials" / "0000" / "history.csv")))
+    assert [ln[-6:] for ln in lines] == [f"{float(r['val_auroc']):.4f}" for r in history if r["round"] != "0"]
+    quiet = CliRunner().invoke(main, [*args, "-q", "--out", str(tmp_path / "q")])
+    assert quiet.exit_code == 0 and "round" not in quiet.stderr
+    assert quiet.stdout.strip() == str(tmp_path / "q")
+
+
+def test_tune_progress_redraws_one_line_on_a_terminal():
+    import io
+
+    from fedxrisk.cli.tune import TrialProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    progress = TrialProgress(screen)
+    progress(3, {}, 1, 2, "val_auroc")  # a round without an evaluation: the round only
+    progress(3, {"val_auroc": 0.75}, 2, 2, "val_auroc")
+    progress.end()
+    assert screen.getvalue() == (
+        "\r\x1b[Ktrial 3: round 1/2\r\x1b[Ktrial 3: round 2/2, val_auroc 0.7500\r\x1b[K"
+    )

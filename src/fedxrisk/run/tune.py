@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -215,8 +216,12 @@ def tune(
     space: dict[str, Param],
     settings: TuneSettings,
     report: Callable[[str], None] = lambda s: None,
+    progress: Callable[[int, dict[str, Any], int, int, str], None] | None = None,
 ) -> list[TrialRecord]:
-    """Search ``space`` for ``cfg.algorithm`` until ``settings.trials`` trials are done; write the outputs."""
+    """Search ``space`` for ``cfg.algorithm`` until ``settings.trials`` trials are done; write the outputs.
+
+    ``report``: one line per finished trial; ``progress(trial, row or {}, round, rounds, monitor)``:
+    every round of the running trial (``row``: its evaluation, {} when the round was not evaluated)."""
     optuna = require_optuna()
     from fedxrisk.engines import NonFiniteLoss
     from fedxrisk.run.recipes import run_experiment
@@ -269,7 +274,8 @@ def tune(
         prune = PruneOnValidation(trial, monitor, settings.prune)
         record = TrialRecord(trial.number, "running", None, params, str(folder.relative_to(out)))
         try:
-            result = run_experiment(apply_params(base, params), folder, callbacks=[prune])
+            shown = None if progress is None else partial(progress, trial.number, monitor=monitor)
+            result = run_experiment(apply_params(base, params), folder, shown, callbacks=[prune])
         except OSError as e:  # a full or read-only disk stops the search; the trial says why
             if e.errno in DISK_ERRORS:
                 trial.set_user_attr("outcome", f"disk: {e.strerror}")
