@@ -35,7 +35,7 @@ def test_run_takes_dash_a_for_the_algorithm(tmp_path):
 def _tune_config(monkeypatch, tmp_path, *args):
     seen = {}
 
-    def fake_tune(cfg, folder, space, settings, report):
+    def fake_tune(cfg, folder, space, settings, report, progress=None):
         seen["cfg"] = cfg
         return []
 
@@ -192,3 +192,61 @@ def test_tune_progress_redraws_one_line_on_a_terminal():
     assert screen.getvalue() == (
         "\r\x1b[Ktrial 3: round 1/2\r\x1b[Ktrial 3: round 2/2, val_auroc 0.7500\r\x1b[K"
     )
+
+
+def test_compare_piped_prints_each_runs_progress_as_plain_lines(tmp_path):
+    """Issue 34: "compare prints nothing when piped" (a live display cannot redraw a pipe: nothing
+    showed until the end). Now a plain line every tenth of each run, its AUROC the history's."""
+    import csv
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(120, 4)).astype(np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x_train=x[:80], y_train=y[:80], x_test=x[80:], y_test=y[80:])
+    sets = ["data.dataset=npz", f"data.data_dir={str(tmp_path / 'd.npz')!r}", "model.model=linear",
+            "data.partition=iid", "data.clients=2", "experiment.rounds=4", "experiment.eval_every=2",
+            "algorithm.stages=1", "data.imratio='none'"]  # fmt: skip
+    args = ["compare", "-a", "codasca,localsgdm", *[x for s in sets for x in ("--set", s)]]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.stderr.splitlines() if " round " in ln]
+    expected = []
+    for i, name in enumerate(("codasca", "localsgdm")):
+        for r in csv.DictReader(open(tmp_path / "cmp" / name / "seed0" / "history.csv")):
+            if r["round"] != "0":
+                expected.append(
+                    f"[{i + 1}/2] {name} seed 0 round {r['round']}/4, test AUROC {float(r['test_auroc']):.4f}"
+                )
+    assert lines == expected and "\x1b" not in result.stderr
+
+
+def test_list_shows_the_coda_familys_lr_with_its_positive_ratio_bound():
+    """Issue 34: `fedxrisk list` showed CODASCA's lr as 3, although a run lowers it for its positive ratio."""
+    listed = CliRunner().invoke(main, ["list"], env={"COLUMNS": "300"}).output
+    rows = {
+        ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in listed.splitlines() if ln.count("│") > 3
+    }
+    assert rows["codasca"] == rows["codaplus"] == "3 (≤ 0.27/(p(1−p)))"
+    assert rows["localsgdm"] == "0.3"
+
+
+def test_evidence_render_only_reproduces_the_committed_tables(tmp_path, monkeypatch):
+    """Issue 34: `evidence.py --render-only` rewrote the README and docs (the committed tables had
+    drifted from the committed raw results). Rendered again, every table equals the committed one."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    import evidence
+    import evidence_plots
+    import evidence_report
+
+    results = evidence.load_results()
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    monkeypatch.setattr(evidence_plots, "plot", lambda results: None)
+    names = evidence_report.render(results)
+    assert len(names) == 6
+    for name in names:
+        assert (tmp_path / name).read_text() == (bench / "results" / name).read_text(), name
+    assert "evidence" in sys.modules

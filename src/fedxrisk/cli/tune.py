@@ -142,7 +142,7 @@ def tune(
             for cfg, extra in jobs:
                 folder = root / cfg.algorithm if len(jobs) > 1 else root
                 space = space_for(cfg.algorithm, extra)
-                records = run_tune(cfg, folder, space, settings, report, shown)
+                records = run_tune(cfg, folder, space, settings, report, progress=shown)
                 _show(folder, records, quiet)
                 if seeds and (folder / "best_config.toml").exists():
                     _confirmed(cfg.algorithm, confirm(folder / "best_config.toml", folder, seeds))
