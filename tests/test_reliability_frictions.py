@@ -35,7 +35,7 @@ def test_run_takes_dash_a_for_the_algorithm(tmp_path):
 def _tune_config(monkeypatch, tmp_path, *args):
     seen = {}
 
-    def fake_tune(cfg, folder, space, settings, report):
+    def fake_tune(cfg, folder, space, settings, report, progress=None):
         seen["cfg"] = cfg
         return []
 
@@ -145,3 +145,126 @@ def test_every_results_file_the_readme_names_exists():
         re.findall(r"benchmarks/results/[\w./-]+\.(?:json|md|csv|png)", (root / "README.md").read_text())
     )
     assert named and [n for n in sorted(named) if not (root / n).exists()] == []
+
+
+def test_tune_shows_each_trials_rounds_and_validation_value_on_stderr_unless_quiet(tmp_path):
+    """Issue 34: "tune shows no progress inside a trial". Piped: one stderr line per evaluation,
+    its value the trial's own history.csv value; -q: none."""
+    import csv
+    import re
+
+    pytest.importorskip("optuna")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(120, 4)).astype(np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x_train=x[:80], y_train=y[:80], x_test=x[80:], y_test=y[80:])
+    args = ["tune", "--dataset", "npz", "--data-dir", str(tmp_path / "d.npz"), "--model", "linear", "--partition",
+            "iid", "--clients", "2", "--rounds", "4", "--eval-every", "2", "--imratio", "none", "--trials", "1",
+            "--no-prune", "--set", "algorithm.stages=1"]  # fmt: skip
+    shown = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "t")])
+    assert shown.exit_code == 0, shown.output
+    lines = [ln for ln in shown.stderr.splitlines() if "round" in ln]
+    assert [re.sub(r"\d\.\d{4}$", "V", ln) for ln in lines] == [
+        "trial 0: round 2/4, val_auroc V",
+        "trial 0: round 4/4, val_auroc V",
+    ]
+    history = list(csv.DictReader(open(tmp_path / "t" / "trials" / "0000" / "history.csv")))
+    assert [ln[-6:] for ln in lines] == [f"{float(r['val_auroc']):.4f}" for r in history if r["round"] != "0"]
+    quiet = CliRunner().invoke(main, [*args, "-q", "--out", str(tmp_path / "q")])
+    assert quiet.exit_code == 0 and "round" not in quiet.stderr
+    assert quiet.stdout.strip() == str(tmp_path / "q")
+
+
+def test_tune_progress_redraws_one_line_on_a_terminal():
+    import io
+
+    from fedxrisk.cli.tune import TrialProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    progress = TrialProgress(screen)
+    progress(3, {}, 1, 2, "val_auroc")  # a round without an evaluation: the round only
+    progress(3, {"val_auroc": 0.75}, 2, 2, "val_auroc")
+    progress.end()
+    assert screen.getvalue() == (
+        "\r\x1b[Ktrial 3: round 1/2\r\x1b[Ktrial 3: round 2/2, val_auroc 0.7500\r\x1b[K"
+    )
+
+
+def test_compare_piped_prints_each_runs_progress_as_plain_lines(tmp_path):
+    """Issue 34: "compare prints nothing when piped" (a live display cannot redraw a pipe: nothing
+    showed until the end). Now a plain line every tenth of each run, its AUROC the history's."""
+    import csv
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(120, 4)).astype(np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x_train=x[:80], y_train=y[:80], x_test=x[80:], y_test=y[80:])
+    sets = ["data.dataset=npz", f"data.data_dir={str(tmp_path / 'd.npz')!r}", "model.model=linear",
+            "data.partition=iid", "data.clients=2", "experiment.rounds=4", "experiment.eval_every=2",
+            "algorithm.stages=1", "data.imratio='none'"]  # fmt: skip
+    args = ["compare", "-a", "codasca,localsgdm", *[x for s in sets for x in ("--set", s)]]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.stderr.splitlines() if " round " in ln]
+    expected = []
+    for i, name in enumerate(("codasca", "localsgdm")):
+        for r in csv.DictReader(open(tmp_path / "cmp" / name / "seed0" / "history.csv")):
+            if r["round"] != "0":
+                expected.append(
+                    f"[{i + 1}/2] {name} seed 0 round {r['round']}/4, test AUROC {float(r['test_auroc']):.4f}"
+                )
+    assert lines == expected and "\x1b" not in result.stderr
+
+
+def test_list_shows_the_coda_familys_lr_with_its_positive_ratio_bound():
+    """Issue 34: `fedxrisk list` showed CODASCA's lr as 3, although a run lowers it for its positive ratio."""
+    listed = CliRunner().invoke(main, ["list"], env={"COLUMNS": "300"}).output
+    rows = {
+        ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in listed.splitlines() if ln.count("│") > 3
+    }
+    assert rows["codasca"] == rows["codaplus"] == "3 (≤ 0.27/(p(1−p)))"
+    assert rows["localsgdm"] == "0.3"
+
+
+def test_evidence_render_only_reproduces_the_committed_tables(tmp_path, monkeypatch):
+    """Issue 34: `evidence.py --render-only` rewrote the README and docs (the committed tables had
+    drifted from the committed raw results). Rendered again, every table equals the committed one."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    import evidence
+    import evidence_plots
+    import evidence_report
+
+    results = evidence.load_results()
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    monkeypatch.setattr(evidence_plots, "plot", lambda results: None)
+    names = evidence_report.render(results)
+    assert len(names) == 6
+    for name in names:
+        assert (tmp_path / name).read_text() == (bench / "results" / name).read_text(), name
+    assert "evidence" in sys.modules
+
+
+def test_bootstrap_counts_equal_the_draws_counted_one_by_one():
+    """Issue 34: evaluate's bootstrap was slow on a large test set; its resample counts are now one
+    bincount (np.add.at took a third of the time). Same draws, same counts as counting each draw."""
+    from fedxrisk.stats.bootstrap import class_streams, stratified_counts
+
+    y = np.random.default_rng(1).random(500) < 0.1
+    counts = stratified_counts(y, 7, class_streams(3))
+    rngs = class_streams(3)
+    expected = np.zeros((7, 500), dtype=np.int32)
+    for members, rng in zip((np.flatnonzero(y), np.flatnonzero(~y)), rngs):
+        draws = members[rng.integers(0, len(members), size=(7, len(members)))]
+        for r in range(7):
+            for i in draws[r]:
+                expected[r, i] += 1
+    assert counts.dtype == np.int32 and np.array_equal(counts, expected)
+    assert (counts[:, y].sum(1) == y.sum()).all() and (counts[:, ~y].sum(1) == (~y).sum()).all()

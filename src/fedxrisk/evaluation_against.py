@@ -11,6 +11,7 @@ patients: their rebuilt test sets are compared and a difference is refused in on
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,11 @@ PAUC_FPR = 0.3
 
 
 def check_comparable(a: TrainedModel, b: TrainedModel) -> None:
-    """One-line :class:`InputError` when model B cannot score model A's inputs the same way."""
+    """One-line :class:`InputError` when model B cannot score model A's inputs the same way, or is model A."""
+    if os.path.samefile(a.run_dir / "model.pt", b.run_dir / "model.pt"):
+        raise InputError(
+            f"--against {b.run_dir} is the evaluated run itself; name another run to compare with"
+        )
     if a.input_shape != b.input_shape or a.num_labels != b.num_labels:
         raise InputError(
             f"--against {b.run_dir}: its model takes inputs {list(b.input_shape)} with {b.num_labels} label(s), "

@@ -91,11 +91,13 @@ def cross_site(
     """The matrix (models × sites + pooled) of AUROC [95% CI]; writes :data:`FILES` into ``out``.
 
     ``site_names``: shown instead of ``site K``, in the sites' order. Models are named by their run folder."""
-    from fedxrisk.outfiles import make_folder
+    from fedxrisk.outfiles import check_folder, make_folder
 
     if len(runs) < 1:
         raise InputError("cross-site needs at least one run")
     folder = Path(out)
+    ours = lambda p: (p / "summary.json").exists() or any((p / f).exists() for f in FILES)  # noqa: E731
+    check_folder(folder, ours, "fedxrisk run or cross-site output")  # a user's folder is never written into
     taken = [f for f in FILES if (folder / f).exists()]
     if taken and not overwrite:
         raise InputError(

@@ -104,10 +104,23 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     problem = Problem(model.to(device), 0.5, num_labels=labels, eval_batch_size=chunk)
     params, buffers = problem.init_model()
     names = _label_names(folder, labels)
-    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
+    summary = _summary(folder / "summary.json")
     standardize = standardization(prep) if prep else feature_standardization(cfg)  # older model.pt
     return TrainedModel(folder, cfg, problem, params, buffers, tuple(blob["input_shape"]), names,
                         standardize, summary.get("positive_class"), prep)  # fmt: skip
+
+
+def _summary(path: Path) -> dict[str, Any]:
+    """The run's ``summary.json`` ({} when absent); a damaged one is one line naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: not a readable summary ({_reason(e)})") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{path}: not a fedxrisk summary (expected a JSON object)")
+    return summary
 
 
 def _reason(e: Exception) -> str:

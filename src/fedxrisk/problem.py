@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fedxrisk.errors import ConfigError
 from fedxrisk.tree import Tree
 
 BUFFER_POLICIES = ("average", "local")
@@ -128,5 +129,5 @@ def personal_names(model: nn.Module, personal: str) -> frozenset[str]:
         if any(n.startswith(f"{p}.") for p in prefixes)
     ]
     if not names:
-        raise ValueError(f"personal = {personal!r}: the model {type(model).__name__} has no {what}")
+        raise ConfigError(f"personal = {personal!r}: the model {type(model).__name__} has no {what}")
     return frozenset(names)

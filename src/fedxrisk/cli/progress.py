@@ -17,16 +17,24 @@ class Bar:
     """A progress callback: one bar per run, showing the round, test AUROC and ETA.
 
     A bar appears with the first round reported, so a run that fails its checks, or that a
-    comparison reads back finished, leaves no empty "round 0/None" line."""
+    comparison reads back finished, leaves no empty "round 0/None" line. On a stream that is not a
+    terminal (piped, a log file) nothing can be redrawn: a plain line every tenth of the run instead."""
 
     def __init__(self, progress: Progress, description: str = ""):
         self.progress = progress
-        self.description, self.task = description, None
+        self.description, self.task, self.tenth = description, None, -1
 
     def start(self, description: str) -> None:
-        self.description, self.task = description, None
+        self.description, self.task, self.tenth = description, None, -1
 
     def __call__(self, row: dict[str, Any], done: int, total: int) -> None:
+        if not self.progress.console.is_terminal:
+            tenth = 10 * done // max(total, 1)
+            if row and tenth > self.tenth:
+                self.tenth = tenth
+                text = f"{self.description} round {done}/{total}, test AUROC {row['test_auroc']:.4f}"
+                self.progress.console.print(text.strip(), markup=False, highlight=False, soft_wrap=True)
+            return
         if self.task is None:
             if not self.progress.live.is_started:
                 self.progress.start()

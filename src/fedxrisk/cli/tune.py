@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 from rich.markup import escape
@@ -108,6 +108,8 @@ def tune(
             raise ConfigError(f"--timeout must be a number of seconds > 0, got {timeout}")
         if grid_points < 1:
             raise ConfigError(f"--grid-points must be ≥ 1, got {grid_points}")
+        if study_name is not None and not study_name.strip():
+            raise ConfigError("--study-name is empty; name the study, or drop --study-name for the default")
         seeds = comma_list(confirm_seeds, int)
         check_seeds(seeds)
         jobs = []
@@ -134,18 +136,49 @@ def tune(
             monitor=monitor,
         )
         root = Path(out)
-        report = (lambda s: None) if quiet else (lambda s: console.print(escape(s)))
+        shown = None if quiet else TrialProgress(sys.stderr)
+        report = (lambda s: None) if quiet else (lambda s: (shown.end(), console.print(escape(s))))
         try:
             for cfg, extra in jobs:
                 folder = root / cfg.algorithm if len(jobs) > 1 else root
                 space = space_for(cfg.algorithm, extra)
-                records = run_tune(cfg, folder, space, settings, report)
+                records = run_tune(cfg, folder, space, settings, report, progress=shown)
                 _show(folder, records, quiet)
                 if seeds and (folder / "best_config.toml").exists():
                     _confirmed(cfg.algorithm, confirm(folder / "best_config.toml", folder, seeds))
         except KeyboardInterrupt:
             console.print(f"interrupted; rerun the same command to resume the study in {out}")
             sys.exit(130)
+
+
+class TrialProgress:
+    """The running trial's round k/N and its latest validation value, on ``stream`` (stderr).
+
+    On a terminal one line is redrawn every round; piped, one line per evaluation."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.live = stream, stream.isatty()
+        self.trial, self.value, self.open = -1, "", False
+
+    def __call__(self, trial: int, row: dict[str, Any], done: int, total: int, monitor: str) -> None:
+        if trial != self.trial:
+            self.trial, self.value = trial, ""
+        value = row.get(monitor)
+        if isinstance(value, float) and math.isfinite(value):
+            self.value = f", {monitor} {value:.4f}"
+        if not (self.live or row):
+            return
+        text = f"trial {trial}: round {done}/{total}{self.value}"
+        self.stream.write(f"\r\x1b[K{text}" if self.live else f"{text}\n")
+        self.open = self.live
+        self.stream.flush()
+
+    def end(self) -> None:
+        """Close a redrawn line before another line is printed."""
+        if self.open:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.open = False
 
 
 def _confirmed(algorithm: str, result: dict[str, Any]) -> None:

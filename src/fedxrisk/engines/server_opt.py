@@ -28,6 +28,7 @@ round's ``communicate``, so a CODA+ stage restart or CODASCA's η_g step is the 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,13 +57,13 @@ class ServerOptimizer:
             raise ValueError(
                 f"server.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"
             )
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"server.lr must be > 0, got {self.lr}")
+        if self.lr is not None and not 0 < self.lr < math.inf:
+            raise ValueError(f"server.lr must be a finite number > 0, got {self.lr}")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"server.{name} must lie in [0, 1), got {getattr(self, name)}")
-        if not self.tau > 0:
-            raise ValueError(f"server.tau must be > 0, got {self.tau}")
+        if not 0 < self.tau < math.inf:
+            raise ValueError(f"server.tau must be a finite number > 0, got {self.tau}")
 
     @property
     def step_size(self) -> float:

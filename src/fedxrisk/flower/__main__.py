@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,12 @@ def app_pyproject(run_config: dict[str, Any], name: str = "fedxrisk-app") -> str
 APP_FILES = ("pyproject.toml", "fedxrisk_app.py")
 
 
-def write_app(folder: str | Path, overrides: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+def write_app(
+    folder: str | Path,
+    overrides: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    module: str = APP_MODULE,
+) -> Path:
     """Write ``pyproject.toml`` and ``fedxrisk_app.py``: the folder ``flwr run`` builds a FAB from.
 
     An existing file of either name is replaced only with ``overwrite`` (a symbolic link never);
@@ -80,7 +86,7 @@ def write_app(folder: str | Path, overrides: dict[str, Any] | None = None, overw
                 f"{root / name} already exists; pass --overwrite to replace it, or choose another folder"
             )
     make_folder(root)
-    texts = (app_pyproject(run_config), APP_MODULE)
+    texts = (app_pyproject(run_config), module)
     write_together({root / name: text_writer(text) for name, text in zip(APP_FILES, texts)})
     return root
 
@@ -134,8 +140,8 @@ def export_trial_cmd(dataset: str, sites: int, out: str, settings: tuple[str, ..
     try:
         cfg = FlowerConfig.from_run_config(_parse_set(settings))
         folders = export_trial(cfg, dataset, sites, out)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
+    except ValueError as e:  # ConfigError and OutputError: one line, exit 2
+        raise Refused(str(e)) from None
     for folder in folders:
         click.echo(f"wrote {folder / 'train.npz'}")
     click.echo(f"wrote {Path(out) / 'test.npz'}")
@@ -160,17 +166,24 @@ def evaluate_cmd(
     """Write an app folder whose ServerApp evaluates MODEL at every site's test.npz (two secure sums)."""
     from fedxrisk.flower.evaluate import evaluation_app_module
 
-    try:
-        root = write_app(folder, _parse_set(settings))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
-    (root / "fedxrisk_app.py").write_text(
-        evaluation_app_module(
-            [model, *([against] if against else [])],
-            site_auroc,
-            None if dp_epsilon is None else (dp_epsilon, dp_delta),
-        )
+    if dp_epsilon is not None:  # checked here, not when the ServerApp starts
+        if not (0 < dp_epsilon < math.inf and 0 < dp_delta < 1):
+            raise Refused(
+                f"--dp-epsilon must be a finite number > 0 and --dp-delta in (0, 1), got {dp_epsilon}, {dp_delta}"
+            )
+        if against or site_auroc:
+            raise Refused(
+                "a private evaluation releases one model's pooled histogram: no --against, no --site-auroc"
+            )
+    module = evaluation_app_module(
+        [model, *([against] if against else [])],
+        site_auroc,
+        None if dp_epsilon is None else (dp_epsilon, dp_delta),
     )
+    try:
+        root = write_app(folder, _parse_set(settings), module=module)
+    except ValueError as e:  # ConfigError and OutputError: one line, exit 2
+        raise Refused(str(e)) from None
     click.echo(
         f"wrote {root / 'pyproject.toml'} and {root / 'fedxrisk_app.py'}; run it with: flwr run {root}"
     )

@@ -201,8 +201,12 @@ class FlowerConfig:
             raise ConfigError(_flat_names(str(e))) from None
         if deploy.min_nodes < 1:
             raise ConfigError(f"min-nodes must be ≥ 1, got {deploy.min_nodes}")
-        if deploy.round_timeout <= 0 or deploy.node_wait_timeout <= 0:
-            raise ConfigError("round-timeout and node-wait-timeout must be > 0 seconds")
+        for key, value in (
+            ("round-timeout", deploy.round_timeout),
+            ("node-wait-timeout", deploy.node_wait_timeout),
+        ):
+            if not 0 < value < float("inf"):  # NaN too: a wait that never ends, or none at all
+                raise ConfigError(f"{key} must be a finite number of seconds > 0, got {value}")
         positives = run.positives_per_batch or run.options.get(
             "positives_per_batch", self.algorithm_class.positives_per_batch
         )

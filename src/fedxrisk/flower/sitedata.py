@@ -247,16 +247,29 @@ def export_trial(cfg: FlowerConfig, dataset: str, sites: int, out: str | Path) -
     The folders hold exactly what trial site K would load, so a folder-based
     deployment reproduces the trial (and the ``loop`` engine) sample for sample.
     """
-    fed = trial_data(cfg, dataset, sites)
+    from fedxrisk.outfiles import check_folder, make_folder, replace_atomic
+
     root = Path(out)
+    check_folder(root, _an_export, "exported trial")  # a user's folder is never written into
+    fed = trial_data(cfg, dataset, sites)
+    save = lambda path, **arrays: replace_atomic(path, lambda f: np.savez(f, **arrays), "wb")  # noqa: E731
     paths = []
     for k in range(sites):
         folder = root / f"site-{k}"
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
         x, y, x_val, y_val = trial_part(fed, k)
-        np.savez(folder / "train.npz", x=x.numpy(), y=y.numpy())
+        save(folder / "train.npz", x=x.numpy(), y=y.numpy())
         if x_val is not None and y_val is not None:
-            np.savez(folder / "val.npz", x=x_val.numpy(), y=y_val.numpy())
+            save(folder / "val.npz", x=x_val.numpy(), y=y_val.numpy())
         paths.append(folder)
-    np.savez(root / "test.npz", x=fed.data.x_test.numpy(), y=fed.data.y_test.numpy())
+    save(root / "test.npz", x=fed.data.x_test.numpy(), y=fed.data.y_test.numpy())
     return paths
+
+
+def _an_export(root: Path) -> bool:
+    """``root`` holds an earlier export only (``site-K`` folders and ``test.npz``): it may be rewritten."""
+    entries = list(root.iterdir())
+    return bool(entries) and all(
+        p.name == "test.npz" or (p.name.startswith("site-") and p.is_dir() and not p.is_symlink())
+        for p in entries
+    )

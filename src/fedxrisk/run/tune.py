@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from fedxrisk.run.tuneout import (
     write_trial_json,
     write_trials_csv,
 )
-from fedxrisk.run.tunespace import Param, apply_params, check_space, default_params, tune_config
+from fedxrisk.run.tunespace import Param, apply_params, check_grid, check_space, default_params, tune_config
 
 HOST = socket.gethostname()
 
@@ -215,8 +216,12 @@ def tune(
     space: dict[str, Param],
     settings: TuneSettings,
     report: Callable[[str], None] = lambda s: None,
+    progress: Callable[[int, dict[str, Any], int, int, str], None] | None = None,
 ) -> list[TrialRecord]:
-    """Search ``space`` for ``cfg.algorithm`` until ``settings.trials`` trials are done; write the outputs."""
+    """Search ``space`` for ``cfg.algorithm`` until ``settings.trials`` trials are done; write the outputs.
+
+    ``report``: one line per finished trial; ``progress(trial, row or {}, round, rounds, monitor)``:
+    every round of the running trial (``row``: its evaluation, {} when the round was not evaluated)."""
     optuna = require_optuna()
     from fedxrisk.engines import NonFiniteLoss
     from fedxrisk.run.recipes import run_experiment
@@ -229,6 +234,7 @@ def tune(
     tune_under_privacy(base)  # trials under DP: their composition is not accounted
     checked(base)  # a bad base config (or monitor) fails here, not in every trial
     check_space(base, space)
+    check_grid(space, settings.sampler, settings.grid_points)
     monitor = base.resolved_monitor()
     name = settings.study_name or study_name(cfg)
     info = {"algorithm": cfg.algorithm, "study": name, "dataset": cfg.dataset, "monitor": monitor, "trials": settings.trials,
@@ -270,7 +276,8 @@ def tune(
         prune = PruneOnValidation(trial, monitor, settings.prune)
         record = TrialRecord(trial.number, "running", None, params, str(folder.relative_to(out)))
         try:
-            result = run_experiment(apply_params(base, params), folder, callbacks=[prune])
+            shown = None if progress is None else partial(progress, trial.number, monitor=monitor)
+            result = run_experiment(apply_params(base, params), folder, shown, callbacks=[prune])
         except OSError as e:  # a full or read-only disk stops the search; the trial says why
             if e.errno in DISK_ERRORS:
                 trial.set_user_attr("outcome", f"disk: {e.strerror}")

@@ -23,6 +23,8 @@ def check_seeds(seeds: list[int] | None) -> None:
         return
     if not seeds:
         raise ConfigError("--confirm-seeds names no seed; give a comma-separated list such as 1,2,3")
+    if any(s < 0 for s in seeds):
+        raise ConfigError(f"--confirm-seeds: seeds must be ≥ 0, got {min(seeds)}")
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
     if repeated:
         raise ConfigError(f"--confirm-seeds repeats seed {repeated[0]}; each seed must appear once")

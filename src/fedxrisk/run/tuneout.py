@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedxrisk.errors import ConfigError
-from fedxrisk.outfiles import refuse_symlink
+from fedxrisk.outfiles import check_creatable, refuse_symlink
 from fedxrisk.run.folder import replace_atomic, write_json_atomic
 
 MARKER = "tune.json"
@@ -54,7 +54,10 @@ def check_tune_dir(out: Path, settings: dict[str, Any]) -> bool:
         raise ConfigError(f"--out {out} is a dangling symbolic link; choose another folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir():
+        check_creatable(out)  # /proc/…, below a file, a read-only disk: one line before any work
+        return False
+    if not any(out.iterdir()):
         return False
     refuse_links(out)
     marker = out / MARKER
@@ -69,7 +72,18 @@ def check_tune_dir(out: Path, settings: dict[str, Any]) -> bool:
             raise ConfigError(
                 f"{out} holds a tune of {key} {old.get(key)!r}, not {settings.get(key)!r}; choose another --out"
             )
+    if "space" in old and old["space"] != settings.get("space"):  # one study searches one space
+        raise ConfigError(
+            f"{out} holds a tune over another search space ({_space_text(old['space'])}; now "
+            f"{_space_text(settings.get('space') or {})}); rerun with its --space, or choose another --out"
+        )
     return True
+
+
+def _space_text(space: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k} {p['low']:g}..{p['high']:g}{' log' if p.get('log') else ''}" for k, p in space.items()
+    )
 
 
 def refuse_links(out: Path) -> None:

@@ -135,11 +135,30 @@ def check_space(base: RunConfig, space: dict[str, Param]) -> None:
                 ) from None
 
 
+GRID_MAX = 100_000  # Optuna's grid sampler lists every point up front
+
+
+def check_grid(space: dict[str, Param], sampler: str, points: int) -> None:
+    """A grid of more than :data:`GRID_MAX` points is refused (listing it would not end)."""
+    if sampler != "grid":
+        return
+    size = math.prod(len(p.grid(points)) for p in space.values())
+    if size > GRID_MAX:
+        raise ConfigError(
+            f"--grid-points {points} over {len(space)} key(s) makes a grid of {size:.3g} points; "
+            f"at most {GRID_MAX:,} (fewer --grid-points, or --space fewer keys)"
+        )
+
+
 def space_for(algorithm: str, overrides: tuple[str, ...] = ()) -> dict[str, Param]:
     """The default space of ``algorithm`` with every ``--space`` override applied (added or replaced)."""
     space = default_space(algorithm)
+    given: set[str] = set()
     for spec in overrides:
         param = parse_space(spec, algorithm)
+        if param.name in given:
+            raise ConfigError(f"--space {spec}: {param.name} is searched twice; give one range per key")
+        given.add(param.name)
         space[param.name] = param
     return space
 

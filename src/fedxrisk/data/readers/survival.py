@@ -57,6 +57,25 @@ def _rows(path: Path) -> tuple[list[str], list[list[str]]]:
     return [h.strip() for h in table[0]], [r for r in table[1:] if any(c.strip() for c in r)]
 
 
+def _npz_columns(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz``; an unreadable archive or one holding Python objects is one line."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: np.asarray(f[k]) for k in f.files}
+    except (OSError, ValueError, EOFError) as e:  # BadZipFile is an OSError; pickled objects a ValueError
+        raise DataFileError(
+            f"{path}: not a readable .npz archive of numbers ({type(e).__name__}: {e})"
+        ) from None
+
+
+def _numbers(values: np.ndarray, path: Path, name: str) -> np.ndarray:
+    """``values`` as float64, or one line naming the array that holds text."""
+    try:
+        return values.astype(np.float64)
+    except (TypeError, ValueError):
+        raise DataFileError(f"{path}: array {name!r} holds {values.dtype} values, not numbers") from None
+
+
 def check_survival(times: np.ndarray, events: np.ndarray, where: str) -> None:
     """One line for survival labels that cannot be used."""
     if not np.isfinite(times).all():
@@ -140,13 +159,18 @@ def read_survival_table(
     if not path.is_file():
         raise MissingDataError(f"{path}: no such file")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as f:
-            columns = {k: np.asarray(f[k]) for k in f.files}
+        columns = _npz_columns(path)
         feature_names = [k for k in columns if k not in (time, event, "source", "split")]
-        if "x" in columns:
-            x = columns["x"].astype(np.float64)
+        numeric = {k: _numbers(columns[k], path, k) for k in (["x"] if "x" in columns else feature_names)}
+        if "x" in numeric:
+            x = numeric["x"].reshape(len(numeric["x"]), -1)
         else:
-            x = np.stack([columns[k].astype(np.float64) for k in feature_names], 1)
+            x = np.stack(list(numeric.values()), 1) if numeric else None
+        lengths = {k: len(v) for k, v in columns.items() if k in (time, event, "source", "split", *numeric)}
+        if len(set(lengths.values())) > 1:
+            raise DataFileError(
+                f"{path}: arrays of different lengths ({lengths}); one row per patient in each"
+            )
     else:
         header, rows = _rows(path)
         if len(set(header)) != len(header):
@@ -168,8 +192,14 @@ def read_survival_table(
             raise DataFileError(f"{path}: no {needed!r} column (the survival {needed} column)")
     if x is None or x.shape[1] == 0:
         raise DataFileError(f"{path}: no feature column besides {time!r} and {event!r}")
-    times, events = columns[time].astype(np.float64), columns[event].astype(np.float64)
+    times, events = _numbers(columns[time], path, time), _numbers(columns[event], path, event)
     check_survival(times, events, str(path))
+    bad = np.flatnonzero(~np.isfinite(x).all(1))
+    if bad.size:
+        rows = ", ".join(str(int(i)) for i in bad[:5]) + (", …" if bad.size > 5 else "")
+        raise DataFileError(
+            f"{path}: {bad.size} row(s) with NaN/inf features (data rows {rows}, 0-based); fix or drop them"
+        )
     groups = {"time": times}
     if "source" in columns:
         groups["source"] = codes([str(v) for v in columns["source"]])[0]
