@@ -111,7 +111,7 @@ EXPECTED = {
     'dp-noise-seed-negative': 'privacy.reproducible_noise must be ≥ 0, got -1',
     'dp-noise-seed-text': 'privacy.reproducible_noise: expected an integer or "none", got \'yes\' (str)',
     'dp-noise-seed-float': 'privacy.reproducible_noise: expected an integer or "none", got 1.5 (float)',
-    'dp-key-unknown': 'unknown key privacy.sigma; [privacy] allows: level, clip, noise_multiplier, target_epsilon, delta, sampling_rate, sampling, reproducible_noise, pos_ratio',
+    'dp-key-unknown': 'unknown key privacy.sigma; [privacy] allows: level, clip, noise_multiplier, target_epsilon, delta, sampling_rate, sampling, reproducible_noise, pos_ratio, validation_noise_multiplier, validation_bins',
     'dp-pos-ratio-zero': 'privacy.pos_ratio must lie in (0, 1), got 0.0',
     'dp-pos-ratio-one': 'privacy.pos_ratio must lie in (0, 1), got 1.0',
     'dp-pos-ratio-client': "privacy.pos_ratio is the public p of instance-level DP: set it with level = 'instance'",
