@@ -99,3 +99,26 @@ def test_a_failed_set_up_is_recorded_without_a_model(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert (summary["status"], summary["rounds"], summary["engine"]) == ("failed", 0, "flower")
     assert "nowhere" in summary["error"] and not (tmp_path / "out" / "model.pt").exists()
+
+
+def test_an_error_train_does_not_record_is_still_recorded_in_summary_json(tmp_path, monkeypatch):
+    """A refusal met mid-run (any error but a RunFailure, which train() records itself) still leaves
+    a failed summary.json with the rounds the sites finished; history.csv keeps the evaluated rows."""
+    from fedxrisk.flower.federation import Federation
+
+    reduce, calls = Federation._reduce, []
+
+    def failing(self, replies, round_):
+        calls.append(round_)
+        if round_ >= 2:
+            raise RuntimeError("a refusal met in round 3")
+        return reduce(self, replies, round_)
+
+    monkeypatch.setattr(Federation, "_reduce", failing)
+    rc = run_config("localsgdm", tmp_path, rounds=4, stages=1, **{"eval-every": 1})
+    with pytest.raises(RuntimeError, match="a refusal met in round 3"):
+        run_local(rc, trial_nodes())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["rounds"]) == ("failed", 2)
+    assert summary["error"] == "a refusal met in round 3" and len(summary["sites"]) == 2
+    assert [r["round"] for r in _rows(tmp_path)] == [1.0, 2.0]

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from fedxrisk.data.types import BinaryData
+from fedxrisk.errors import RunFailure
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.federation import Federation
 from fedxrisk.flower.secure import check_secure_algorithm
@@ -69,7 +70,7 @@ class Coordinator:
             self.federation.connect()
         except Exception as e:  # recorded in summary.json (no round ran), then re-raised
             self.log(f"run failed: {e}")
-            folder.write_summary(json_safe(set_up_failure(self.federation, e)))
+            folder.write_summary(json_safe(failure_summary(self.federation, e)))
             raise
         setup = server_setup(self.federation)
         write_config(out, setup.config)  # the resolved run: `fedxrisk run --config` reruns it in simulation
@@ -77,6 +78,8 @@ class Coordinator:
             result = train(setup, folder, [RoundLog(self.log)])
         except Exception as e:
             self.log(f"run failed: {e}")
+            if not isinstance(e, RunFailure):  # train() records its own; any other error is recorded here
+                folder.write_summary(json_safe(failure_summary(self.federation, e)))
             raise
         self.log(f"run completed: {json.dumps(json_safe(result.summary['final']))}")
         return result.summary
@@ -120,14 +123,15 @@ def server_data(federation: Federation) -> ServerData:
     return ServerData(binary, [(s.positives, s.samples - s.positives) for s in federation.sites])
 
 
-def set_up_failure(federation: Federation, error: Exception) -> dict[str, Any]:
-    """summary.json of a run whose set-up failed (no round ran, no model)."""
+def failure_summary(federation: Federation, error: Exception) -> dict[str, Any]:
+    """summary.json of a run stopped by an error ``train`` does not record itself (a failed set-up,
+    a refusal met mid-run): the rounds the sites finished; history.csv keeps the evaluated rows."""
     cfg = federation.cfg
     return {
         "status": "failed",
         "error": str(error),
         "algorithm": cfg.run.algorithm,
-        "rounds": 0,
+        "rounds": federation.round,
         **federation.summary_extra(),
         "config": cfg.run.to_dict(),
         "torch_version": torch.__version__,
