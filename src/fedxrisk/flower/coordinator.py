@@ -30,6 +30,7 @@ from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.flower.config import FlowerConfig, to_flat
 from fedxrisk.flower.outputs import LAST_MODEL, RunOutputs, global_model, mean_std, summed_validation
+from fedxrisk.flower.personal import FlowerPersonal
 from fedxrisk.flower.private import ServerDP, server_dp
 from fedxrisk.flower.secure import check_secure_algorithm, secure_mean
 from fedxrisk.flower.site import BEGIN
@@ -130,6 +131,8 @@ class Coordinator:
         model = self.cfg.build_model(sites[0].input_shape)
         run = self.cfg.run
         self.problem = Problem(model, self.pos_ratio, run.buffer_policy, run.pos_ratio_mode)
+        self.personal = FlowerPersonal(self.cfg, self.problem, len(sites))  # what stays on the sites
+        self.outputs.extend_fields(self.personal.fields())
         schedule = self.cfg.schedule(self.pos_ratio)  # lr from the data, as `fedxrisk run` sets it
         self.plans = list(schedule.plan())
         try:  # the schedule checks engines make (CoDA's stages, LocalSCGDAM's rates)
@@ -244,7 +247,7 @@ class Coordinator:
         if not self.cfg.is_eval_round(r):
             return
         ordered = [replies[s.node] for s in self.sites]
-        self.model = global_model(ordered)
+        self.model = self.personal.global_model(global_model(ordered))
         plan = self.plans[r]
         row = {
             "round": r + 1, "step": plan.first_step + plan.window, "stage": plan.stage, "lr": plan.lr,
@@ -255,6 +258,7 @@ class Coordinator:
             "bytes_up_per_client": self.ledger.total_up, "bytes_down_per_client": self.ledger.total_down,
             "wall_seconds": round(self.clock() - self.start, 4),
             **(privacy_row(self.dp, r + 1) if self.dp is not None else {}),  # fedxrisk run's columns
+            **self.personal.row(ordered),  # per-site columns of a personalized run
         }  # fmt: skip
         self.outputs.add_row(row)
         self.state.round = r + 1
@@ -300,6 +304,7 @@ class Coordinator:
             **self._stopping(),
             "communication": self.ledger.summary(),
             **({"privacy": self.dp.summary(self.done + 1)} if self.dp is not None else {}),
+            **(self.personal.summary() if hasattr(self, "personal") else {}),
             "sites": [
                 {
                     "client": s.client,

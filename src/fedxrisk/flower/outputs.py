@@ -87,6 +87,7 @@ class RunOutputs:
         self.cfg, self.out, self.fields = cfg, Path(cfg.deploy.out_dir), history_fields(cfg)
         self.history: list[dict[str, Any]] = []
         self._append: Callable[[dict[str, Any]], None] | None = None
+        self._widen: Callable[[tuple[str, ...]], None] | None = None
 
     @contextmanager
     def open(self) -> Iterator[None]:
@@ -98,18 +99,31 @@ class RunOutputs:
         csv.DictWriter(header, fieldnames=self.fields).writeheader()
         replace_atomic(path, lambda f: f.write(header.getvalue()))
         with open_append(path) as f:
-            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
 
             def append(row: dict[str, Any]) -> None:
+                writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
                 with disk_errors(path):
                     writer.writerow({k: csv_cell(v) for k, v in row.items()})
                     f.flush()
 
-            self._append = append
+            def widen(extra: tuple[str, ...]) -> None:  # before the first row: the header again
+                self.fields = (*self.fields, *extra)
+                with disk_errors(path):
+                    f.truncate(0)  # appending: the next write starts the file
+                    csv.DictWriter(f, fieldnames=self.fields).writeheader()
+                    f.flush()
+
+            self._append, self._widen = append, widen
             try:
                 yield
             finally:
-                self._append = None
+                self._append = self._widen = None
+
+    def extend_fields(self, extra: tuple[str, ...]) -> None:
+        """Columns known once the sites are (a personalized run's per-site columns), before any row."""
+        if extra:
+            assert self._widen is not None and not self.history, "before the first row of an open history"
+            self._widen(extra)
 
     def add_row(self, row: dict[str, Any]) -> None:
         self.history.append(row)
