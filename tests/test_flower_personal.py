@@ -230,3 +230,30 @@ def test_under_client_dp_no_site_sends_its_numbers(tmp_path):
 def test_fedbn_on_a_model_without_batchnorm_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="personal = 'bn': the model .* has no BatchNorm layer"):
         run_flower(run_config(tmp_path, personal="bn"))
+
+
+def test_through_the_client_app_and_under_secure_aggregation(tmp_path):
+    """The real ClientApp behind an in-process Grid carries the sites' numbers as LocalTransport does;
+    with SecAgg+ the shared entries are summed securely (the plain model to the quantization's
+    tolerance) and no site sends its numbers."""
+    pytest.importorskip("flwr", reason="needs the optional extra: pip install -e '.[flower]'")
+    from flower_grid import InProcessGrid
+
+    from fedxrisk.flower.app import GridTransport, client_app
+
+    def grid_run(rc):
+        cfg = FlowerConfig.from_run_config(rc)
+        grid = InProcessGrid(client_app, rc, trial_nodes())
+        return Coordinator(cfg, GridTransport(grid, cfg), poll_interval=0.01).run()
+
+    rc = run_config(tmp_path / "local", personal="head", **{"finetune-steps": 2})
+    local, _ = run_flower(rc)
+    plain = grid_run({**rc, "out-dir": str(tmp_path / "plain")})
+    assert plain["personal"] == local["personal"]
+    secure = grid_run({**rc, "out-dir": str(tmp_path / "secure"), "secure-aggregation": True})
+    assert secure["status"] == "completed", secure["error"]
+    a, b = (torch.load(tmp_path / d / "model.pt")["params"] for d in ("plain", "secure"))
+    assert 0 < max_abs_diff(a, b) < 1e-5  # not bitwise: the shared entries were quantized
+    assert secure["personal"]["note"].startswith("per-site metrics are not sent")
+    assert all(secure["personal"][key] is None for key in SITE_KEYS)
+    assert all(local["personal"][key] is not None for key in SITE_KEYS)
