@@ -17,6 +17,7 @@ from fedxrisk.algorithms.personal import start_values
 from fedxrisk.data import make_federated
 from fedxrisk.engines import Simulation
 from fedxrisk.engines.personal import fine_tune, site_metrics, site_models
+from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.coordinator import Coordinator, LocalTransport
@@ -66,12 +67,14 @@ def run_flower(rc: dict, nodes: dict | None = None):
     return summary, transport
 
 
-def loop_reference(rc: dict, personal="none", options=None):
+def loop_reference(rc: dict, personal="none", options=None, server=None):
     """The loop engine on the same split, model, seed and schedule (before fine-tuning)."""
     data = make_federated("digits", K, SPLIT["partition"], SPLIT["imratio"], SPLIT["seed"])
     net = build_model(rc["model"], data.data.input_shape, SPLIT["seed"])
     problem = Problem(net, data.data.pos_ratio, personal=personal)
     algorithm = ALGORITHMS[rc["algorithm"]](problem, **(options or {}))
+    if server is not None:
+        algorithm = with_server_optimizer(algorithm, ServerOptimizer(**server))
     schedule = Schedule.build(ROUNDS, STEPS, LR, rc["stages"])
     return run_all(Simulation(algorithm, data, schedule, BATCH, SPLIT["seed"], "loop"))
 
@@ -104,14 +107,25 @@ SITE_KEYS = [f"site_{m}_{k}" for m in ("auroc", "ap", "global_auroc") for k in r
 MEANS = ["personal_auroc_mean", "global_site_auroc_mean"]
 
 
+ADAM = {"optimizer": "adam", "lr": 0.02}
+
+
 @pytest.mark.parametrize(
-    "algorithm, personal, model, finetune",
-    [("localsgdm", "head", "mlp", 0), ("localsgdm", "bn", "cnn", 3), ("codasca", "head", "mlp", 2)],
+    "algorithm, personal, model, finetune, server",
+    [
+        ("localsgdm", "head", "mlp", 0, None),
+        ("localsgdm", "bn", "cnn", 3, None),
+        ("codasca", "head", "mlp", 2, None),
+        ("localsgdm", "head", "mlp", 1, ADAM),  # FedAdam composed with a personal head
+    ],
 )
-def test_personal_entries_on_flower_equal_the_loop_engine(algorithm, personal, model, finetune, tmp_path):
-    rc = run_config(tmp_path, algorithm, model, personal=personal, **{"finetune-steps": finetune})
+def test_personal_entries_on_flower_equal_the_loop_engine(
+    algorithm, personal, model, finetune, server, tmp_path
+):
+    extra = {"finetune-steps": finetune, **({"server": json.dumps(server)} if server else {})}
+    rc = run_config(tmp_path, algorithm, model, personal=personal, **extra)
     summary, transport = run_flower(rc)
-    sim = loop_reference(rc, personal)
+    sim = loop_reference(rc, personal, server=server)
     problem = sim.algorithm.problem
     # the global model: the shared entries are the loop's; the personal ones never reached the server
     saved = torch.load(tmp_path / "model.pt")
@@ -237,9 +251,8 @@ def test_through_the_client_app_and_under_secure_aggregation(tmp_path):
     with SecAgg+ the shared entries are summed securely (the plain model to the quantization's
     tolerance) and no site sends its numbers."""
     pytest.importorskip("flwr", reason="needs the optional extra: pip install -e '.[flower]'")
-    from flower_grid import InProcessGrid
-
     from fedxrisk.flower.app import GridTransport, client_app
+    from flower_grid import InProcessGrid
 
     def grid_run(rc):
         cfg = FlowerConfig.from_run_config(rc)

@@ -27,6 +27,8 @@ from fedxrisk.engines.personal import site_columns
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.wire import Packet
 from fedxrisk.problem import Problem
+from fedxrisk.run.personalize import ends_personal
+from fedxrisk.run.personalize import sites_differ as run_sites_differ
 
 SITE_KEYS = ("auroc", "ap", "global_auroc")  # engines/personal.one_site's numbers
 ROW, FINAL = "site-", "final-site-"  # reply metrics: at each evaluation; after fine-tuning (last round)
@@ -35,15 +37,13 @@ PRIVATE_NOTE = "per-site metrics are not sent under DP or SecAgg+ (as no site AU
 
 def personalized(cfg: Any) -> bool:
     """Whether the run ends with one model per site (``model.personal``, fine-tuning, Ditto), as
-    ``run/personalize.personalized`` decides for ``fedxrisk run``."""
-    run = cfg.run
-    algorithm = ALGORITHMS.get(run.algorithm)
-    return run.personal != "none" or run.finetune_steps > 0 or hasattr(algorithm, "personal_model")
+    for ``fedxrisk run`` (``run/personalize.ends_personal``)."""
+    return ends_personal(cfg.run, ALGORITHMS.get(cfg.run.algorithm))
 
 
 def sites_differ(cfg: Any) -> bool:
     """The sites' models differ during training (personal entries, Ditto): history.csv's per-site columns."""
-    return cfg.run.personal != "none" or hasattr(ALGORITHMS.get(cfg.run.algorithm), "personal_model")
+    return run_sites_differ(cfg.run, ALGORITHMS.get(cfg.run.algorithm))
 
 
 def to_wire(numbers: dict[str, float], prefix: str) -> dict[str, float]:

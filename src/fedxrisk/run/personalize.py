@@ -15,10 +15,20 @@ from fedxrisk.run.folder import RunFolder
 from fedxrisk.tree import Tree
 
 
+def ends_personal(cfg: Any, algorithm: Any) -> bool:
+    """Whether a run of ``cfg`` with ``algorithm`` (an instance or its class) ends with one model per
+    site: ``model.personal``, fine-tuning, Ditto. The Flower app asks the same (flower/personal.py)."""
+    return cfg.personal != "none" or cfg.finetune_steps > 0 or hasattr(algorithm, "personal_model")
+
+
+def sites_differ(cfg: Any, algorithm: Any) -> bool:
+    """Whether the sites' models differ during training (personal entries, Ditto's v)."""
+    return cfg.personal != "none" or hasattr(algorithm, "personal_model")
+
+
 def personalized(setup: Setup) -> bool:
     """Whether the run ends with one model per site (``model.personal``, fine-tuning, Ditto)."""
-    cfg = setup.config
-    return cfg.personal != "none" or cfg.finetune_steps > 0 or hasattr(setup.algorithm, "personal_model")
+    return ends_personal(setup.config, setup.algorithm)
 
 
 def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | None]:
@@ -37,9 +47,7 @@ def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | N
 
 def _site_rows_during_training(setup: Setup) -> bool:
     """Sites differ during training (personal entries, Ditto) and all of them are in this process."""
-    cfg = setup.config
-    sites = cfg.personal != "none" or hasattr(setup.algorithm, "personal_model")
-    return sites and cfg.engine != "distributed"
+    return sites_differ(setup.config, setup.algorithm) and setup.config.engine != "distributed"
 
 
 def personal_fields(setup: Setup) -> tuple[str, ...]:
