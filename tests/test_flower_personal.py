@@ -270,3 +270,17 @@ def test_through_the_client_app_and_under_secure_aggregation(tmp_path):
     assert secure["personal"]["note"].startswith("per-site metrics are not sent")
     assert all(secure["personal"][key] is None for key in SITE_KEYS)
     assert all(local["personal"][key] is not None for key in SITE_KEYS)
+
+
+def test_a_bad_test_file_is_named_by_its_site(tmp_path):
+    from fedxrisk.flower.coordinator import FederationError
+    from fedxrisk.flower.sitedata import export_trial
+
+    rc = run_config(tmp_path / "out", personal="head")
+    folders = export_trial(FlowerConfig.from_run_config(rc), "digits", K, tmp_path / "sites")
+    np.savez(folders[1] / "test.npz", x=np.zeros((4, 3), np.float32), y=np.zeros(4, np.float32))
+    nodes = {2000 + i: {"data-dir": str(f), "partition-id": i} for i, f in enumerate(folders)}
+    with pytest.raises(
+        FederationError, match=r"site-1/test.npz: inputs of shape \(3,\), training inputs \(1, 8, 8\)"
+    ):
+        run_flower(rc, nodes)

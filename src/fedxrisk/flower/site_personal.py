@@ -22,7 +22,7 @@ from typing import Any
 
 from fedxrisk.algorithms.personal import split_personal, start_values
 from fedxrisk.engines.personal import fine_tune_states, one_site
-from fedxrisk.flower.personal import FINAL, ROW, personalized, to_wire
+from fedxrisk.flower.personal import FINAL, ROW, personalized, sites_differ, to_wire
 from fedxrisk.flower.sitedata import SiteData
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, index
@@ -53,16 +53,19 @@ def reported_model(problem: Problem, model: Model) -> dict[str, Tree]:
 def site_numbers(
     cfg: Any, site: SiteData, problem: Problem, own: Model, glob: Model, prefix: str = ROW
 ) -> dict:
-    """The site's own and global model on its own test rows, as reply metrics; nothing when the run
-    is not personalized, the site has no test rows, or under DP / SecAgg+."""
-    if not personalized(cfg) or cfg.private_reports or site.x_test is None or site.y_test is None:
+    """The site's own and global model on its own test rows, as reply metrics: at evaluations
+    (``ROW``) when the sites' models differ during training, after fine-tuning (``FINAL``) in every
+    personalized run; nothing without test rows or under DP / SecAgg+."""
+    wanted = personalized(cfg) if prefix == FINAL else sites_differ(cfg)
+    if not wanted or cfg.private_reports or site.x_test is None or site.y_test is None:
         return {}
     return to_wire(one_site(problem, own, glob, site.x_test, site.y_test.numpy()), prefix)
 
 
 def rows_config(cfg: Any, site: SiteData) -> dict[str, Any]:
     """Which test rows the site's numbers are on (``own``, ``all``, ``none``), in a personalized run's reports."""
-    return {"site-rows": site.test_rows or "none"} if personalized(cfg) else {}
+    rows = site.test_rows or ("own" if site.x_test is not None else "none")  # data_fn's SiteData: its own
+    return {"site-rows": rows} if personalized(cfg) else {}
 
 
 def finish(

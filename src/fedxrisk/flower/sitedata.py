@@ -34,6 +34,7 @@ from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
 from fedxrisk.data.checks import DataFileError, check_features, read_text
 from fedxrisk.data.validation import with_validation
+from fedxrisk.engines.personal import site_test_rows
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.personal import personalized
 
@@ -207,8 +208,6 @@ def trial_part(fed: FederatedData, part: int) -> tuple[torch.Tensor, ...]:
 def trial_test(fed: FederatedData, part: int) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Part ``part``'s test rows as ``fedxrisk run`` scores client ``part``'s own model
     (engines/personal.py): its site's rows when the split keeps the sites, else the whole test split."""
-    from fedxrisk.engines.personal import site_test_rows
-
     masks = site_test_rows(fed)
     if masks is None:
         return fed.data.x_test, fed.data.y_test, "all"
