@@ -177,8 +177,15 @@ def test_ditto_on_flower_equals_the_loop_engine(tmp_path):
     """Ditto's personal model v stays in the site's state; its numbers are fedxrisk run's."""
     options = {"lam": 0.5}
     rc = run_config(tmp_path, "ditto", options=json.dumps(options))
-    summary, transport = run_flower(rc)
+    nodes = {
+        n: {**c, "site-model": str(tmp_path / f"own-{i}.pt")}
+        for i, (n, c) in enumerate(trial_nodes().items())
+    }
+    summary, transport = run_flower(rc, nodes)
     sim = loop_reference(rc, options=options)
+    for k, (params, _) in enumerate(site_models(sim)):  # node config site-model: v, on the site
+        written = torch.load(tmp_path / f"own-{k}.pt")
+        assert max_abs_diff(written["params"], params) < TOL and written["model"] == "mlp"
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], sim.global_model()[0]) < TOL
     for k, state in enumerate(site_states(transport)):
         assert max_abs_diff(state, tmap(lambda x, k=k: x[k : k + 1], sim.states)) < TOL
@@ -270,6 +277,18 @@ def test_through_the_client_app_and_under_secure_aggregation(tmp_path):
     assert secure["personal"]["note"].startswith("per-site metrics are not sent")
     assert all(secure["personal"][key] is None for key in SITE_KEYS)
     assert all(local["personal"][key] is not None for key in SITE_KEYS)
+
+
+def test_a_site_model_path_in_no_folder_is_refused_at_set_up(tmp_path):
+    from fedxrisk.flower.coordinator import FederationError
+
+    nodes = trial_nodes()
+    nodes[1001]["site-model"] = str(tmp_path / "nowhere" / "own.pt")
+    with pytest.raises(
+        FederationError, match="node config site-model must be a file path in an existing folder"
+    ):
+        run_flower(run_config(tmp_path / "out", personal="head"), nodes)
+    assert not (tmp_path / "out" / "model.pt").exists()
 
 
 def test_a_bad_test_file_is_named_by_its_site(tmp_path):

@@ -12,18 +12,25 @@
   scores client k. Under DP or SecAgg+ it sends none of them, as it sends no AUROC.
 - **Fine-tuning.** After the last round's report the site runs ``finetune_steps`` local steps alone
   (:func:`~fedxrisk.engines.personal.fine_tune_states`, the simulation's rule, FLamby's example)
-  and reports its fine-tuned model's numbers; its state keeps the fine-tuned model.
+  and reports its fine-tuned model's numbers; its state keeps the fine-tuned model, and with the
+  node config ``site-model="/path/site.pt"`` the site writes its own final model there (the
+  server's ``model.pt`` format), the only copy outside the node's memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import io
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from fedxrisk.algorithms.personal import split_personal, start_values
 from fedxrisk.engines.personal import fine_tune_states, one_site
 from fedxrisk.flower.personal import FINAL, ROW, personalized, sites_differ, to_wire
-from fedxrisk.flower.sitedata import SiteData
+from fedxrisk.flower.sitedata import SiteData, SiteDataError
+from fedxrisk.outfiles import replace_atomic
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, index
 
@@ -72,11 +79,37 @@ def finish(
     cfg: Any, site: SiteData, problem: Problem, algorithm: Any, engine: Any, state: Tree, last: Any,
     next_batch: Callable[[], Tree],
 ) -> tuple[Tree, dict[str, float], dict[str, Any]]:  # fmt: skip
-    """After the last round's report: fine-tune (``finetune_steps``, 0: none) and score the result
-    against the global model of before; (the new state, reply metrics, reply config)."""
+    """After the last round's report: fine-tune (``finetune_steps``, 0: none), score the result
+    against the global model of before, write the site's own model where its node config says
+    (``site-model``); (the new state, reply metrics, reply config)."""
+    glob = global_at_site(problem, algorithm, state)
+    if personalized(cfg):
+        state = fine_tune_states(algorithm, engine, state, last, cfg.run.finetune_steps, next_batch)
+    own = own_model(algorithm, state)
+    if site.model_out:
+        save_site_model(Path(site.model_out), cfg, site, own)
     if not personalized(cfg):
         return state, {}, {}
-    glob = global_at_site(problem, algorithm, state)
-    state = fine_tune_states(algorithm, engine, state, last, cfg.run.finetune_steps, next_batch)
-    numbers = site_numbers(cfg, site, problem, own_model(algorithm, state), glob, FINAL)
+    numbers = site_numbers(cfg, site, problem, own, glob, FINAL)
     return state, numbers, {"fine-tuned": True, **rows_config(cfg, site)}
+
+
+def site_model_path(node_config: Mapping[str, Any]) -> str:
+    """The node config's ``site-model`` (a file the site writes at the end; "" when not given),
+    checked at set-up: a path in an existing folder."""
+    value = node_config.get("site-model", "")
+    if not isinstance(value, str) or (value and not Path(value).expanduser().parent.is_dir()):
+        raise SiteDataError(
+            f"node config site-model must be a file path in an existing folder, got {value!r}"
+        )
+    return str(Path(value).expanduser()) if value else ""
+
+
+def save_site_model(path: Path, cfg: Any, site: SiteData, model: Model) -> None:
+    """The site's own model in the server's ``model.pt`` format (atomically: never half-written)."""
+    params, buffers = model
+    data = io.BytesIO()
+    torch.save(
+        {"params": params, "buffers": buffers, "model": cfg.run.model, "input_shape": site.input_shape}, data
+    )
+    replace_atomic(path, lambda f: f.write(data.getvalue()), "wb")

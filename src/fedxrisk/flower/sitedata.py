@@ -59,6 +59,7 @@ class SiteData:
     x_test: torch.Tensor | None = None  # the site's own test rows (per-site evaluation), if any
     y_test: torch.Tensor | None = None
     test_rows: str = ""  # "own": the site's own test rows; "all": a trial site's whole test split
+    model_out: str = ""  # node config site-model: where the site writes its own model at the end
 
     @property
     def num_samples(self) -> int:
