@@ -248,9 +248,22 @@ def test_under_client_dp_no_site_sends_its_numbers(tmp_path):
     assert all(block[key] is None for key in SITE_KEYS)  # NaN in summary.json
 
 
-def test_fedbn_on_a_model_without_batchnorm_is_one_line(tmp_path):
-    with pytest.raises(ConfigError, match="personal = 'bn': the model .* has no BatchNorm layer"):
-        run_flower(run_config(tmp_path, personal="bn"))
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"personal": "bn"}, "personal = 'bn': the model .* has no BatchNorm layer"),
+        (
+            {"personal": "head", "selection": "best", "validation": 0.2},
+            "personal = 'head' with selection = 'best'",
+        ),
+        ({"personal": "head", "early-stopping": 2, "validation": 0.2}, "use selection = 'last'"),
+    ],
+)
+def test_refusals_are_one_line_and_write_no_model(settings, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        run_flower(run_config(tmp_path, **settings))
+    assert not (tmp_path / "model.pt").exists()
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
 
 
 def test_through_the_client_app_and_under_secure_aggregation(tmp_path):

@@ -74,6 +74,13 @@ class FlowerPersonal:
             self.problem = dataclasses.replace(problem, personal=cfg.run.personal)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        run = cfg.run
+        if run.personal != "none" and (run.selection == "best" or run.early_stopping):
+            raise ConfigError(
+                f"personal = {run.personal!r} with selection = 'best' / early-stopping on Flower: they would "
+                "choose on the server's global model, whose personal entries are untrained (the server never "
+                "receives them); use selection = 'last' and read the sites' numbers"
+            )
         self.last: list[Packet] = []  # the last evaluation's replies
         self.final: list[Packet] = []  # the last round's replies (numbers after fine-tuning)
 
