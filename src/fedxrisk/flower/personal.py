@@ -11,8 +11,8 @@ rows and reports the numbers (nothing under DP or SecAgg+); :class:`FlowerPerson
 into ``fedxrisk run``'s per-site columns (``run/personalize.py``: ``personal_fields``,
 ``personal_row``) and summary.json's ``personal`` block.
 
-The coordinator calls it at three points (set-up, each evaluation, the summary), so the hook moves
-with the server loop.
+The coordinator calls it at set-up (:class:`FlowerPersonal`, ``fields``), at each evaluation
+(``global_model``, ``row``) and for the summary, so the hook moves with the server loop.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class FlowerPersonal:
             "finetune_steps": run.finetune_steps if self.final else 0,
             "site_rows": rows[0] if len(set(rows)) == 1 else rows,
             **self._columns(replies, prefix),
-            "site_models": "kept on the sites",
+            "site_models": {},  # no file on the server: each site writes its own (node config site-model)
         }
         if self.cfg.private_reports:
             block["note"] = PRIVATE_NOTE
