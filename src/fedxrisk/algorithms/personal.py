@@ -88,6 +88,20 @@ def _named(path: str, names: frozenset[str]) -> bool:
     return any(path == n or path.endswith(f".{n}") for n in names)
 
 
+def start_values(problem: Any, params: Tree, buffers: Tree) -> tuple[Tree, Tree]:
+    """``(params, buffers)`` with every personal entry at the template's starting value (present
+    or not): the model of a party that never receives a site's personal entries (Flower's server,
+    ``flower/personal.py``); the identity when nothing is personal."""
+    names = getattr(problem, "local_names", frozenset())
+    if not names:
+        return params, buffers
+    start = problem.init_model()
+    return tuple(  # type: ignore[return-value]
+        {k: first if k in names else own[k] for k, first in s.items()}
+        for own, s in zip((params, buffers), start, strict=True)
+    )
+
+
 def site_collective(comm: Any, problem: Any) -> Any:
     """``comm`` itself when nothing is personal, else wrapped in :class:`SiteCollective`."""
     names = getattr(problem, "local_names", frozenset())

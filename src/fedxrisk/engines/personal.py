@@ -15,27 +15,38 @@ evaluated on the same rows, so each site's gain is read off one row.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from fedxrisk.algorithms.base import StepContext
+from fedxrisk.algorithms.schedule import RoundPlan
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.metrics import auroc, average_precision, predict
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, index
 
 
-def fine_tune(sim: Any, steps: int) -> None:
-    """``steps`` local steps on every client of ``sim`` (a finished simulation), no communication."""
+def fine_tune_states(
+    algorithm: Any, engine: Any, states: Tree, last: RoundPlan, steps: int, next_batch: Callable[[], Tree]
+) -> Tree:
+    """``steps`` local steps of ``algorithm`` on ``states`` after the last round ``last``, no
+    communication, at its step size; each on ``next_batch()``. The simulation and a Flower site
+    (flower/site_personal.py) both fine-tune through it."""
     if steps < 0:
         raise ValueError(f"fine-tuning steps must be ≥ 0, got {steps}")
-    last = sim.plans[-1]
     first = last.first_step + last.window
     for i in range(steps):
         ctx = StepContext(first + i, i, last.round + 1, last.stage, last.lr, steps)
-        batch = sim._batch(sim.sampler.next())
-        sim.states = sim.engine.local_steps(sim.algorithm.local_step, ctx, sim.states, batch)
+        states = engine.local_steps(algorithm.local_step, ctx, states, next_batch())
+    return states
+
+
+def fine_tune(sim: Any, steps: int) -> None:
+    """``steps`` local steps on every client of ``sim`` (a finished simulation), no communication."""
+    batch = lambda: sim._batch(sim.sampler.next())  # noqa: E731
+    sim.states = fine_tune_states(sim.algorithm, sim.engine, sim.states, sim.plans[-1], steps, batch)
 
 
 def site_test_rows(data: FederatedData) -> list[np.ndarray] | None:
@@ -59,9 +70,36 @@ def site_models(sim: Any) -> list[tuple[Tree, Tree]]:
     return [(index(params, k), index(buffers, k)) for k in range(len(sim.clients))]
 
 
+def one_site(
+    problem: Problem, own: tuple[Tree, Tree], global_model: tuple[Tree, Tree], x: Any, y: np.ndarray
+) -> dict[str, float]:
+    """One site's ``auroc``, ``ap`` (its own model) and ``global_auroc`` (the global model) on the
+    rows ``x``, ``y``; NaN when the rows miss a class."""
+    s = predict(problem, *own, x) if len(x) else np.zeros(0)
+    g = predict(problem, *global_model, x) if len(x) else np.zeros(0)
+    return {"auroc": auroc(y, s), "ap": average_precision(y, s), "global_auroc": auroc(y, g)}
+
+
+def site_columns(sites: list[dict[str, float]]) -> dict[str, float]:
+    """``site_auroc_<k>``, ``site_ap_<k>``, ``site_global_auroc_<k>`` from each site's :func:`one_site`
+    (a site without numbers: NaN), and ``personal_auroc_mean`` / ``global_site_auroc_mean``: the
+    means over the sites with both classes."""
+    out: dict[str, float] = {}
+    for k, site in enumerate(sites):
+        for key in ("auroc", "ap", "global_auroc"):
+            out[f"site_{key}_{k}"] = site.get(key, math.nan)
+    for key, prefix in (
+        ("personal_auroc_mean", "site_auroc_"),
+        ("global_site_auroc_mean", "site_global_auroc_"),
+    ):
+        values = [out[f"{prefix}{k}"] for k in range(len(sites)) if not math.isnan(out[f"{prefix}{k}"])]
+        out[key] = float(np.mean(values)) if values else math.nan
+    return out
+
+
 def site_metrics(
     problem: Problem, models: list[tuple[Tree, Tree]], global_model: tuple[Tree, Tree], data: FederatedData
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """``site_auroc_<k>`` / ``site_ap_<k>``: client k's model on its site's test rows;
     ``site_global_auroc_<k>``: the global model on the same rows; ``personal_auroc_mean`` and
     ``global_site_auroc_mean``: their means over the sites with both classes (``site_rows``:
@@ -71,21 +109,11 @@ def site_metrics(
     y = data.data.y_test.numpy()
     masks = site_test_rows(data)
     rows = masks if masks is not None else [np.ones(len(y), dtype=bool)] * len(models)
-    s_global = predict(problem, *global_model, data.data.x_test)
-    out: dict[str, Any] = {"site_rows": "own" if masks is not None else "all"}
-    for k, ((params, buffers), m) in enumerate(zip(models, rows, strict=True)):
-        x = data.data.x_test[np.flatnonzero(m)]
-        s = predict(problem, params, buffers, x) if len(x) else np.zeros(0)
-        out[f"site_auroc_{k}"] = auroc(y[m], s)
-        out[f"site_ap_{k}"] = average_precision(y[m], s)
-        out[f"site_global_auroc_{k}"] = auroc(y[m], s_global[m])
-    for key, prefix in (
-        ("personal_auroc_mean", "site_auroc_"),
-        ("global_site_auroc_mean", "site_global_auroc_"),
-    ):
-        values = [out[f"{prefix}{k}"] for k in range(len(models)) if not math.isnan(out[f"{prefix}{k}"])]
-        out[key] = float(np.mean(values)) if values else math.nan
-    return out
+    sites = [
+        one_site(problem, own, global_model, data.data.x_test[np.flatnonzero(m)], y[m])
+        for own, m in zip(models, rows, strict=True)
+    ]
+    return {"site_rows": "own" if masks is not None else "all", **site_columns(sites)}
 
 
 def personal_evaluation(sim: Any, problem: Problem, data: FederatedData) -> dict[str, float]:

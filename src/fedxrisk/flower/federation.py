@@ -33,6 +33,7 @@ from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.personal import FlowerPersonal
 from fedxrisk.flower.private import ServerDP, server_dp
 from fedxrisk.flower.secure import secure_mean
 from fedxrisk.flower.site import BEGIN
@@ -71,6 +72,7 @@ class Federation:
         self.sites: list[Site] = []
         self.pos_ratio, self.max_samples = math.nan, 0  # from the sites' set-up counts
         self.problem: Problem | None = None
+        self.personal: FlowerPersonal | None = None  # a personalized run's per-site numbers
         self.algorithm: Any = None  # the server's copy: its hyperparameters, the schedule checks
         self.plans: list[RoundPlan] = []  # the schedule: known once the sites' counts give p
         self.round = 0  # rounds the sites have finished
@@ -103,6 +105,7 @@ class Federation:
         self.problem = Problem(
             self.cfg.build_model(sites[0].input_shape), self.pos_ratio, run.buffer_policy, run.pos_ratio_mode
         )
+        self.personal = FlowerPersonal(self.cfg, self.problem, len(sites))  # what stays on the sites
         schedule = self.cfg.schedule(self.pos_ratio)  # lr from the data, as `fedxrisk run` sets it
         self.plans = list(schedule.plan())
         self.algorithm = class_aware_batches(
@@ -144,7 +147,9 @@ class Federation:
         self.round += 1
         self._reports = [replies[s.node] for s in self.sites]
         if all("model" in r.arrays for r in self._reports):  # an evaluation round
-            self._model = _global_model(self._reports)
+            params, buffers = _global_model(self._reports)  # a personalized run: completed, as sites start
+            model = self.personal.global_model({"params": params, "buffers": buffers})
+            self._model = (model["params"], model["buffers"])
         return plan
 
     def global_model(self) -> tuple[Tree, Tree]:
@@ -179,10 +184,16 @@ class Federation:
         counts = [r.arrays["validation"]["counts"] for r in self._reports if "validation" in r.arrays]
         return torch.stack(counts).sum(0).numpy() if counts else None
 
-    def site_metrics(self) -> list[dict[str, float]]:
-        """Each site's own numbers of the last round, in client order (what a site adds to its
-        report's metrics; the place for per-site columns)."""
-        return [dict(r.metrics) for r in self._reports]
+    # -- a personalized run: the sites' own numbers (flower/personal.py) ----------------------
+    def personal_fields(self) -> tuple[str, ...]:
+        return self.personal.fields()
+
+    def personal_row(self) -> dict[str, float]:
+        """The per-site columns of the last evaluated round, from the sites' reports."""
+        return self.personal.row(self._reports)
+
+    def personal_summary(self) -> dict[str, Any] | None:
+        return self.personal.summary().get("personal")
 
     def summary_extra(self) -> dict[str, Any]:
         """summary.json's facts only the federation knows: the sites, their data, the deployment."""

@@ -17,6 +17,7 @@ from typing import Any
 from fedxrisk.flower.config import FlowerConfig, ModelFn
 from fedxrisk.flower.replay import SiteError
 from fedxrisk.flower.site import SiteRunner, init_args
+from fedxrisk.flower.site_personal import site_model_path
 from fedxrisk.flower.sitedata import SiteData, load_site
 from fedxrisk.flower.wire import Packet
 
@@ -42,11 +43,13 @@ def _site(
     node_config: Mapping[str, Any], cfg: FlowerConfig, data_fn: DataFn | None, load: SiteLoader | None = None
 ) -> SiteData:
     if load is not None:  # fedxrisk.flower.api's apps: the user's data function, checked there
-        return load(node_config, cfg)
-    if data_fn is None:
-        return load_site(node_config, cfg)
-    site = data_fn(node_config)
-    site.check_classes(cfg.run.allow_missing_class or not cfg.algorithm_class.needs_both_classes)
+        site = load(node_config, cfg)
+    elif data_fn is None:
+        site = load_site(node_config, cfg)
+    else:
+        site = data_fn(node_config)
+        site.check_classes(cfg.run.allow_missing_class or not cfg.algorithm_class.needs_both_classes)
+    site.model_out = site_model_path(node_config)
     return site
 
 

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ClientInfo
+from fedxrisk.algorithms.personal import site_collective
 from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
@@ -45,6 +46,7 @@ from fedxrisk.data.stream import Stream, sampler_requests
 from fedxrisk.engines import clientround as one_round
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
+from fedxrisk.flower import site_personal as personal
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.private import site_counts
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
@@ -53,7 +55,7 @@ from fedxrisk.flower.sitedata import SiteData
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
 from fedxrisk.problem import Problem
-from fedxrisk.tree import Tree, index, is_finite, stack, tmap
+from fedxrisk.tree import Tree, is_finite, stack, tmap
 
 
 def _sampler_json(sampler: ClientSampler) -> str:
@@ -124,7 +126,7 @@ class SiteRunner:
         model = self.cfg.build_model(self.site.input_shape)
         run = self.cfg.run
         self.plans = list(self.cfg.schedule(pos_ratio).plan())
-        self.problem = Problem(model, pos_ratio, run.buffer_policy, run.pos_ratio_mode)
+        self.problem = Problem(model, pos_ratio, run.buffer_policy, run.pos_ratio_mode, personal=run.personal)
         self.algorithm = self.cfg.build_algorithm(self.problem)
         self.algorithm = class_aware_batches(self.algorithm, run.positives_per_batch, run.batch_size)
         self.problem = self.algorithm.problem
@@ -231,10 +233,14 @@ class SiteRunner:
         stage, round_ = one_round.extra_positions(self.algorithm, plan, last, self.aux_sampler.sample)
         self.pending = Pending(r, self.state, [], stage, round_positions=round_, active=active)
 
+    def _fine_tune_batch(self) -> dict[str, torch.Tensor]:
+        """A fine-tuning step's batch: the next of the site's stream, as ``engines.personal.fine_tune``."""
+        return self._batch(*self._draw())
+
     def _resume(self) -> CollectiveRequest | None:
         """Replay the pending phase with the answers so far: the next request, or None when done."""
         p = self.pending
-        comm = ReplayCollective(self.num_clients, p.answers)
+        comm = site_collective(ReplayCollective(self.num_clients, p.answers), self.problem)  # FedBN, heads
         try:
             if p.phase == BEGIN:
                 state = self.algorithm.begin(p.state, comm, self._batch(p.positions, p.uniforms))
@@ -263,10 +269,12 @@ class SiteRunner:
         metrics = {} if private else {"loss": float(self.state["loss"][0])}
         if not with_model:
             return metrics, {}
-        params, buffers = (index(t, 0) for t in self.algorithm.model(self.state))
+        params, buffers = glob = personal.global_at_site(self.problem, self.algorithm, self.state)
         if not private:
             metrics["train-auroc"] = _auroc(self.problem, params, buffers, self.site.x, self.site.y)
-        arrays = {"model": flatten({"params": params, "buffers": buffers})}
+        own = personal.own_model(self.algorithm, self.state)
+        metrics |= personal.site_numbers(self.cfg, self.site, self.problem, own, glob)
+        arrays = {"model": flatten(personal.reported_model(self.problem, glob))}  # no personal entry
         if self.site.x_val is not None and self.site.y_val is not None:  # counts per bin, never a score
             scores = predict(self.problem, params, buffers, self.site.x_val)
             counts = site_counts(self.cfg, self.site.y_val.numpy(), scores)  # DP: the fixed mass
@@ -312,6 +320,14 @@ class SiteRunner:
                     reply.config["finished"] = self.done
                     reply.metrics.update(metrics)
                     reply.arrays.update(arrays)
+                    reply.config.update(personal.rows_config(self.cfg, self.site) if arrays else {})
+                    if self.done + 1 == len(self.plans):  # personalized: fine-tune, the sites' numbers
+                        self.state, metrics, config = personal.finish(
+                            self.cfg, self.site, self.problem, self.algorithm, self.engine, self.state,
+                            self.plans[-1], self._fine_tune_batch,
+                        )  # fmt: skip
+                        reply.metrics.update(metrics)
+                        reply.config.update(config)
             if self.done + 1 <= int(c.get("start", -1)) and self.done + 1 < len(self.plans):
                 self._local_steps(self.done + 1, bool(c.get("active", True)))
             else:

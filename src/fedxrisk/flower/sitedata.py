@@ -4,12 +4,15 @@ A SuperNode is started with ``--node-config`` naming either
 
 - ``data-dir="/path"``: a folder holding ``train.npz`` (arrays ``x``, ``y``) or
   ``train.csv`` (a header row, a ``label`` column, numeric feature columns),
-  and optionally ``val.npz`` / ``val.csv``, its validation data; or
+  and optionally ``val.npz`` / ``val.csv``, its validation data, and ``test.npz`` /
+  ``test.csv``, its own test data (read when the run is personalized: each site scores its
+  own model on it, flower/site_personal.py); or
 - ``dataset="digits" partition-id=K num-partitions=N``: a trial site holding
   part K of a bundled dataset split the way ``fedxrisk run`` splits it (the
   split settings come from the run config, so every site agrees); with the run
   config's ``validation = FRACTION`` the site's validation data is carved from its
-  part per class exactly as ``data.validation`` carves client K's.
+  part per class exactly as ``data.validation`` carves client K's; its test rows are those
+  ``fedxrisk run`` scores client K's model on (its site's own rows, else the whole test split).
 
 Labels are binary (0/1). A site only ever loads its own folder or its own part.
 """
@@ -31,7 +34,9 @@ from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
 from fedxrisk.data.checks import DataFileError, check_features, read_text
 from fedxrisk.data.validation import with_validation
+from fedxrisk.engines.personal import site_test_rows
 from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.personal import personalized
 
 LABEL_COLUMN = "label"
 
@@ -51,6 +56,10 @@ class SiteData:
     y_val: torch.Tensor | None = None
     order: int | None = None  # the node config's ``partition-id``: the site's place in the order
     source: str = ""
+    x_test: torch.Tensor | None = None  # the site's own test rows (per-site evaluation), if any
+    y_test: torch.Tensor | None = None
+    test_rows: str = ""  # "own": the site's own test rows; "all": a trial site's whole test split
+    model_out: str = ""  # node config site-model: where the site writes its own model at the end
 
     @property
     def num_samples(self) -> int:
@@ -141,9 +150,10 @@ def _read_lazily(path: Path, workers: int) -> tuple[Any, torch.Tensor]:
 
 
 def load_folder(
-    folder: str | Path, order: int | None = None, stream: bool = False, workers: int = 0
+    folder: str | Path, order: int | None = None, stream: bool = False, workers: int = 0, test: bool = False
 ) -> SiteData:
-    """``stream``: read ``train.npz``'s inputs lazily (``workers`` decoding processes)."""
+    """``stream``: read ``train.npz``'s inputs lazily (``workers`` decoding processes); ``test``: read
+    ``test.npz`` / ``test.csv`` too, if the folder holds one."""
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise SiteDataError(f"data-dir {str(path)!r} does not exist or is not a folder on this site")
@@ -162,7 +172,16 @@ def load_folder(
         raise SiteDataError(
             f"{val}: inputs of shape {tuple(x_val.shape[1:])}, training inputs {tuple(x.shape[1:])}"
         )
-    return SiteData(x, y, torch.arange(len(y)), x_val, y_val, order, source=str(train))
+    site = SiteData(x, y, torch.arange(len(y)), x_val, y_val, order, source=str(train))
+    held = _find(path, "test") if test else None
+    if held is not None:
+        site.x_test, site.y_test = _tensors(*read_table(held))
+        site.test_rows = "own"
+        if site.x_test.shape[1:] != x.shape[1:]:
+            raise SiteDataError(
+                f"{held}: inputs of shape {tuple(site.x_test.shape[1:])}, training inputs {tuple(x.shape[1:])}"
+            )
+    return site
 
 
 def trial_data(cfg: FlowerConfig, dataset: str, num_partitions: int) -> FederatedData:
@@ -187,6 +206,16 @@ def trial_part(fed: FederatedData, part: int) -> tuple[torch.Tensor, ...]:
     return x, y, fed.data.x_val[rows], fed.data.y_val[rows]  # type: ignore[index]
 
 
+def trial_test(fed: FederatedData, part: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Part ``part``'s test rows as ``fedxrisk run`` scores client ``part``'s own model
+    (engines/personal.py): its site's rows when the split keeps the sites, else the whole test split."""
+    masks = site_test_rows(fed)
+    if masks is None:
+        return fed.data.x_test, fed.data.y_test, "all"
+    rows = torch.from_numpy(np.flatnonzero(masks[part]))
+    return fed.data.x_test[rows], fed.data.y_test[rows], "own"
+
+
 def load_trial(cfg: FlowerConfig, dataset: str, part: int, num_partitions: int) -> SiteData:
     if dataset not in DATASETS:
         raise SiteDataError(f"unknown dataset {dataset!r} in node config; choose one of {sorted(DATASETS)}")
@@ -195,9 +224,11 @@ def load_trial(cfg: FlowerConfig, dataset: str, part: int, num_partitions: int) 
     fed = trial_data(cfg, dataset, num_partitions)
     x, y, x_val, y_val = trial_part(fed, part)
     index = torch.from_numpy(fed.shards[part])
+    x_test, y_test, rows = trial_test(fed, part)
     return SiteData(
-        x, y, index, x_val, y_val, order=part, source=f"{dataset} partition {part}/{num_partitions}"
-    )
+        x, y, index, x_val, y_val, order=part, source=f"{dataset} partition {part}/{num_partitions}",
+        x_test=x_test, y_test=y_test, test_rows=rows,
+    )  # fmt: skip
 
 
 def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
@@ -212,7 +243,7 @@ def load_site(node_config: Mapping[str, Any], cfg: FlowerConfig) -> SiteData:
             raise SiteDataError(
                 f"node config stream must be true/false and workers an integer ≥ 0, got {stream!r}, {workers!r}"
             )
-        site = load_folder(str(node_config["data-dir"]), order, stream, workers)
+        site = load_folder(str(node_config["data-dir"]), order, stream, workers, personalized(cfg))
     elif "dataset" in node_config:
         if order is None or "num-partitions" not in node_config:
             raise SiteDataError("a trial site needs node config dataset, partition-id and num-partitions")
@@ -242,7 +273,8 @@ def load_holdout(spec: str, cfg: FlowerConfig) -> tuple[torch.Tensor, torch.Tens
 
 def export_trial(cfg: FlowerConfig, dataset: str, sites: int, out: str | Path) -> list[Path]:
     """Write a trial split as site folders ``site-K/train.npz`` (and ``val.npz`` with the run
-    config's ``validation``) and the test split as ``test.npz``.
+    config's ``validation``; ``test.npz``, the site's test rows, when the run is personalized)
+    and the test split as ``test.npz``.
 
     The folders hold exactly what trial site K would load, so a folder-based
     deployment reproduces the trial (and the ``loop`` engine) sample for sample.
@@ -261,6 +293,9 @@ def export_trial(cfg: FlowerConfig, dataset: str, sites: int, out: str | Path) -
         save(folder / "train.npz", x=x.numpy(), y=y.numpy())
         if x_val is not None and y_val is not None:
             save(folder / "val.npz", x=x_val.numpy(), y=y_val.numpy())
+        if personalized(cfg):
+            x_test, y_test, _ = trial_test(fed, k)
+            save(folder / "test.npz", x=x_test.numpy(), y=y_test.numpy())
         paths.append(folder)
     save(root / "test.npz", x=fed.data.x_test.numpy(), y=fed.data.y_test.numpy())
     return paths

@@ -15,10 +15,20 @@ from fedxrisk.run.folder import RunFolder
 from fedxrisk.tree import Tree
 
 
+def ends_personal(cfg: Any, algorithm: Any) -> bool:
+    """Whether a run of ``cfg`` with ``algorithm`` (an instance or its class) ends with one model per
+    site: ``model.personal``, fine-tuning, Ditto. The Flower app asks the same (flower/personal.py)."""
+    return cfg.personal != "none" or cfg.finetune_steps > 0 or hasattr(algorithm, "personal_model")
+
+
+def sites_differ(cfg: Any, algorithm: Any) -> bool:
+    """Whether the sites' models differ during training (personal entries, Ditto's v)."""
+    return cfg.personal != "none" or hasattr(algorithm, "personal_model")
+
+
 def personalized(setup: Setup) -> bool:
     """Whether the run ends with one model per site (``model.personal``, fine-tuning, Ditto)."""
-    cfg = setup.config
-    return cfg.personal != "none" or cfg.finetune_steps > 0 or hasattr(setup.algorithm, "personal_model")
+    return ends_personal(setup.config, setup.algorithm)
 
 
 def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | None]:
@@ -26,8 +36,10 @@ def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | N
     the per-site block needs every site in this process (not the distributed engine)."""
     sim, cfg = setup.simulation, setup.config
     global_model = sim.global_model()
-    if not personalized(setup) or remote_sites(setup):
+    if not personalized(setup):
         return global_model, None
+    if remote_sites(setup):  # the sites fine-tuned and scored themselves; their models stay there
+        return global_model, sim.personal_summary()
     fine_tune(sim, cfg.finetune_steps)
     if cfg.engine == "distributed" or not sim.is_primary:
         return global_model, None
@@ -37,18 +49,23 @@ def finish_personal(setup: Setup) -> tuple[tuple[Tree, Tree], dict[str, Any] | N
 
 def _site_rows_during_training(setup: Setup) -> bool:
     """Sites differ during training (personal entries, Ditto) and all of them are in this process."""
-    cfg = setup.config
-    sites = cfg.personal != "none" or hasattr(setup.algorithm, "personal_model")
-    return sites and cfg.engine != "distributed" and not remote_sites(setup)
+    return (
+        sites_differ(setup.config, setup.algorithm)
+        and setup.config.engine != "distributed"
+        and not remote_sites(setup)
+    )
 
 
 def remote_sites(setup: Setup) -> bool:
-    """The sites' states live on their own nodes (Flower's federation), not in this process."""
+    """The sites' states live on their own nodes (Flower's federation, which reports their numbers
+    itself: ``personal_fields``, ``personal_row``, ``personal_summary``), not in this process."""
     return bool(getattr(setup.simulation, "remote_sites", False))
 
 
 def personal_fields(setup: Setup) -> tuple[str, ...]:
     """history.csv's extra columns of a personalized run (none otherwise)."""
+    if remote_sites(setup):
+        return setup.simulation.personal_fields()
     if not _site_rows_during_training(setup):
         return ()
     sites = tuple(f"site_auroc_{k}" for k in range(setup.data.num_clients))
@@ -57,6 +74,8 @@ def personal_fields(setup: Setup) -> tuple[str, ...]:
 
 def personal_row(setup: Setup) -> dict[str, Any]:
     """The per-site numbers of an evaluation row (empty when the run is not personalized)."""
+    if remote_sites(setup):
+        return setup.simulation.personal_row()
     if not _site_rows_during_training(setup):
         return {}
     sim = setup.simulation
@@ -66,7 +85,10 @@ def personal_row(setup: Setup) -> dict[str, Any]:
 
 def save_site_models(setup: Setup, folder: RunFolder, block: dict[str, Any]) -> dict[str, Any]:
     """Write each site's own model as ``site_<k>.pt`` (``model.pt``'s format, so any command that
-    reads a model file reads it); the block gains ``site_models``: file name → sha256."""
+    reads a model file reads it); the block gains ``site_models``: file name → sha256 (remote
+    sites: none here, each site writes its own)."""
+    if remote_sites(setup):
+        return block
     data, shape = setup.data.data, setup.data.data.input_shape
     files = {}
     for k, (params, buffers) in enumerate(site_models(setup.simulation)):
