@@ -31,6 +31,7 @@ from typing import Any
 from fedxrisk.errors import ConfigError, OutputError
 from fedxrisk.outfiles import DISK_ERRORS, refuse_symlink, replace_atomic
 from fedxrisk.run.callbacks import Callback, LoopState
+from fedxrisk.run.rules import tune_under_privacy
 from fedxrisk.run.spec import RunConfig
 from fedxrisk.run.tuneout import (
     TrialRecord,
@@ -218,8 +219,7 @@ def tune(
     report: Callable[[str], None] = lambda s: None,
     progress: Callable[[int, dict[str, Any], int, int, str], None] | None = None,
 ) -> list[TrialRecord]:
-    """Search ``space`` for ``cfg.algorithm`` until ``settings.trials`` trials are done; write the outputs.
-
+    """Search ``space`` for ``cfg.algorithm`` until ``settings.trials`` trials are done; write the outputs;
     ``report``: one line per finished trial; ``progress(trial, row or {}, round, rounds, monitor)``:
     every round of the running trial (``row``: its evaluation, {} when the round was not evaluated)."""
     optuna = require_optuna()
@@ -229,7 +229,6 @@ def tune(
     out = Path(out)
     base = tune_config(cfg, settings.monitor)
     from fedxrisk.run.checks import checked
-    from fedxrisk.run.rules import tune_under_privacy
 
     tune_under_privacy(base)  # trials under DP: their composition is not accounted
     checked(base)  # a bad base config (or monitor) fails here, not in every trial
