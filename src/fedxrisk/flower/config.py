@@ -159,11 +159,10 @@ class FlowerConfig:
             return with_data_lr(self.run, pos_ratio)
 
     def schedule(self, pos_ratio: float) -> Schedule:
-        run = self.resolved(pos_ratio)
-        return Schedule.build(
-            run.rounds, run.resolved_local_steps(), run.resolved_lr(), run.stages, run.lr_decay,
-            run.window_growth,
-        )  # fmt: skip
+        """``fedxrisk run``'s schedule (run/rules.schedule) of the run resolved for ``pos_ratio``."""
+        from fedxrisk.run.rules import schedule
+
+        return schedule(self.resolved(pos_ratio))
 
     def build_model(self, input_shape: tuple[int, ...]) -> Any:
         """The model every party builds identically: ``model_fn``'s or the registered ``model`` (seeded),

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
+from fedxrisk.algorithms import ALGORITHMS, Algorithm
 from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.data.preprocessing import normalization, value_range
@@ -28,6 +28,7 @@ from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.run.checks import CheckedConfig, checked
 from fedxrisk.run.privacy import PrivacyPlan, instance_noise, instance_pos_ratio, plan_privacy
+from fedxrisk.run.rules import schedule as run_schedule
 from fedxrisk.run.spec import RunConfig
 
 
@@ -120,9 +121,7 @@ def build(
         ),
         personal=cfg.personal,
     )
-    schedule = Schedule.build(
-        cfg.rounds, cfg.resolved_local_steps(), cfg.resolved_lr(), cfg.stages, cfg.lr_decay, cfg.window_growth
-    )
+    schedule = run_schedule(cfg)  # the one rule (run/rules.py), Flower's included
     with users_error():  # hyperparameters that meet the model or the data
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
         algorithm = class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
