@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +63,8 @@ def columns(data: Path, datasets: list[str], splits: list[str]) -> dict[str, dic
 
 
 def one(algorithm: str, changes: dict[str, Any], seed: int) -> dict[str, Any]:
-    """One run at the defaults: final test AUROC, or the round where it became non-finite."""
+    """One run at the defaults (``changes`` may set ``lr``): final test AUROC, or the round where it
+    became non-finite."""
     from fedxrisk.engines import NonFiniteLoss
     from fedxrisk.errors import ConfigError
     from fedxrisk.run.recipes import run_experiment
@@ -126,6 +128,12 @@ def render(results: dict[str, Any]) -> str:
         f"NaN runs: {nan}. Finished but below 0.6 test AUROC in some seed: {', '.join(weak) or 'none'}.",
     ]
     lines += [f"Note: {n}" for n in results["notes"]]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import stability_ranges
+
+    lines += stability_ranges.render_ranges(results)
+    if results.get("ranges"):
+        lines.append(f"\n{results.get('ranges_cpu_seconds', 0) / 60:.0f} CPU-minutes for the range ends.")
     return "\n".join(lines) + "\n"
 
 
@@ -134,12 +142,15 @@ def main() -> None:
     p.add_argument("--data", default=os.environ.get("FEDXRISK_DATA", "../shared/data"))
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument(
-        "--datasets", default="heart,campaign,mammography", help="of heart,campaign,mammography,donors"
+        "--datasets", default="heart,campaign,mammography,donors", help="of heart,campaign,mammography,donors"
     )
     p.add_argument("--splits", default="dir0.5,dir0.1,class", help="of the tabular sets: dir0.5,dir0.1,class")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--resume", action="store_true", help="keep the runs stability.json already holds")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--verify", action="store_true",
+                   help="first rerun seed 0 of every method on two columns; stop unless bit for bit equal")  # fmt: skip
+    p.add_argument("--ranges", action="store_true", help="then the ends of the default tune lr ranges")
     args = p.parse_args()
     path = OUT.with_suffix(".json")
     if args.render_only:
@@ -157,8 +168,25 @@ def main() -> None:
     results = {"rounds": RunConfig().rounds, "seeds": list(range(args.seeds)), "columns": list(cols),
                "cells": old["cells"], "cpu_seconds": old["cpu_seconds"], "command": " ".join(["python", *sys.argv]),
                "notes": [] if "donors" in args.datasets else
-               ["donors (619k rows) left out to keep the study under ~40 CPU-minutes"]}  # fmt: skip
+               ["donors (619k rows) left out to keep the study under ~40 CPU-minutes"],
+               "ranges": old.get("ranges", {}), "verified": old.get("verified", [])}  # fmt: skip
     results["columns"] = [*old.get("columns", []), *(c for c in cols if c not in old.get("columns", []))]
+    if args.resume and old.get("command") and old["command"] != results["command"]:
+        results["notes"].append(f"resumed from runs made by `{old['command']}`")
+    save = lambda: path.write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
+    if args.verify:
+        import stability_ranges
+
+        differ = stability_ranges.verify(results, cols, one)
+        if differ:
+            sys.exit(
+                f"stability --verify: {len(differ)} stored cells differ on this source: {differ}; rerun without --resume"
+            )
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        results["notes"].append(f"seed 0 of every method on {', '.join(stability_ranges.VERIFY_COLUMNS)} "
+                                f"reran bit for bit at {commit.stdout.strip()} (--verify)")  # fmt: skip
     for seed in range(args.seeds):  # seed-major: a stopped study still covers every cell
         for method, (col, changes) in itertools.product(methods, cols.items()):
             runs = results["cells"].setdefault(method, {}).setdefault(col, [])
@@ -171,8 +199,17 @@ def main() -> None:
             print(method, col, seed, r.get("outcome"), r.get("test_auroc", r.get("round")), flush=True)
             results["runs"] = sum(len(v) for row in results["cells"].values() for v in row.values())
             results["load_average"] = os.getloadavg()[0]
-            path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+            save()
             OUT.with_suffix(".md").write_text(render(results))
+    if args.ranges:
+        import stability_ranges
+
+        start = time.process_time()
+        auc = [m for m in methods if m in METHODS]
+        stability_ranges.run_ranges(results, auc, cols, one, save)
+        results["ranges_cpu_seconds"] = results.get("ranges_cpu_seconds", 0.0) + time.process_time() - start
+        save()
+        OUT.with_suffix(".md").write_text(render(results))
     nan = [m for m, row in results["cells"].items() for v in row.values() for r in v if r["outcome"] == "nan"]
     print(OUT.with_suffix(".md").read_text())
     if nan:
