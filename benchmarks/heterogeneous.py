@@ -25,7 +25,9 @@ Protocol, the same for every row, each cell a run of the library's run layer
    tests (heterogeneous_report.py).
 
     nice -n 10 python benchmarks/heterogeneous.py --data ../shared/data --regimes heart
-    python benchmarks/heterogeneous.py --render-only
+    python benchmarks/heterogeneous.py --render-only        # tables (docs: python benchmarks/docs.py)
+    python benchmarks/heterogeneous.py --record-provenance  # the cells' source → provenance.json
+                                                            # (a study run ends with it)
 """
 
 from __future__ import annotations
@@ -308,12 +310,42 @@ def run_study(regimes: list[str]) -> None:
                 ensure(results, regime, row, choice(results, regime, row)[1], seed)
 
 
+def record_provenance(results: dict[str, Any]) -> None:
+    """provenance.json's "heterogeneous" entry: the union of the cells' recorded sources; refuses
+    cells that ran uncommitted or different code (as real_data.py --record-provenance)."""
+    import provenance
+
+    cells = [rec for k, rec in results.items() if not k.startswith("_")]
+    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
+    files: dict[str, str] = {}
+    for rec in cells:
+        src = rec["source"]
+        if src["src_dirty"] or src["files"] not in known:
+            sys.exit(
+                f"heterogeneous: cell {rec['regime']}|{rec['row']} ran uncommitted or unrecorded source; rerun it"
+            )
+        for path, sha in known[src["files"]].items():
+            if files.setdefault(path, sha) != sha:
+                sys.exit(f"heterogeneous: the cells ran different versions of {path}; rerun the older ones")
+    commits = sorted({rec["source"]["commit"] for rec in cells})
+    provenance.record(
+        "heterogeneous", files, commit=commits[-1], note=f"{len(cells)} cells; {len(commits)} commit(s)"
+    )
+    print(f"heterogeneous: recorded the source of {len(cells)} cells ({len(files)} files)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=str(DATA["root"]), help="folder with heart-disease/ and adbench/")
     parser.add_argument("--regimes", default="heart", help=f"comma-separated, of: {', '.join(REGIMES)}")
     parser.add_argument("--render-only", action="store_true", help="tables and docs from the JSON")
+    parser.add_argument(
+        "--record-provenance", action="store_true", help="record the cells' source (provenance.json)"
+    )
     args = parser.parse_args(argv)
+    if args.record_provenance:
+        record_provenance(load_results())
+        return
     if not args.render_only:
         import torch
 
@@ -329,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     import heterogeneous_report
 
     heterogeneous_report.render(load_results())
+    if not args.render_only:
+        record_provenance(load_results())  # every cell's source, or which cell to rerun
 
 
 if __name__ == "__main__":

@@ -202,6 +202,36 @@ def flamby_table(results, regime: str = "heart") -> str:
     return "\n".join(lines)
 
 
+def answer(results, regime: str = "heart") -> str:
+    """Which federated row is best per site and pooled (mean test AUROC over seeds), and does it
+    beat the runner-up and CE FedAvg in the paired tests over seeds?"""
+    rows = {r: per_seed(results, regime, r) for r in federated(regime)}
+    rows = {r: v for r, v in rows.items() if v}
+    if not rows:
+        return "No finished rows yet.\n"
+
+    def value(runs, where: str) -> list[float]:
+        return [x["pooled"]["auroc"] if where == "pooled" else x["site"][int(where)]["auroc"] for x in runs]
+
+    lines = ["| test rows | best federated row (AUROC) | runner-up | best − runner-up | best − CE FedAvg |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for where in ["pooled", *map(str, range(len(study.HOSPITALS)))]:
+        mean = {r: float(np.nanmean(value(v, where))) for r, v in rows.items()}
+        first, second = sorted(mean, key=mean.get, reverse=True)[:2]
+        cells = []
+        for other in (second, "ce"):
+            d = [a - b for a, b in zip(value(rows[first], where), value(rows[other], where))]
+            cells.append(
+                "–"
+                if other == first
+                else diff((float(np.nanmean(d)), sum(v > 0 for v in d), len(d), wilcoxon_p(d)))
+            )
+        name = "pooled test" if where == "pooled" else study.HOSPITALS[int(where)]
+        lines.append(f"| {name} | {study.ROWS[first].label} ({mean[first]:.3f}) | {study.ROWS[second].label} "
+                     f"({mean[second]:.3f}) | {cells[0]} | {cells[1]} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def status(results) -> str:
     cells = [v for k, v in results.items() if not k.startswith("_")]
     cpu = sum(c.get("cpu_seconds", 0.0) for c in cells) / 60
@@ -218,11 +248,12 @@ def render(results: dict[str, Any]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "heterogeneous_status.md").write_text(status(results))
     for regime in study.REGIMES:
-        if not any(v.get("regime") == regime for k, v in results.items() if not k.startswith("_")):
-            continue
+        if not all(finals(results, regime, row) for row in study.REGIMES[regime]["rows"]):
+            continue  # a regime is shown once every row finished all its seeds
         name = regime.replace(" ", "_").replace(".", "")
         text = metrics_table(results, regime) + "\n\n" + paired_table(results, regime) + "\n"
         (RESULTS / f"heterogeneous_{name}.md").write_text(text)
         if study.REGIMES[regime]["partition"] == "source":
             (RESULTS / f"heterogeneous_{name}_flamby.md").write_text(flamby_table(results, regime) + "\n")
+            (RESULTS / f"heterogeneous_{name}_best.md").write_text(answer(results, regime))
     print((RESULTS / "heterogeneous_status.md").read_text())

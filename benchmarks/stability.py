@@ -112,7 +112,7 @@ def render(results: dict[str, Any]) -> str:
         f"Every AUC method at its defaults (default MLP, {results['rounds']} rounds), seeds {results['seeds']}; "
         "cell: final test AUROC mean ± sd over the n runs that finished and their minimum, **k NaN**: runs with a non-finite "
         "loss or model, (k invalid): seeds whose split fedxrisk refuses (a client without data). "
-        f"{results['runs']} runs, {results['cpu_seconds'] / 60:.0f} CPU-minutes (one process). "
+        f"{sum(len(v) for row in cells.values() for v in row.values())} runs, {results['cpu_seconds'] / 60:.0f} CPU-minutes (one process). "
         f"`{results['command']}`",
         "",
         "| method | " + " | ".join(cols) + " |",
@@ -127,6 +127,11 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"NaN runs: {nan}. Finished but below 0.6 test AUROC in some seed: {', '.join(weak) or 'none'}.",
     ]
+    short = {c: len({r["seed"] for row in cells.values() for r in row.get(c, [])}) for c in cols}
+    short = {c: n for c, n in short.items() if n < len(results["seeds"])}
+    if short:
+        lines.append("Not every seed ran (the study was stopped; `--resume` continues it): "
+                     + ", ".join(f"{c}: {n} of {len(results['seeds'])} seeds" for c, n in short.items()) + ".")  # fmt: skip
     lines += [f"Note: {n}" for n in results["notes"]]
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import stability_ranges
@@ -171,8 +176,9 @@ def main() -> None:
                ["donors (619k rows) left out to keep the study under ~40 CPU-minutes"],
                "ranges": old.get("ranges", {}), "verified": old.get("verified", [])}  # fmt: skip
     results["columns"] = [*old.get("columns", []), *(c for c in cols if c not in old.get("columns", []))]
-    if args.resume and old.get("command") and old["command"] != results["command"]:
-        results["notes"].append(f"resumed from runs made by `{old['command']}`")
+    results["first_command"] = old.get("first_command", old.get("command", results["command"]))
+    if results["first_command"] != results["command"]:
+        results["notes"].append(f"resumed from runs made by `{results['first_command']}`")
     save = lambda: path.write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
     if args.verify:
         import stability_ranges
@@ -187,6 +193,15 @@ def main() -> None:
         )
         results["notes"].append(f"seed 0 of every method on {', '.join(stability_ranges.VERIFY_COLUMNS)} "
                                 f"reran bit for bit at {commit.stdout.strip()} (--verify)")  # fmt: skip
+    if args.ranges:  # first: cheaper than the table's missing cells
+        import stability_ranges
+
+        start = time.process_time()
+        auc = [m for m in methods if m in METHODS]
+        stability_ranges.run_ranges(results, auc, cols, one, save)
+        results["ranges_cpu_seconds"] = results.get("ranges_cpu_seconds", 0.0) + time.process_time() - start
+        save()
+        OUT.with_suffix(".md").write_text(render(results))
     for seed in range(args.seeds):  # seed-major: a stopped study still covers every cell
         for method, (col, changes) in itertools.product(methods, cols.items()):
             runs = results["cells"].setdefault(method, {}).setdefault(col, [])
@@ -201,15 +216,6 @@ def main() -> None:
             results["load_average"] = os.getloadavg()[0]
             save()
             OUT.with_suffix(".md").write_text(render(results))
-    if args.ranges:
-        import stability_ranges
-
-        start = time.process_time()
-        auc = [m for m in methods if m in METHODS]
-        stability_ranges.run_ranges(results, auc, cols, one, save)
-        results["ranges_cpu_seconds"] = results.get("ranges_cpu_seconds", 0.0) + time.process_time() - start
-        save()
-        OUT.with_suffix(".md").write_text(render(results))
     nan = [m for m, row in results["cells"].items() for v in row.values() for r in v if r["outcome"] == "nan"]
     print(OUT.with_suffix(".md").read_text())
     if nan:
