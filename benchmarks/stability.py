@@ -172,7 +172,7 @@ def main() -> None:
     old = json.loads(path.read_text()) if args.resume and path.exists() else {"cells": {}, "cpu_seconds": 0.0}
     results = {"rounds": RunConfig().rounds, "seeds": list(range(args.seeds)), "columns": list(cols),
                "cells": old["cells"], "cpu_seconds": old["cpu_seconds"], "command": " ".join(["python", *sys.argv]),
-               "notes": [] if "donors" in args.datasets else
+               "notes": [] if "donors" in args.datasets or any("donors" in c for c in old.get("columns", [])) else
                ["donors (619k rows) left out to keep the study under ~40 CPU-minutes"],
                "ranges": old.get("ranges", {}), "verified": old.get("verified", [])}  # fmt: skip
     results["columns"] = [*old.get("columns", []), *(c for c in cols if c not in old.get("columns", []))]

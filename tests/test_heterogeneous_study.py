@@ -99,4 +99,7 @@ def test_the_default_stability_table_has_no_nan_and_includes_donors(stability):
     _, table = stability
     runs = [r for row in table["cells"].values() for col in row.values() for r in col]
     assert runs and not [r for r in runs if r["outcome"] == "nan"]
-    assert any(c.startswith("donors") for c in table["columns"])
+    donors = [c for c in table["columns"] if c.startswith("donors")]
+    assert len(donors) == 3  # dirichlet α = 0.5, 0.1 and class
+    for method, row in table["cells"].items():
+        assert all(row.get(c) for c in donors), f"{method}: a donors column has no run"
