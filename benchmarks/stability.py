@@ -127,11 +127,11 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"NaN runs: {nan}. Finished but below 0.6 test AUROC in some seed: {', '.join(weak) or 'none'}.",
     ]
-    short = {c: len({r["seed"] for row in cells.values() for r in row.get(c, [])}) for c in cols}
+    short = {c: min(len(row.get(c, [])) for row in cells.values()) for c in cols}  # seeds every method ran
     short = {c: n for c, n in short.items() if n < len(results["seeds"])}
     if short:
         lines.append("Not every seed ran (the study was stopped; `--resume` continues it): "
-                     + ", ".join(f"{c}: {n} of {len(results['seeds'])} seeds" for c, n in short.items()) + ".")  # fmt: skip
+                     + ", ".join(f"{c}: {n} of {len(results['seeds'])} seeds for every method" for c, n in short.items()) + ".")  # fmt: skip
     lines += [f"Note: {n}" for n in results["notes"]]
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import stability_ranges
@@ -174,7 +174,7 @@ def main() -> None:
                "cells": old["cells"], "cpu_seconds": old["cpu_seconds"], "command": " ".join(["python", *sys.argv]),
                "notes": [] if "donors" in args.datasets or any("donors" in c for c in old.get("columns", [])) else
                ["donors (619k rows) left out to keep the study under ~40 CPU-minutes"],
-               "ranges": old.get("ranges", {}), "verified": old.get("verified", [])}  # fmt: skip
+               "ranges": old.get("ranges", {}), "ranges_cpu_seconds": old.get("ranges_cpu_seconds", 0.0)}  # fmt: skip
     results["columns"] = [*old.get("columns", []), *(c for c in cols if c not in old.get("columns", []))]
     results["first_command"] = old.get("first_command", old.get("command", results["command"]))
     if results["first_command"] != results["command"]:
