@@ -109,7 +109,7 @@ def render_ranges(results: dict[str, Any]) -> list[str]:
     columns = [c for c in RANGE_COLUMNS if c in results["columns"]]
     lines = ["", f"Range ends (explicit lr, everything else default) on {', '.join(columns)} × seeds "
              f"{list(RANGE_SEEDS)}: failed runs (NaN, or refused by the algorithm) / runs, lowest final test AUROC; the stable range is what "
-             "`fedxrisk tune` searches by default (fedxrisk.catalog.LR_RANGE).", "",
+             "`fedxrisk tune` searches by default (catalog.json → search_space.lr; fedxrisk.catalog.LR_HIGH where ×10 failed).", "",
              "| method | default lr | lr tried: failed / runs (min AUROC) | stable range |", "|---|---|---|---|"]  # fmt: skip
     for method, by_lr in ranges.items():
         tried = []
