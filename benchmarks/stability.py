@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +63,8 @@ def columns(data: Path, datasets: list[str], splits: list[str]) -> dict[str, dic
 
 
 def one(algorithm: str, changes: dict[str, Any], seed: int) -> dict[str, Any]:
-    """One run at the defaults: final test AUROC, or the round where it became non-finite."""
+    """One run at the defaults (``changes`` may set ``lr``): final test AUROC, or the round where it
+    became non-finite."""
     from fedxrisk.engines import NonFiniteLoss
     from fedxrisk.errors import ConfigError
     from fedxrisk.run.recipes import run_experiment
@@ -110,7 +112,7 @@ def render(results: dict[str, Any]) -> str:
         f"Every AUC method at its defaults (default MLP, {results['rounds']} rounds), seeds {results['seeds']}; "
         "cell: final test AUROC mean ± sd over the n runs that finished and their minimum, **k NaN**: runs with a non-finite "
         "loss or model, (k invalid): seeds whose split fedxrisk refuses (a client without data). "
-        f"{results['runs']} runs, {results['cpu_seconds'] / 60:.0f} CPU-minutes (one process). "
+        f"{sum(len(v) for row in cells.values() for v in row.values())} runs, {results['cpu_seconds'] / 60:.0f} CPU-minutes (one process). "
         f"`{results['command']}`",
         "",
         "| method | " + " | ".join(cols) + " |",
@@ -125,7 +127,18 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"NaN runs: {nan}. Finished but below 0.6 test AUROC in some seed: {', '.join(weak) or 'none'}.",
     ]
+    short = {c: min(len(row.get(c, [])) for row in cells.values()) for c in cols}  # seeds every method ran
+    short = {c: n for c, n in short.items() if n < len(results["seeds"])}
+    if short:
+        lines.append("Not every seed ran (the study was stopped; `--resume` continues it): "
+                     + ", ".join(f"{c}: {n} of {len(results['seeds'])} seeds for every method" for c, n in short.items()) + ".")  # fmt: skip
     lines += [f"Note: {n}" for n in results["notes"]]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import stability_ranges
+
+    lines += stability_ranges.render_ranges(results)
+    if results.get("ranges"):
+        lines.append(f"\n{results.get('ranges_cpu_seconds', 0) / 60:.0f} CPU-minutes for the range ends.")
     return "\n".join(lines) + "\n"
 
 
@@ -134,12 +147,15 @@ def main() -> None:
     p.add_argument("--data", default=os.environ.get("FEDXRISK_DATA", "../shared/data"))
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument(
-        "--datasets", default="heart,campaign,mammography", help="of heart,campaign,mammography,donors"
+        "--datasets", default="heart,campaign,mammography,donors", help="of heart,campaign,mammography,donors"
     )
     p.add_argument("--splits", default="dir0.5,dir0.1,class", help="of the tabular sets: dir0.5,dir0.1,class")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--resume", action="store_true", help="keep the runs stability.json already holds")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--verify", action="store_true",
+                   help="first rerun seed 0 of every method on two columns; stop unless bit for bit equal")  # fmt: skip
+    p.add_argument("--ranges", action="store_true", help="then the ends of the default tune lr ranges")
     args = p.parse_args()
     path = OUT.with_suffix(".json")
     if args.render_only:
@@ -156,9 +172,36 @@ def main() -> None:
     old = json.loads(path.read_text()) if args.resume and path.exists() else {"cells": {}, "cpu_seconds": 0.0}
     results = {"rounds": RunConfig().rounds, "seeds": list(range(args.seeds)), "columns": list(cols),
                "cells": old["cells"], "cpu_seconds": old["cpu_seconds"], "command": " ".join(["python", *sys.argv]),
-               "notes": [] if "donors" in args.datasets else
-               ["donors (619k rows) left out to keep the study under ~40 CPU-minutes"]}  # fmt: skip
+               "notes": [] if "donors" in args.datasets or any("donors" in c for c in old.get("columns", [])) else
+               ["donors (619k rows) left out to keep the study under ~40 CPU-minutes"],
+               "ranges": old.get("ranges", {}), "ranges_cpu_seconds": old.get("ranges_cpu_seconds", 0.0)}  # fmt: skip
     results["columns"] = [*old.get("columns", []), *(c for c in cols if c not in old.get("columns", []))]
+    results["first_command"] = old.get("first_command", old.get("command", results["command"]))
+    if results["first_command"] != results["command"]:
+        results["notes"].append(f"resumed from runs made by `{results['first_command']}`")
+    save = lambda: path.write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
+    if args.verify:
+        import stability_ranges
+
+        differ = stability_ranges.verify(results, cols, one)
+        if differ:
+            sys.exit(
+                f"stability --verify: {len(differ)} stored cells differ on this source: {differ}; rerun without --resume"
+            )
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        results["notes"].append(f"seed 0 of every method on {', '.join(stability_ranges.VERIFY_COLUMNS)} "
+                                f"reran bit for bit at {commit.stdout.strip()} (--verify)")  # fmt: skip
+    if args.ranges:  # first: cheaper than the table's missing cells
+        import stability_ranges
+
+        start = time.process_time()
+        auc = [m for m in methods if m in METHODS]
+        stability_ranges.run_ranges(results, auc, cols, one, save)
+        results["ranges_cpu_seconds"] = results.get("ranges_cpu_seconds", 0.0) + time.process_time() - start
+        save()
+        OUT.with_suffix(".md").write_text(render(results))
     for seed in range(args.seeds):  # seed-major: a stopped study still covers every cell
         for method, (col, changes) in itertools.product(methods, cols.items()):
             runs = results["cells"].setdefault(method, {}).setdefault(col, [])
@@ -171,7 +214,7 @@ def main() -> None:
             print(method, col, seed, r.get("outcome"), r.get("test_auroc", r.get("round")), flush=True)
             results["runs"] = sum(len(v) for row in results["cells"].values() for v in row.values())
             results["load_average"] = os.getloadavg()[0]
-            path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+            save()
             OUT.with_suffix(".md").write_text(render(results))
     nan = [m for m, row in results["cells"].items() for v in row.values() for r in v if r["outcome"] == "nan"]
     print(OUT.with_suffix(".md").read_text())

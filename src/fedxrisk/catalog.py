@@ -39,13 +39,22 @@ KNOBS: dict[str, tuple[float, float, bool]] = {
     "eta_g": (0.5, 1.5, False),  # server step (SCAFFOLD, CODASCA)
 }
 LR_SPAN = 10.0
+# The high end of the lr range, as a factor of default_lr, where default × LR_SPAN failed in the
+# measured study (benchmarks/stability.py --ranges, results/stability.md: NaN or refused on the
+# heart hospitals or a label-skewed split at defaults); tests/test_heterogeneous_study.py checks
+# every AUC method's range against that table.
+LR_HIGH: dict[str, float] = {
+    "localscgdam": 1.0,  # α_h·η < 1 (α_h = 9) refuses η ≥ 1/9: 0.3 and 1.0 are not runnable
+}
 
 
-def search_space(default_lr: float, hyperparameters: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The default ``fedxrisk tune`` space: ``lr`` around its default, then the knobs the algorithm has."""
-    space = {
-        "lr": {"low": default_lr / LR_SPAN, "high": default_lr * LR_SPAN, "log": True, "default": default_lr}
-    }
+def search_space(
+    default_lr: float, hyperparameters: dict[str, Any], algorithm: str = ""
+) -> dict[str, dict[str, Any]]:
+    """The default ``fedxrisk tune`` space: ``lr`` around its default (up to ``LR_HIGH`` × it where
+    the stability study measured a failure above), then the knobs the algorithm has."""
+    top = float(f"{default_lr * LR_HIGH[algorithm]:.6g}") if algorithm in LR_HIGH else default_lr * LR_SPAN
+    space = {"lr": {"low": default_lr / LR_SPAN, "high": top, "log": True, "default": default_lr}}
     for name, (low, high, log) in KNOBS.items():
         value = hyperparameters.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -86,7 +95,7 @@ def _entry(cls: Any) -> dict[str, Any]:
         "monitor": cls.monitor,
         "hyperparameters": {k: _jsonable(v) for k, v in defaults.items()},
         "types": {k: type_name(hints.get(k, type(v) if v is not None else Any)) for k, v in defaults.items()},
-        "search_space": search_space(cls.default_lr, defaults),
+        "search_space": search_space(cls.default_lr, defaults, cls.name),
     }
 
 
