@@ -90,7 +90,7 @@ def runs(tmp_path_factory):
 def test_evaluate_reproduces_the_runs_final_metrics_and_client_counts(runs, tmp_path):
     result = fedxrisk.evaluate(runs / "digits", bootstrap=50, out=tmp_path)
     summary = json.loads((runs / "digits" / "summary.json").read_text())
-    final = {k: v for k, v in summary["final"].items() if k != "round"}
+    final = {k: v for k, v in summary["final"].items() if k not in ("round", "train_loss")}  # training-time
     assert result["summary"] == final  # exactly: same scores, same metric functions
     assert result["overall"]["score"]["auroc"] == final["test_auroc"]
     counts = [(m["score"]["positives"], m["score"]["negatives"]) for m in result["groups"].values()]
@@ -103,7 +103,8 @@ def test_evaluate_reproduces_the_runs_final_metrics_and_client_counts(runs, tmp_
 def test_multilabel_run_reproduced_per_label(runs, tmp_path):
     result = fedxrisk.evaluate(runs / "ml", bootstrap=0, out=tmp_path)
     summary = json.loads((runs / "ml" / "summary.json").read_text())
-    assert result["summary"] == {k: v for k, v in summary["final"].items() if k != "round" and v is not None}
+    kept = {k: v for k, v in summary["final"].items() if k not in ("round", "train_loss") and v is not None}
+    assert result["summary"] == kept
     assert list(result["overall"]) == ["label0", "label1"]
     assert result["overall"]["label1"]["auroc"] == summary["final"]["test_auroc_per_label"][1]
     assert np.isnan(result["overall"]["label0"]["ap_ci"][0])  # --bootstrap 0: no intervals
