@@ -82,3 +82,33 @@ def test_activations_grow_with_the_input_and_the_probe_leaves_the_model_alone():
     # 16 + 32 channels of float32 per pixel are kept for backward (conv, BatchNorm, ReLU outputs)
     assert small[0] >= 4 * (16 + 32) * 16 * 16 and small[1] >= 4 * 16 * 16 * 16
     assert 3.5 < large[0] / small[0] < 4.5 and 3.5 < large[1] / small[1] < 4.5  # 4× the pixels
+
+
+def test_clients_chunked_by_the_budget_train_as_all_at_once(tmp_path, monkeypatch):
+    import fedxrisk.data.budget as budget
+    from fedxrisk.experiment import run_experiment
+    from helpers import image_folder_config
+
+    folder = tmp_path / "images"
+    write_image_folder(folder, per_class=24, size=8)
+    cfg = image_folder_config(
+        folder, clients=3, engine="vmap", model="cnn", rounds=2, local_steps=2, stream=True
+    )
+    whole = run_experiment(cfg, tmp_path / "whole").summary["final"]
+    chosen: list = []
+    plain = budget.chunking
+
+    def one_at_a_time(engine, plan, clients):  # as when only one client's step fits
+        plan.clients_per_step = 1
+        chosen.append(plain(engine, plan, clients))
+        return chosen[-1]
+
+    monkeypatch.setattr(budget, "chunking", one_at_a_time)
+    chunked = run_experiment(cfg, tmp_path / "chunked").summary["final"]
+    assert chosen == [{"chunk_size": 1}]
+    assert whole == chunked
+    models = [torch.load(tmp_path / name / "model.pt", weights_only=False) for name in ("whole", "chunked")]
+    states = [{**m["params"], **m["buffers"]} for m in models]
+    assert states[0].keys() == states[1].keys()
+    for key in states[0]:  # the trained weights, to float tolerance
+        assert torch.allclose(states[0][key].float(), states[1][key].float(), atol=1e-5), key
