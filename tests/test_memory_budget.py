@@ -112,3 +112,30 @@ def test_clients_chunked_by_the_budget_train_as_all_at_once(tmp_path, monkeypatc
     assert states[0].keys() == states[1].keys()
     for key in states[0]:  # the trained weights, to float tolerance
         assert torch.allclose(states[0][key].float(), states[1][key].float(), atol=1e-5), key
+
+
+def test_the_plan_shares_the_budget_and_refuses_what_cannot_fit(monkeypatch):
+    import pytest
+
+    import fedxrisk.data.budget as budget
+
+    monkeypatch.setattr(budget, "resident_bytes", lambda: 100_000_000)  # the process before training
+    shape, batch, clients = (3, 32, 32), 8, 4
+    model = SmallCNN(shape)
+    train, _ = activation_bytes(model, shape)
+    need = batch * budget.TRAIN_OVERHEAD * train  # one client's step
+    step = 4 * 3 * 32 * 32 * batch * clients  # one decoded step of the 4 clients
+    fixed = budget.HEADROOM_MIN + 100_000_000 + 2 * step  # headroom, process, step in use + 1 ahead
+    plan = budget.plan_memory(model, shape, int(fixed + 2.5 * need), batch, clients, batched=True, workers=1)
+    assert (plan.clients_per_step, plan.step_bytes, plan.train_sample) == (2, step, int(need / batch))
+    extra = int(fixed + 2.5 * need) - fixed - 2 * int(need / batch) * batch - (plan.prefetch - 1) * step
+    assert plan.eval_batch == extra // plan.eval_sample  # what training leaves
+    roomy = budget.plan_memory(model, shape, 10**11, batch, clients, batched=True, workers=1)
+    assert (roomy.clients_per_step, roomy.prefetch, roomy.eval_batch) == (4, 4, 4096)
+    assert budget.plan_memory(model, shape, 10**11, batch, clients, batched=False).clients_per_step == 1
+    with pytest.raises(
+        budget.BudgetError, match="cannot hold a training step of data.batch_size = 8 at 3×32×32"
+    ):
+        budget.plan_memory(model, shape, int(fixed + 0.5 * need), batch, clients, batched=True, workers=1)
+    with pytest.raises(budget.BudgetError, match="is less than this process takes before training"):
+        budget.plan_memory(model, shape, 90_000_000, batch, clients, batched=True)
