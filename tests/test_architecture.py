@@ -65,7 +65,9 @@ DATA_LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.data.sampler",
     )),
     ("federated data", ("fedxrisk.data.federated",)),
-    ("streaming and validation", ("fedxrisk.data.prefetch", "fedxrisk.data.stream", "fedxrisk.data.validation")),
+    ("streaming and validation", (
+        "fedxrisk.data.prefetch", "fedxrisk.data.stream", "fedxrisk.data.validation", "fedxrisk.data.budget",
+    )),
     ("package and old paths", ("fedxrisk.data", "fedxrisk.data.datasets")),
 ]  # fmt: skip
 

@@ -67,19 +67,24 @@ def _cfg(folder, **kw) -> RunConfig:
     return image_folder_config(folder, **{**dict(model="linear", rounds=1, stream=True), **kw})
 
 
-def test_run_and_predict_use_the_budgeted_eval_batch(folder, tmp_path):
-    # folder images are 3×32×32: 12,288 float32 bytes, × 64 = 786,432 per sample
-    assert build(_cfg(folder, memory_budget="10MB")).simulation.algorithm.problem.eval_batch_size == 6
+def test_run_uses_the_planned_eval_batch_and_predict_the_budgeted_one(folder, tmp_path):
+    setup = build(_cfg(folder, memory_budget="2GB"))
+    plan = setup.stream.memory  # data/budget.py: the eval batch the budget leaves room for
+    assert setup.simulation.algorithm.problem.eval_batch_size == plan["eval_batch"] > 1
+    assert plan["eval_batch"] * plan["eval_sample"] <= plan["budget"]
     assert (
         build(
-            _cfg(folder, memory_budget="10MB", eval_batch_size=3)
+            _cfg(folder, memory_budget="2GB", eval_batch_size=3)
         ).simulation.algorithm.problem.eval_batch_size
         == 3
     )
-    run_experiment(_cfg(folder, memory_budget="10MB"), tmp_path / "run")
-    assert load_trained(tmp_path / "run").problem.eval_batch_size == 6
+    run_experiment(_cfg(folder, memory_budget="2GB"), tmp_path / "run")
+    # predict has no training step: half the budget / (64 × the float32 input), as before
+    assert load_trained(tmp_path / "run").problem.eval_batch_size == eval_batch_size((3, 32, 32), 2 * 10**9)
     with pytest.raises(ConfigError, match="data.eval_batch_size must be a positive integer, got -2"):
         build(_cfg(folder, eval_batch_size=-2))
+    with pytest.raises(ConfigError, match=r"data.memory_budget = 10.0 MB is less than this process takes"):
+        build(_cfg(folder, memory_budget="10MB"))
 
 
 def test_prefetch_steps_stay_within_a_quarter_of_the_budget(folder):

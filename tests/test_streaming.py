@@ -15,6 +15,8 @@ from fedxrisk.data.augment import RandomCropFlip
 from fedxrisk.data.lazy import LazySamples, npz_member
 from fedxrisk.data.stream import BadFileError, choose, parse_bytes
 from fedxrisk.experiment import ConfigError, RunConfig, build, resume_experiment, run_experiment
+from fedxrisk.run.build import build_data
+from fedxrisk.run.checks import checked
 from helpers import max_abs_diff, run_all, write_image_folder
 
 FINAL = ("test_auroc", "test_ap", "client_auroc_mean")
@@ -90,7 +92,7 @@ def test_streamed_multilabel_manifest_run_equals_in_memory_run(manifest, tmp_pat
 
 def test_auto_streams_above_the_memory_budget_and_says_why(folder):
     # 48 images: 33 train (70%) × 3×32×32 float32 = 405,504 bytes decoded
-    small = build(_cfg(folder, "auto", memory_budget="100KB")).stream
+    small = build_data(checked(_cfg(folder, "auto", memory_budget="100KB")).config)[1]  # build refuses it
     large = build(_cfg(folder, "auto", memory_budget="1GB")).stream
     assert small.streamed and small.reason == (
         "data.stream = auto: the decoded training set takes 0.4 MB, more than the memory budget 0.1 MB"

@@ -114,9 +114,11 @@ class StreamChoice:
     on_bad_file: str = "error"
     bad_log: list[str] = field(default_factory=list)  # every replaced sample's file (skip)
     cache: list[dict[str, Any]] = field(default_factory=list)  # data.cache files used (data/cache.py)
+    memory: dict[str, int] = field(default_factory=dict)  # how the budget is shared (data/budget.py)
 
     def summary(self) -> dict[str, Any]:
         cache = {"cache": self.cache} if self.cache else {}
+        cache |= {"memory": self.memory} if self.memory else {}
         return {
             "streamed": self.streamed,
             "reason": self.reason,

@@ -80,6 +80,7 @@ def build(
     ``privacy_ledger``: the DP ledger of the rounds a resumed or extended run already ran.
     """
     cfg = checked(cfg).config
+    from fedxrisk.data.budget import chunking, plan_for_run
     from fedxrisk.data.stream import attach_stream, eval_batch_size, parse_bytes
 
     if init is None and cfg.pretrain is None:
@@ -110,15 +111,19 @@ def build(
         from fedxrisk.run.weights import load_weights
 
         source = load_weights(model, cfg.model, init, cfg.reset_head)
+    with users_error():  # data.memory_budget against the model's measured activations (data/budget.py)
+        memory = plan_for_run(cfg, data, model, batch_size)
+    if memory is not None and choice is not None:
+        choice.memory = memory.summary()
     problem = Problem(
         model.to(cfg.device),
         data.data.pos_ratio,
         cfg.buffer_policy,
         cfg.pos_ratio_mode,
         labels,
-        eval_batch_size=eval_batch_size(
-            data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size
-        ),
+        eval_batch_size=memory.eval_batch
+        if memory is not None
+        else eval_batch_size(data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size),
         personal=cfg.personal,
     )
     schedule = run_schedule(cfg)  # the one rule (run/rules.py), Flower's included
@@ -139,7 +144,7 @@ def build(
     else:
         sim = Simulation(
             algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp,
-            noise=instance_noise(cfg),
+            noise=instance_noise(cfg), engine_options=chunking(cfg.engine, memory, data.num_clients),
         )  # fmt: skip
     return Setup(cfg, data, algorithm.problem, algorithm, sim, choice, source, privacy)
 
