@@ -7,7 +7,9 @@ import argparse
 import json
 import os
 import re
-from collections.abc import Callable
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +42,14 @@ def main(
         rows = run_all()
         raw.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
     (RESULTS / f"{name}.md").write_text(render(rows))
+
+
+def run_cases(run_case: Callable[[Any, Path, Path], dict], cases: Sequence[Any], runs: Path) -> list[dict]:
+    """``run_case(case, tmp, runs)`` for each case in a fresh temporary folder; each row's class and
+    message on stderr as it comes."""
+    rows = []
+    for case in cases:
+        with tempfile.TemporaryDirectory() as d:
+            rows.append(run_case(case, Path(d), runs))
+        print(f"{rows[-1]['class']:>9}  {case.id}: {rows[-1]['message']}", file=sys.stderr)
+    return rows

@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_cells import encode_scores, select_lr, source_fingerprint, train_cell  # noqa: E402
+from study_cells import encode_scores, read_cells, select_lr, source_fingerprint, train_cell, write_cells  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -249,14 +248,11 @@ def key(regime: str, row: str, value: float, seed: int) -> str:
 
 
 def load_results() -> dict[str, Any]:
-    return json.loads(OUT.read_text()) if OUT.exists() else {}
+    return read_cells(OUT)
 
 
 def save_results(results: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = OUT.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(sorted(results.items())), indent=0, allow_nan=True) + "\n")
-    os.replace(tmp, OUT)
+    write_cells(OUT, results)
 
 
 def choice(results, regime: str, row: str) -> tuple[list[float], float | None]:

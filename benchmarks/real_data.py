@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -56,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_cells import objective as objective_of  # noqa: E402
-from study_cells import select_lr, source_fingerprint, train_cell  # noqa: E402
+from study_cells import read_cells, select_lr, source_fingerprint, train_cell, write_cells  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -240,14 +239,11 @@ def key(regime: str, method: str, setting: str, lr: float, seed: int) -> str:
 
 
 def load_results() -> dict[str, Any]:
-    return json.loads(OUT.read_text()) if OUT.exists() else {}
+    return read_cells(OUT)
 
 
 def save_results(results: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = OUT.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(sorted(results.items())), indent=0, allow_nan=True) + "\n")
-    os.replace(tmp, OUT)
+    write_cells(OUT, results)
 
 
 def target(record: dict[str, Any]) -> float:

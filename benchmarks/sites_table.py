@@ -560,12 +560,7 @@ def run_case(case: Case, tmp: Path, runs: Path) -> dict:
 
 
 def run_all(runs: Path, cases: list[Case] = CASES) -> list[dict]:
-    rows = []
-    for case in cases:
-        with tempfile.TemporaryDirectory() as d:
-            rows.append(run_case(case, Path(d), runs))
-        print(f"{rows[-1]['class']:>9}  {case.id}: {rows[-1]['message']}", file=sys.stderr)
-    return rows
+    return casetable.run_cases(run_case, cases, runs)
 
 
 def render(rows: list[dict]) -> str:

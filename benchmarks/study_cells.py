@@ -18,6 +18,7 @@ import base64
 import hashlib
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -185,3 +186,16 @@ def source_fingerprint(sources: Path) -> dict[str, Any]:
         sources.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
     dirty = bool(git("status", "--porcelain", "--", "src"))
     return {"commit": git("rev-parse", "HEAD"), "src_dirty": dirty, "files": digest}
+
+
+def read_cells(path: Path) -> dict[str, Any]:
+    """A study's stored cells ({} before its first)."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_cells(path: Path, cells: dict[str, Any]) -> None:
+    """Replace ``path`` with ``cells`` (sorted by key) in one rename: a killed study keeps its last write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(cells.items())), indent=0, allow_nan=True) + "\n")
+    os.replace(tmp, path)
