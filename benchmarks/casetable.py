@@ -53,3 +53,15 @@ def run_cases(run_case: Callable[[Any, Path, Path], dict], cases: Sequence[Any],
             rows.append(run_case(case, Path(d), runs))
         print(f"{rows[-1]['class']:>9}  {case.id}: {rows[-1]['message']}", file=sys.stderr)
     return rows
+
+
+def in_fresh_runs(
+    make_runs: Callable[[Path], Path], run_all: Callable[[Path], list[dict]]
+) -> Callable[[], list[dict]]:
+    """A table's whole run: its fixture runs made in a temporary folder, then every case against them."""
+
+    def run() -> list[dict]:
+        with tempfile.TemporaryDirectory() as d:
+            return run_all(make_runs(Path(d)))
+
+    return run

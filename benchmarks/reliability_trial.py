@@ -24,7 +24,6 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -145,13 +144,8 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run_in_tmp() -> list[dict]:
-    with tempfile.TemporaryDirectory() as d:
-        return run_all(make_runs(Path(d)))
-
-
 def main() -> None:
-    casetable.main(NAME, __doc__, _run_in_tmp, render)
+    casetable.main(NAME, __doc__, casetable.in_fresh_runs(make_runs, run_all), render)
 
 
 if __name__ == "__main__":

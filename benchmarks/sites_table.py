@@ -25,7 +25,6 @@ import pickle
 import shutil
 import struct
 import sys
-import tempfile
 import warnings
 import zlib
 from collections.abc import Callable
@@ -584,13 +583,8 @@ def render(rows: list[dict]) -> str:
 CLASSES = ("clear", "runs", "unclear", "traceback", "silent", "data lost")
 
 
-def _run_in_tmp() -> list[dict]:
-    with tempfile.TemporaryDirectory() as d:
-        return run_all(make_runs(Path(d)))
-
-
 def main() -> None:
-    casetable.main(NAME, __doc__, _run_in_tmp, render)
+    casetable.main(NAME, __doc__, casetable.in_fresh_runs(make_runs, run_all), render)
 
 
 if __name__ == "__main__":
