@@ -184,6 +184,8 @@ def test_one_config_over_real_processes_equals_fedxrisk_run(runs, tmp_path):
         assert _column(out, key) == pytest.approx(_column(tmp_path / "loop", key), abs=1e-12), key
     assert summary["selected"]["round"] == ref["selected"]["round"]
     assert summary["config"]["lr"] == pytest.approx(ref["config"]["lr"], rel=1e-6)
+    assert set(summary["privacy"]) == set(ref["privacy"]) | {"noise_added_by", "clipped_by"}
+    assert summary["privacy"]["ledger"] == ref["privacy"]["ledger"]
 
 
 def test_the_real_server_process_receives_no_site_statistic_in_clear_during_training(runs):

@@ -97,6 +97,16 @@ def site_columns(sites: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def history_fields(num_sites: int) -> tuple[str, ...]:
+    """history.csv's per-site columns of a personalized run: the two means, then each site's AUROC."""
+    return ("personal_auroc_mean", "global_site_auroc_mean", *(f"site_auroc_{k}" for k in range(num_sites)))
+
+
+def history_row(columns: dict[str, float]) -> dict[str, float]:
+    """The :func:`history_fields` part of :func:`site_columns`' numbers (the rest go to summary.json)."""
+    return {k: v for k, v in columns.items() if k.startswith(("site_auroc_", "personal_", "global_site_"))}
+
+
 def site_metrics(
     problem: Problem, models: list[tuple[Tree, Tree]], global_model: tuple[Tree, Tree], data: FederatedData
 ) -> dict[str, Any]:

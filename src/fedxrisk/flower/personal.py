@@ -23,7 +23,7 @@ from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS
 from fedxrisk.algorithms.personal import start_values
-from fedxrisk.engines.personal import site_columns
+from fedxrisk.engines.personal import history_fields, history_row, site_columns
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.wire import Packet
 from fedxrisk.problem import Problem
@@ -88,8 +88,7 @@ class FlowerPersonal:
         """history.csv's extra columns (``run/personalize.personal_fields``)."""
         if not (self.on and sites_differ(self.cfg)):
             return ()
-        sites = tuple(f"site_auroc_{k}" for k in range(self.num_sites))
-        return ("personal_auroc_mean", "global_site_auroc_mean", *sites)
+        return history_fields(self.num_sites)
 
     def global_model(self, model: dict[str, Any]) -> dict[str, Any]:
         """The sites' reported model (no personal entry) completed with the starting values."""
@@ -109,8 +108,7 @@ class FlowerPersonal:
             self.final = replies
         if not sites_differ(self.cfg):
             return {}
-        out = self._columns(replies, ROW)
-        return {k: v for k, v in out.items() if k.startswith(("site_auroc_", "personal_", "global_site_"))}
+        return history_row(self._columns(replies, ROW))
 
     def summary(self) -> dict[str, Any]:
         """summary.json's ``personal`` block (``fedxrisk run``'s keys; the site models stay on the sites)."""

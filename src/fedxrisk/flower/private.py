@@ -181,15 +181,21 @@ class ServerDP:
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
+        """summary.json ``privacy``: the keys of ``fedxrisk run``'s (run/privacy.PrivacyPlan.summary),
+        with the same values for the same run, and who clips and who adds the noise."""
         s = self.config.sampling
         return {
-            "level": "client", "epsilon": self.epsilon(rounds), "delta": self.delta, "clip": self.config.clip,
-            "noise_multiplier": self.config.noise_multiplier, "sampling_rate": self.config.sampling.rate,
-            "sampling": self.config.sampling.kind, "accountant": "RDP (dp-accounting)", "noise_added_by": "server",
-            "clipped_by": self.clipped_by, "relation": f"{relation(s.kind, s.rate)} client",
+            "level": "client", "epsilon": self.epsilon(rounds), "delta": self.delta,
+            "relation": f"{relation(s.kind, s.rate)} client", "unit": "client (all its records)",
             **({} if (r := self.replace_epsilon(rounds)) is None else {"epsilon_replace_one": r}),
+            "clip": self.config.clip, "noise_multiplier": self.config.noise_multiplier,
+            "target_epsilon": self.target_epsilon, "sampling_rate": s.rate, "sampling": s.kind,
+            "accountant": "RDP (dp-accounting) over the ledger; replace-one: PLD",
+            "ledger": [segment.to_dict() for segment in self._ledger(rounds)],
+            "noise": "secret" if self.aggregator.private else "reproducible test mode: NOT PRIVATE",
             "private": self.aggregator.private,
             **({"validation": self.validation.dp.summary(len(self.releases))} if self.validation else {}),
+            "noise_added_by": "server", "clipped_by": self.clipped_by,
         }  # fmt: skip
 
 

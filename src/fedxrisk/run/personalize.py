@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedxrisk.engines.personal import fine_tune, personal_evaluation, site_metrics, site_models
+from fedxrisk.engines.personal import (
+    fine_tune,
+    history_fields,
+    history_row,
+    personal_evaluation,
+    site_metrics,
+    site_models,
+)
 from fedxrisk.run.build import Setup
 from fedxrisk.run.folder import RunFolder
 from fedxrisk.tree import Tree
@@ -68,8 +75,7 @@ def personal_fields(setup: Setup) -> tuple[str, ...]:
         return setup.simulation.personal_fields()
     if not _site_rows_during_training(setup):
         return ()
-    sites = tuple(f"site_auroc_{k}" for k in range(setup.data.num_clients))
-    return ("personal_auroc_mean", "global_site_auroc_mean", *sites)
+    return history_fields(setup.data.num_clients)
 
 
 def personal_row(setup: Setup) -> dict[str, Any]:
@@ -78,9 +84,7 @@ def personal_row(setup: Setup) -> dict[str, Any]:
         return setup.simulation.personal_row()
     if not _site_rows_during_training(setup):
         return {}
-    sim = setup.simulation
-    out = personal_evaluation(sim, setup.problem, setup.data)
-    return {k: v for k, v in out.items() if k.startswith(("site_auroc_", "personal_", "global_site_"))}
+    return history_row(personal_evaluation(setup.simulation, setup.problem, setup.data))
 
 
 def save_site_models(setup: Setup, folder: RunFolder, block: dict[str, Any]) -> dict[str, Any]:
