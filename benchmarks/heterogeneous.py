@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -45,7 +44,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_cells import encode_scores, read_cells, select_lr, source_fingerprint, train_cell, write_cells  # noqa: E402
+from study_cells import (  # noqa: E402
+    encode_scores,
+    read_cells,
+    record_sources,
+    select_lr,
+    source_fingerprint,
+    train_cell,
+    write_cells,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -307,27 +314,9 @@ def run_study(regimes: list[str]) -> None:
 
 
 def record_provenance(results: dict[str, Any]) -> None:
-    """provenance.json's "heterogeneous" entry: the union of the cells' recorded sources; refuses
-    cells that ran uncommitted or different code (as real_data.py --record-provenance)."""
-    import provenance
-
+    """provenance.json's "heterogeneous" entry: the union of the cells' recorded sources."""
     cells = [rec for k, rec in results.items() if not k.startswith("_")]
-    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
-    files: dict[str, str] = {}
-    for rec in cells:
-        src = rec["source"]
-        if src["src_dirty"] or src["files"] not in known:
-            sys.exit(
-                f"heterogeneous: cell {rec['regime']}|{rec['row']} ran uncommitted or unrecorded source; rerun it"
-            )
-        for path, sha in known[src["files"]].items():
-            if files.setdefault(path, sha) != sha:
-                sys.exit(f"heterogeneous: the cells ran different versions of {path}; rerun the older ones")
-    commits = sorted({rec["source"]["commit"] for rec in cells})
-    provenance.record(
-        "heterogeneous", files, commit=commits[-1], note=f"{len(cells)} cells; {len(commits)} commit(s)"
-    )
-    print(f"heterogeneous: recorded the source of {len(cells)} cells ({len(files)} files)")
+    record_sources("heterogeneous", cells, SOURCES, lambda rec: f"{rec['regime']}|{rec['row']}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_cells import objective as objective_of  # noqa: E402
-from study_cells import read_cells, select_lr, source_fingerprint, train_cell, write_cells  # noqa: E402
+from study_cells import read_cells, record_sources, select_lr, source_fingerprint, train_cell, write_cells  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -344,29 +344,9 @@ def verify(results: dict[str, Any]) -> None:
 
 
 def record_provenance(results: dict[str, Any]) -> None:
-    """benchmarks/results/provenance.json's "real_data" entry (benchmarks/provenance.py, which
-    ``docs.py --check`` reads): the union of the cells' sources; refuses cells that ran different code."""
-    try:
-        import provenance
-    except ImportError:
-        sys.exit("real_data: benchmarks/provenance.py is missing on this branch; nothing recorded")
+    """benchmarks/results/provenance.json's "real_data" entry: the union of the cells' sources."""
     cells = [rec for k, rec in results.items() if not k.startswith("_")]
-    if any(rec["source"]["src_dirty"] for rec in cells):
-        sys.exit("real_data: some cells ran with uncommitted changes in src/; rerun them")
-    known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
-    files: dict[str, str] = {}
-    for rec in cells:
-        digest = rec["source"]["files"]
-        if digest not in known:
-            sys.exit(f"real_data: cell {rec['regime']}|{rec['method']} has no recorded source {digest}")
-        for path, sha in known[digest].items():
-            if files.setdefault(path, sha) != sha:
-                sys.exit(f"real_data: the cells ran different versions of {path}; rerun the older ones")
-    commits = sorted({rec["source"]["commit"] for rec in cells})
-    provenance.record(
-        "real_data", files, commit=commits[-1], note=f"{len(cells)} cells; {len(commits)} commit(s)"
-    )
-    print(f"real_data: recorded the source of {len(cells)} cells ({len(files)} files)")
+    record_sources("real_data", cells, SOURCES, lambda rec: f"{rec['regime']}|{rec['method']}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -188,6 +188,31 @@ def source_fingerprint(sources: Path) -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "src_dirty": dirty, "files": digest}
 
 
+def record_sources(
+    name: str, cells: list[dict[str, Any]], sources: Path, label: Callable[[dict], str]
+) -> None:
+    """provenance.json's ``name`` entry (benchmarks/provenance.py, which ``docs.py --check`` reads):
+    the union of the ``cells``' :func:`source_fingerprint` files. Refuses, in one line, a cell that ran
+    uncommitted source or a source not in ``sources``, and cells that ran different versions of a
+    file. ``label``: a cell's name in those lines."""
+    import provenance
+
+    known = json.loads(sources.read_text()) if sources.exists() else {}
+    files: dict[str, str] = {}
+    for rec in cells:
+        src = rec["source"]
+        if src["src_dirty"]:
+            sys.exit(f"{name}: cell {label(rec)} ran with uncommitted changes in src/; rerun it")
+        if src["files"] not in known:
+            sys.exit(f"{name}: cell {label(rec)} has no recorded source {src['files']}; rerun it")
+        for path, sha in known[src["files"]].items():
+            if files.setdefault(path, sha) != sha:
+                sys.exit(f"{name}: the cells ran different versions of {path}; rerun the older ones")
+    commits = sorted({rec["source"]["commit"] for rec in cells})
+    provenance.record(name, files, commit=commits[-1], note=f"{len(cells)} cells; {len(commits)} commit(s)")
+    print(f"{name}: recorded the source of {len(cells)} cells ({len(files)} files)")
+
+
 def read_cells(path: Path) -> dict[str, Any]:
     """A study's stored cells ({} before its first)."""
     return json.loads(path.read_text()) if path.exists() else {}

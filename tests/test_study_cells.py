@@ -60,3 +60,31 @@ def test_the_lr_rule_extends_at_an_edge_and_takes_the_best_validation_value():
     assert sc.select_lr((0.1, 0.3, 1.0), rec.get, "auroc") == ([0.1, 0.3, 1.0, 3.0], 1.0)
     nan = {lr: {"val": {"auroc": math.nan}} for lr in runs}
     assert sc.select_lr((0.1, 0.3, 1.0), nan.get, "auroc") == ([0.1, 0.3, 1.0], 0.3)  # cannot rank: middle
+
+
+def test_record_sources_refuses_dirty_unknown_or_mixed_cells_and_records_the_union(tmp_path, monkeypatch):
+    import provenance
+
+    sources = tmp_path / "sources.json"
+    sources.write_text(json.dumps({"d1": {"src/a.py": "1", "src/b.py": "2"}, "d2": {"src/a.py": "1"},
+                                   "d3": {"src/a.py": "9"}}))  # fmt: skip
+    recorded = {}
+    monkeypatch.setattr(
+        provenance, "record", lambda name, files, **kw: recorded.update(name=name, files=files, **kw)
+    )
+
+    def cell(digest: str, dirty: bool = False, commit: str = "c1") -> dict:
+        return {"id": digest, "source": {"files": digest, "src_dirty": dirty, "commit": commit}}
+
+    label = lambda rec: rec["id"]  # noqa: E731
+    for cells, words in [
+        ([cell("d1"), cell("d2", dirty=True)], "cell d2 ran with uncommitted changes"),
+        ([cell("d1"), cell("d9")], "cell d9 has no recorded source d9"),
+        ([cell("d1"), cell("d3")], "different versions of src/a.py"),
+    ]:
+        with pytest.raises(SystemExit, match=words):
+            sc.record_sources("study", cells, sources, label)
+    assert recorded == {}
+    sc.record_sources("study", [cell("d1", commit="c1"), cell("d2", commit="c2")], sources, label)
+    assert recorded == {"name": "study", "files": {"src/a.py": "1", "src/b.py": "2"}, "commit": "c2",
+                        "note": "2 cells; 2 commit(s)"}  # fmt: skip
