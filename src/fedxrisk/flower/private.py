@@ -46,7 +46,7 @@ from fedxrisk.engines.privacy.validation import (
 )
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.errors import ConfigError
-from fedxrisk.run.privacy import default_delta
+from fedxrisk.run.privacy import default_delta, privacy_block
 from fedxrisk.tree import Tree, leaves, tmap
 
 
@@ -181,22 +181,16 @@ class ServerDP:
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
-        """summary.json ``privacy``: the keys of ``fedxrisk run``'s (run/privacy.PrivacyPlan.summary),
-        with the same values for the same run, and who clips and who adds the noise."""
+        """summary.json ``privacy``: ``fedxrisk run``'s block (run/privacy.privacy_block), and who
+        clips and who adds the noise."""
         s = self.config.sampling
-        return {
-            "level": "client", "epsilon": self.epsilon(rounds), "delta": self.delta,
-            "relation": f"{relation(s.kind, s.rate)} client", "unit": "client (all its records)",
-            **({} if (r := self.replace_epsilon(rounds)) is None else {"epsilon_replace_one": r}),
-            "clip": self.config.clip, "noise_multiplier": self.config.noise_multiplier,
-            "target_epsilon": self.target_epsilon, "sampling_rate": s.rate, "sampling": s.kind,
-            "accountant": "RDP (dp-accounting) over the ledger; replace-one: PLD",
-            "ledger": [segment.to_dict() for segment in self._ledger(rounds)],
-            "noise": "secret" if self.aggregator.private else "reproducible test mode: NOT PRIVATE",
-            "private": self.aggregator.private,
-            **({"validation": self.validation.dp.summary(len(self.releases))} if self.validation else {}),
-            "noise_added_by": "server", "clipped_by": self.clipped_by,
-        }  # fmt: skip
+        block = privacy_block(
+            "client", self.epsilon(rounds), self.delta, f"{relation(s.kind, s.rate)} client",
+            self.replace_epsilon(rounds), self.config.clip, self.config.noise_multiplier,
+            self.target_epsilon, s.rate, s.kind, self._ledger(rounds), self.aggregator.private,
+            self.validation.dp.summary(len(self.releases)) if self.validation else None,
+        )  # fmt: skip
+        return {**block, "noise_added_by": "server", "clipped_by": self.clipped_by}
 
 
 def _rebuild(tree: Tree, flat: dict[str, torch.Tensor], prefix: str = "") -> Tree:

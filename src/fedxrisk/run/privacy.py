@@ -279,7 +279,7 @@ class PrivacyPlan:
 
     @property
     def unit(self) -> str:
-        return "client (all its records)" if self.level == "client" else "record"
+        return unit_of(self.level)
 
     @property
     def relation(self) -> str:
@@ -313,18 +313,39 @@ class PrivacyPlan:
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
-        return {
-            "level": self.level, "epsilon": self.epsilon(rounds), "delta": self.delta,
-            "relation": self.relation, "unit": self.unit,
-            **({"epsilon_replace_one": self.replace_epsilon(rounds)} if self.differs else {}),
-            "clip": self.clip, "noise_multiplier": self.noise_multiplier, "target_epsilon": self.target_epsilon,
-            "sampling_rate": self.q, "sampling": self.sampling,
-            "accountant": "RDP (dp-accounting) over the ledger; replace-one: PLD",
-            "ledger": [s.to_dict() for s in self.ledger(rounds)],
-            "noise": "secret" if self.private else "reproducible test mode: NOT PRIVATE",
-            "private": self.private,
-            **({"validation": self.validation.summary(len(self.releases))} if self.validation else {}),
-        }  # fmt: skip
+        return privacy_block(
+            self.level, self.epsilon(rounds), self.delta, self.relation,
+            self.replace_epsilon(rounds) if self.differs else None,
+            self.clip, self.noise_multiplier, self.target_epsilon, self.q, self.sampling,
+            self.ledger(rounds), self.private,
+            self.validation.summary(len(self.releases)) if self.validation else None,
+        )  # fmt: skip
+
+
+def privacy_block(
+    level: str, epsilon: float, delta: float, relation: str, epsilon_replace_one: float | None,
+    clip: float, noise_multiplier: float, target_epsilon: float | None, q: float, sampling: str,
+    ledger: list[Any], private: bool, validation: dict[str, Any] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """summary.json's ``privacy`` block, the same keys on every engine and on Flower
+    (flower/private.ServerDP adds who clips and who adds the noise). ``epsilon_replace_one``:
+    None where it equals ``epsilon`` (fixed sampling); ``validation``: the release's summary."""
+    return {
+        "level": level, "epsilon": epsilon, "delta": delta, "relation": relation, "unit": unit_of(level),
+        **({"epsilon_replace_one": epsilon_replace_one} if epsilon_replace_one is not None else {}),
+        "clip": clip, "noise_multiplier": noise_multiplier, "target_epsilon": target_epsilon,
+        "sampling_rate": q, "sampling": sampling,
+        "accountant": "RDP (dp-accounting) over the ledger; replace-one: PLD",
+        "ledger": [s.to_dict() for s in ledger],
+        "noise": "secret" if private else "reproducible test mode: NOT PRIVATE",
+        "private": private,
+        **({"validation": validation} if validation is not None else {}),
+    }  # fmt: skip
+
+
+def unit_of(level: str) -> str:
+    """What one DP guarantee protects at ``level``."""
+    return "client (all its records)" if level == "client" else "record"
 
 
 def plan_privacy(
