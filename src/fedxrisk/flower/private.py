@@ -46,7 +46,8 @@ from fedxrisk.engines.privacy.validation import (
 )
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.errors import ConfigError
-from fedxrisk.run.privacy import default_delta, privacy_block
+from fedxrisk.run.privacy import default_delta
+from fedxrisk.run.privacy_outputs import privacy_block
 from fedxrisk.tree import Tree, leaves, tmap
 
 

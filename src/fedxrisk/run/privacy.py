@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedxrisk.errors import ConfigError
+from fedxrisk.run.privacy_outputs import privacy_block, unit_of
 
 if TYPE_CHECKING:
     from fedxrisk.engines.privacy.accountant import Segment
@@ -320,32 +321,6 @@ class PrivacyPlan:
             self.ledger(rounds), self.private,
             self.validation.summary(len(self.releases)) if self.validation else None,
         )  # fmt: skip
-
-
-def privacy_block(
-    level: str, epsilon: float, delta: float, relation: str, epsilon_replace_one: float | None,
-    clip: float, noise_multiplier: float, target_epsilon: float | None, q: float, sampling: str,
-    ledger: list[Any], private: bool, validation: dict[str, Any] | None,
-) -> dict[str, Any]:  # fmt: skip
-    """summary.json's ``privacy`` block, the same keys on every engine and on Flower
-    (flower/private.ServerDP adds who clips and who adds the noise). ``epsilon_replace_one``:
-    None where it equals ``epsilon`` (fixed sampling); ``validation``: the release's summary."""
-    return {
-        "level": level, "epsilon": epsilon, "delta": delta, "relation": relation, "unit": unit_of(level),
-        **({"epsilon_replace_one": epsilon_replace_one} if epsilon_replace_one is not None else {}),
-        "clip": clip, "noise_multiplier": noise_multiplier, "target_epsilon": target_epsilon,
-        "sampling_rate": q, "sampling": sampling,
-        "accountant": "RDP (dp-accounting) over the ledger; replace-one: PLD",
-        "ledger": [s.to_dict() for s in ledger],
-        "noise": "secret" if private else "reproducible test mode: NOT PRIVATE",
-        "private": private,
-        **({"validation": validation} if validation is not None else {}),
-    }  # fmt: skip
-
-
-def unit_of(level: str) -> str:
-    """What one DP guarantee protects at ``level``."""
-    return "client (all its records)" if level == "client" else "record"
 
 
 def plan_privacy(
