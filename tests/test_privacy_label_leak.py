@@ -1,0 +1,141 @@
+"""Issue 40 item 1: at instance level no label escapes the clipped, noised gradient.
+
+The attack, for every registered algorithm instance-level DP accepts: two runs with the same
+(test-mode, reproducible) sampling and noise streams on data that differ in the label of one
+record the Poisson sampler never drew. Whatever the run releases — every tree a client hands the
+collective, what comes back, the global model, a site's personal model — must be bit-for-bit
+equal: the record was not in any batch, so DP-SGD's output cannot depend on it. The record is
+the client's first (local position 0): empty batch slots used to be copies of it, and CODA+ and
+CODASCA scaled their a/b/α steps by the label share of the whole padded batch. The control:
+flipping a record that *was* sampled changes what is released (the test can see a label).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from fedxrisk.algorithms import ALGORITHMS, Schedule
+from fedxrisk.data import make_federated
+from fedxrisk.engines import Simulation
+from fedxrisk.engines.privacy import NoiseSource, instance_private, unsupported_instance_reason
+from fedxrisk.errors import ConfigError
+from fedxrisk.models import build_model
+from fedxrisk.problem import Problem
+from fedxrisk.tree import leaves
+
+pytest.importorskip("dp_accounting")
+P, CLIP, SIGMA, LR, BATCH = 0.3, 1.0, 1.0, 3.0, 8  # LR: the CODA family's default η, where η·ℓ > 1
+
+
+class Recording:
+    """A collective that keeps a copy of every tree it is handed and returns."""
+
+    def __init__(self, inner: Any, log: list):
+        self.inner, self.log = inner, log
+
+    def __getattr__(self, attr: str) -> Any:
+        method = getattr(self.inner, attr)
+        if attr not in ("mean", "gather", "pool"):
+            return method
+
+        def recorded(*args: Any) -> Any:
+            out = method(*args)
+            self.log.append(copy.deepcopy((attr, args, out)))
+            return out
+
+        return recorded
+
+
+def _build(name: str, data: Any, seed: int) -> tuple[Any, Simulation]:
+    net = build_model("mlp", data.data.input_shape, 0)
+    alg = ALGORITHMS[name](Problem(net, P))
+    reason = unsupported_instance_reason(alg)
+    if reason is not None:
+        return reason, None
+    private = instance_private(alg, CLIP, SIGMA, pos_ratio=P if alg.uses_pos_ratio else None)
+    steps = alg.fixed_window or 2
+    schedule = Schedule.build(2, steps, LR, 1)
+    return None, Simulation(private, data, schedule, BATCH, 0, noise=NoiseSource.reproducible(seed))
+
+
+def _released(name: str, data: Any, seed: int) -> list[torch.Tensor]:
+    """Every tensor the run releases: each collective's input and output, the global model, and
+    each site's personal model (Ditto's v)."""
+    _, sim = _build(name, data, seed)
+    log: list = []
+    inner = sim._collective
+    sim._collective = lambda: Recording(inner(), log)  # noqa: SLF001  (the spy)
+    while not sim.done:
+        sim.run_round()
+    released = [t for entry in log for _, t in leaves({"x": _tree(entry)})]
+    released += [t for _, t in leaves({"g": sim.global_model()[0]})]
+    personal = getattr(sim.algorithm, "personal_model", None)
+    if personal is not None:
+        released += [t for _, t in leaves({"v": personal(sim.states)[0]})]
+    return released
+
+
+def _tree(entry: Any) -> Any:
+    if isinstance(entry, torch.Tensor):
+        return entry
+    if isinstance(entry, dict):
+        return {str(k): _tree(v) for k, v in entry.items()}
+    if isinstance(entry, (tuple, list)):
+        return {str(i): _tree(v) for i, v in enumerate(entry)}
+    return {}
+
+
+def _sampled(name: str, data: Any, seed: int) -> set[int]:
+    """Client 0's local positions that any training batch of the run draws (the sampler replayed
+    on a copy: the same test-mode source, the same draws)."""
+    _, sim = _build(name, data, seed)
+    sampler = copy.deepcopy(sim.sampler)
+    steps = sum(plan.window for plan in sim.plans)
+    drawn: set[int] = set()
+    for _ in range(steps):
+        row = sampler.next()[0]
+        drawn.update(int(i) for i in row if i >= 0)
+    return drawn
+
+
+def _flip(data: Any, client: int, local: int) -> Any:
+    out = copy.deepcopy(data)
+    g = int(out.shards[client][local])
+    out.data.y_train[g] = 1 - out.data.y_train[g]
+    return out
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def data() -> Any:
+    return make_federated("digits", 2, "iid", P, 0)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_an_unsampled_label_changes_nothing_released(name, data):
+    reason, _ = _build(name, data, 0)
+    if reason is not None:
+        assert "\n" not in reason and reason.strip()
+        with pytest.raises(ConfigError) as e:
+            net = build_model("mlp", data.data.input_shape, 0)
+            instance_private(ALGORITHMS[name](Problem(net, P)), CLIP, SIGMA, P)
+        assert "\n" not in str(e.value)
+        pytest.skip(f"refused at instance level: {reason}")
+    # a test-mode stream in which client 0's first record is never drawn (it used to fill the padding)
+    seed = next(s for s in range(50) if 0 not in _sampled(name, data, s))
+    drawn = _sampled(name, data, seed)
+    assert drawn, "the run draws no record"
+    other = next(i for i in range(1, data.shard_sizes[0]) if i not in drawn)
+    base = _released(name, data, seed)
+    for local in (0, other):  # unsampled: the padding's former source, and any other record
+        same = _same(base, _released(name, _flip(data, 0, local), seed))
+        assert same, f"the label of unsampled record {local} changes what {name} releases"
+    control = _same(base, _released(name, _flip(data, 0, min(drawn)), seed))
+    assert not control, "flipping a sampled record changed nothing: the test sees nothing"
