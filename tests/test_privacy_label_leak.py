@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Schedule
+from fedxrisk.algorithms.base import with_hooks
 from fedxrisk.data import make_federated
 from fedxrisk.engines import Simulation
 from fedxrisk.engines.privacy import NoiseSource, instance_private, unsupported_instance_reason
@@ -62,10 +63,23 @@ def _build(name: str, data: Any, seed: int) -> tuple[Any, Simulation]:
     return None, Simulation(private, data, schedule, BATCH, 0, noise=NoiseSource.reproducible(seed))
 
 
-def _released(name: str, data: Any, seed: int) -> list[torch.Tensor]:
+class LabelBlind:
+    """DP-SGD on a copy of the batch whose labels are all 0: the mechanism itself sees no label."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __call__(self, loss: Any, params: Any, batch: dict[str, torch.Tensor]) -> Any:
+        return self.inner(loss, params, dict(batch, y=torch.zeros_like(batch["y"])))
+
+
+def _released(name: str, data: Any, seed: int, blind: bool = False) -> list[torch.Tensor]:
     """Every tensor the run releases: each collective's input and output, the global model, and
-    each site's personal model (Ditto's v)."""
+    each site's personal model (Ditto's v); ``blind``: DP-SGD fed no label (:class:`LabelBlind`)."""
     _, sim = _build(name, data, seed)
+    if blind:
+        estimator = LabelBlind(sim.algorithm.gradient_estimator)
+        sim.algorithm = with_hooks(sim.algorithm, gradient_estimator=estimator)
     log: list = []
     inner = sim._collective
     sim._collective = lambda: Recording(inner(), log)  # noqa: SLF001  (the spy)
@@ -89,17 +103,13 @@ def _tree(entry: Any) -> Any:
     return {}
 
 
-def _sampled(name: str, data: Any, seed: int) -> set[int]:
-    """Client 0's local positions that any training batch of the run draws (the sampler replayed
-    on a copy: the same test-mode source, the same draws)."""
+def _sampled(name: str, data: Any, seed: int) -> list[list[int]]:
+    """Client 0's local positions in each training batch of the run (the sampler replayed on a
+    copy: the same test-mode source, the same draws)."""
     _, sim = _build(name, data, seed)
     sampler = copy.deepcopy(sim.sampler)
     steps = sum(plan.window for plan in sim.plans)
-    drawn: set[int] = set()
-    for _ in range(steps):
-        row = sampler.next()[0]
-        drawn.update(int(i) for i in row if i >= 0)
-    return drawn
+    return [[int(i) for i in sampler.next()[0] if i >= 0] for _ in range(steps)]
 
 
 def _flip(data: Any, client: int, local: int) -> Any:
@@ -118,8 +128,8 @@ def data() -> Any:
     return make_federated("digits", 2, "iid", P, 0)
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_an_unsampled_label_changes_nothing_released(name, data):
+def _skip_refused(name: str, data: Any) -> None:
+    """Skip an algorithm instance-level DP refuses, after checking the refusal is one line."""
     reason, _ = _build(name, data, 0)
     if reason is not None:
         assert "\n" not in reason and reason.strip()
@@ -128,14 +138,55 @@ def test_an_unsampled_label_changes_nothing_released(name, data):
             instance_private(ALGORITHMS[name](Problem(net, P)), CLIP, SIGMA, P)
         assert "\n" not in str(e.value)
         pytest.skip(f"refused at instance level: {reason}")
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_an_unsampled_label_changes_nothing_released(name, data):
+    _skip_refused(name, data)
     # a test-mode stream in which client 0's first record is never drawn (it used to fill the padding)
-    seed = next(s for s in range(50) if 0 not in _sampled(name, data, s))
-    drawn = _sampled(name, data, seed)
-    assert drawn, "the run draws no record"
+    seed = next(s for s in range(50) if all(0 not in batch for batch in _sampled(name, data, s)))
+    batches = _sampled(name, data, seed)
+    drawn = {i for batch in batches for i in batch}
+    assert batches[0], "the first batch is empty"
     other = next(i for i in range(1, data.shard_sizes[0]) if i not in drawn)
     base = _released(name, data, seed)
     for local in (0, other):  # unsampled: the padding's former source, and any other record
         same = _same(base, _released(name, _flip(data, 0, local), seed))
         assert same, f"the label of unsampled record {local} changes what {name} releases"
-    control = _same(base, _released(name, _flip(data, 0, min(drawn)), seed))
+    # the control flips a record of the first step (later, a sigmoid saturated at η = 3 can pass no
+    # gradient to w and the projection of a, b onto [0, 1] can absorb the rest)
+    control = _same(base, _released(name, _flip(data, 0, batches[0][0]), seed))
     assert not control, "flipping a sampled record changed nothing: the test sees nothing"
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_no_label_reaches_a_step_except_through_the_mechanism(name, data):
+    """With DP-SGD fed no label (its input's labels zeroed), flipping *every* label of every client
+    changes nothing released: nothing outside the clipped, noised gradient reads a label (CODA+'s
+    a/b/α step scales once read the batch's label share, sampled records included). The control:
+    with the mechanism seeing labels, the flip changes the release."""
+    _skip_refused(name, data)
+    flipped = copy.deepcopy(data)
+    flipped.data.y_train = 1 - flipped.data.y_train
+    blind = _released(name, data, 0, blind=True)
+    assert _same(blind, _released(name, flipped, 0, blind=True)), f"{name} reads labels outside DP-SGD"
+    assert not _same(_released(name, data, 0), _released(name, flipped, 0)), "the control sees nothing"
+
+
+@pytest.mark.parametrize("engine", ["loop", "vmap"])
+def test_padding_slots_are_zero_dummies_not_copies_of_a_record(engine, data):
+    """Every engine builds its DP batches with ``private_batch``: the empty slots of a padded
+    Poisson batch hold zeros in every entry (x, y, indices), so no record's value reaches them."""
+    _, sim = _build("localsgdm", data, 0)
+    sim = Simulation(sim.algorithm, data, sim.schedule, BATCH, 0, engine, noise=NoiseSource.reproducible(0))
+    seen = []
+    make = sim._batch  # noqa: SLF001  (the batches the engine hands its local steps)
+    sim._batch = lambda positions, step=-1: seen.append(make(positions, step)) or seen[-1]
+    sim.run_round()
+    assert seen
+    for batch in seen:
+        empty = batch["mask"] == 0
+        assert empty.any() and (~empty).any()
+        for key in ("x", "y", "index", "local_index"):
+            assert not batch[key][empty].any(), f"padded slots of {key!r} hold a record's value"
+        assert batch["x"][~empty].abs().sum() > 0  # the records themselves are there
