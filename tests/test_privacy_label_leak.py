@@ -25,6 +25,7 @@ from fedxrisk.engines import Simulation
 from fedxrisk.engines.privacy import NoiseSource, instance_private, unsupported_instance_reason
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
+from fedxrisk.objectives import auxiliary_curvatures, auxiliary_scales
 from fedxrisk.problem import Problem
 from fedxrisk.tree import leaves
 
@@ -190,3 +191,25 @@ def test_padding_slots_are_zero_dummies_not_copies_of_a_record(engine, data):
         for key in ("x", "y", "index", "local_index"):
             assert not batch[key][empty].any(), f"padded slots of {key!r} hold a record's value"
         assert batch["x"][~empty].abs().sum() > 0  # the records themselves are there
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_the_label_free_stabilizer_keeps_every_batchs_step_within_its_curvature(p):
+    """The DP stabilizer reads no label, yet on every batch η·scale·ℓ ≤ 1 for a, b and α (ℓ the
+    batch's exact curvature), and it is no smaller than needed: on an all-positive (a) or
+    all-negative (b) batch it equals the exact scale."""
+    lr, extra = 3.0, 2e-3
+    free = auxiliary_scales(None, torch.tensor(p), lr, extra)
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        torch.ones(16),
+        torch.zeros(16),
+        *((torch.rand(16, generator=g) < q).float() for q in (0.2, 0.7)),
+    ]
+    for y in batches:
+        exact = dict(zip("ab", auxiliary_curvatures(y, torch.tensor(p))))
+        for key in "ab":
+            assert lr * free[key] * (exact[key] + extra) <= 1 + 1e-6
+        assert lr * free["alpha"] * 2 * p * (1 - p) <= 1 + 1e-6
+    assert torch.equal(free["a"], auxiliary_scales(torch.ones(16), torch.tensor(p), lr, extra)["a"])
+    assert torch.equal(free["b"], auxiliary_scales(torch.zeros(16), torch.tensor(p), lr, extra)["b"])

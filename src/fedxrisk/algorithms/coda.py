@@ -25,7 +25,8 @@ A restart from the stage average also restarts the float buffers (BatchNorm runn
 their stage average, averaged over clients under ``average`` and per client under ``local``.
 
 ``stabilize`` (on in ``"paper"``, off in ``"code"``): Lemma 1's η ≤ 1/(4ℓ) held for a, b, α
-by scaling their steps to min(η, 1/ℓ) with ℓ their exact curvature on the batch, and a, b, α
+by scaling their steps to min(η, 1/ℓ) with ℓ their exact curvature on the batch (under
+instance-level DP its bound over every batch, from the public p: no label read), and a, b, α
 projected onto the intervals holding the saddle point (a, b ∈ [0, 1], α ∈ [−1, 1]); the
 network's step is the paper's. Why, and the NaN it prevents: :mod:`fedxrisk.objectives.auc`.
 

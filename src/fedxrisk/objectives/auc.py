@@ -20,6 +20,8 @@ the paper's update and step wherever it is stable: the gradients of a, b, α are
 min(1, 1/(η·ℓ)) (:func:`auxiliary_scales`; identical to the paper where η ≤ 1/ℓ, the block's
 exact minimizing step otherwise), and a, b, α are projected onto [0, 1], [0, 1] and
 :func:`alpha_bounds` (a projection onto a set holding the saddle point leaves it unchanged).
+Under instance-level DP the batch's label share is private: ℓ is then :func:`curvature_bounds`,
+its maximum over every batch, from the public p (docs/privacy.md).
 """
 
 from __future__ import annotations
