@@ -75,6 +75,7 @@ def test_cli_cross_site_and_its_refusals(runs, tmp_path):  # noqa: F811
     )
     assert res.exit_code == 0, res.output
     assert "| localsgdm |" in res.output and (out / "cross_site.json").exists()
+    assert "\\x0a" not in res.output and res.output.count("\n| ") >= 3  # the table line by line
     again = CliRunner().invoke(main, ["cross-site", str(runs / "codasca"), "--out", str(out)])
     assert again.exit_code == 2 and "already holds cross_site.json" in again.output
     none = CliRunner().invoke(main, ["cross-site", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")])

@@ -77,7 +77,7 @@ EXPECTED = {
     'tune-space-twice': '--space lr=0.2:2: lr is searched twice; give one range per key',
     'tune-monitor-unknown': "unknown monitor 'no_such_column' (experiment.monitor); choose one of ['val_ap', 'val_auroc', 'val_pauc30_norm', 'val_pauc50_norm']",
     'tune-confirm-negative': '--confirm-seeds: seeds must be ≥ 0, got -1',
-    'tune-confirm-text': "expected a comma-separated list, got 'a,b' (invalid literal for int() with base 10: 'a')",
+    'tune-confirm-text': "--confirm-seeds: expected a comma-separated list, got 'a,b' (invalid literal for int() with base 10: 'a')",
     'tune-grid-huge': '--grid-points 100000 over 3 key(s) makes a grid of 1e+15 points; at most 100,000 (fewer --grid-points, or --space fewer keys)',
     'tune-out-foreign': '--out TMP/mine is not empty and holds no fedxrisk tune (notes.txt); choose a new or empty folder',
     'tune-out-under-file': '--out TMP/file/t cannot be created (Not a directory); nothing was written',

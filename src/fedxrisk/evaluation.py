@@ -298,11 +298,19 @@ def label_metrics(y: np.ndarray, scores: np.ndarray, resamples: int, seed: Seque
     }
 
 
-def inversion_warnings(overall: dict[str, dict[str, Any]]) -> list[str]:
-    """A warning per label whose AUROC lies clearly below 0.5 (the whole DeLong interval, or < 0.3
-    without one): the scores rank negatives first, as when the positive class is inverted."""
+def metric_warnings(overall: dict[str, dict[str, Any]]) -> list[str]:
+    """A warning per label with one class only (no AUROC, AP or pAUC exists), and per label whose
+    AUROC lies clearly below 0.5 (the whole DeLong interval, or < 0.3 without one): the scores rank
+    negatives first, as when the positive class is inverted."""
     out = []
     for name, m in overall.items():
+        if m["positives"] == 0 or m["negatives"] == 0:
+            where = "the evaluated rows" if name == "score" else f"label {name!r}"
+            missing = "positive" if m["positives"] == 0 else "negative"
+            out.append(
+                f"{where}: {m['n']} row(s), no {missing} one: AUROC, AP and pAUC are undefined (null); "
+                "evaluate on data holding both classes"
+            )
         hi = m["auroc_ci"][1]
         low = hi < 0.5 if hi is not None and not math.isnan(hi) else m["auroc"] < 0.3
         if low and not math.isnan(m["auroc"]):
@@ -342,7 +350,7 @@ def _report(trained: TrainedModel, data: Scored, resamples: int, seed: int) -> d
         "run": str(trained.run_dir),
         "data": data.description,
         "positive_class": trained.positive,
-        "warnings": inversion_warnings(overall),
+        "warnings": metric_warnings(overall),
         "samples": int(len(data.y)),
         "labels": names,
         "level": LEVEL,

@@ -160,10 +160,14 @@ def one_line_warning(message: Warning | str, category: type[Warning], *_: Any, *
     return f"warning: {printable(' '.join(str(message).split()))}\n"
 
 
-def comma_list(text: str | None, cast: type) -> list[Any] | None:
+def comma_list(text: str | None, cast: type, option: str = "the option") -> list[Any] | None:
+    """``a,b,c`` as a list of ``cast`` values; None when not given; one line for no value or a bad one."""
     if text is None:
         return None
     try:
-        return [cast(x.strip()) for x in text.split(",") if x.strip()]
+        values = [cast(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError as e:
-        raise ConfigError(f"expected a comma-separated list, got {text!r} ({e})") from None
+        raise ConfigError(f"{option}: expected a comma-separated list, got {text!r} ({e})") from None
+    if not values:
+        raise ConfigError(f"{option}: expected a comma-separated list of at least one value, got {text!r}")
+    return values

@@ -119,5 +119,6 @@ def cross_site_(runs: tuple[str, ...], **options: Any) -> None:
             raise BadConfig(str(e)) from None
     from fedxrisk.evaluation_cross import markdown
 
-    click.echo(printable(markdown(result)))
+    for line in markdown(result).splitlines():  # printable() escapes a newline: the table line by line
+        click.echo(printable(line))
     click.echo(printable(f"written: {', '.join(result['files'])}"))

@@ -110,7 +110,7 @@ def tune(
             raise ConfigError(f"--grid-points must be ≥ 1, got {grid_points}")
         if study_name is not None and not study_name.strip():
             raise ConfigError("--study-name is empty; name the study, or drop --study-name for the default")
-        seeds = comma_list(confirm_seeds, int)
+        seeds = comma_list(confirm_seeds, int, "--confirm-seeds")
         check_seeds(seeds)
         jobs = []
         for name in names:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedxrisk.data.checks import read_text
+from fedxrisk.data.checks import outside, read_text
 from fedxrisk.data.readers.base import (
     RESERVED_COLUMNS,
     DataFileError,
@@ -157,6 +157,12 @@ def read_manifest_table(
         if bad:
             raise DataFileError(f"{path}: split values must be train or test, found {bad}")
     base = Path(image_root) if image_root is not None else path.parent
+    strays = outside(base, [base / r[path_column] for r in rows])
+    if strays:
+        raise DataFileError(
+            f"{path}: {len(strays)} image path(s) outside the folder {str(base)!r} (first: "
+            f"{str(strays[0])!r}); a manifest names images inside its data folder"
+        )
     if split is not None:
         _refuse_shared_images(path, [base / r[path_column] for r in rows], split)
     x = load_images([base / r[path_column] for r in rows], image_size, mode)

@@ -161,6 +161,12 @@ def read_survival_table(
     if path.suffix == ".npz":
         columns = _npz_columns(path)
         feature_names = [k for k in columns if k not in (time, event, "source", "split")]
+        if "x" in columns and len(feature_names) > 1:
+            others = ", ".join(repr(k) for k in feature_names if k != "x")
+            raise DataFileError(
+                f"{path}: holds 'x' and other feature arrays ({others}); put every feature in 'x' "
+                "or give each its own named array without 'x'"
+            )
         numeric = {k: _numbers(columns[k], path, k) for k in (["x"] if "x" in columns else feature_names)}
         if "x" in numeric:
             x = numeric["x"].reshape(len(numeric["x"]), -1)
@@ -175,7 +181,12 @@ def read_survival_table(
         header, rows = _rows(path)
         if len(set(header)) != len(header):
             raise DataFileError(f"{path}: duplicated column name(s) in the header")
-        table = {h: [r[i] if i < len(r) else "" for r in rows] for i, h in enumerate(header)}
+        for i, r in enumerate(rows, 2):
+            if len(r) != len(header):
+                raise DataFileError(
+                    f"{path} line {i}: {len(r)} fields under a header of {len(header)} columns"
+                )
+        table = {h: [r[i] for r in rows] for i, h in enumerate(header)}
         columns = {}
         for h, cells in table.items():
             if h in ("source", "split"):
@@ -192,6 +203,11 @@ def read_survival_table(
             raise DataFileError(f"{path}: no {needed!r} column (the survival {needed} column)")
     if x is None or x.shape[1] == 0:
         raise DataFileError(f"{path}: no feature column besides {time!r} and {event!r}")
+    for column in (time, event):
+        if np.ndim(columns[column]) != 1:
+            raise DataFileError(
+                f"{path}: {column!r} has shape {tuple(np.shape(columns[column]))}; one value per patient"
+            )
     times, events = _numbers(columns[time], path, time), _numbers(columns[event], path, event)
     check_survival(times, events, str(path))
     bad = np.flatnonzero(~np.isfinite(x).all(1))
@@ -205,7 +221,14 @@ def read_survival_table(
         groups["source"] = codes([str(v) for v in columns["source"]])[0]
     y = events.astype(np.int64)
     if "split" in columns:
-        test = np.array([str(v).strip().lower() == "test" for v in columns["split"]])
+        split = np.array([str(v).strip().lower() for v in columns["split"]])
+        unknown = sorted({str(v) for v in split} - {"train", "test"})
+        if unknown:
+            raise DataFileError(
+                f"{path}: split column holds {unknown[:5]}; each row's split must be 'train' or 'test' "
+                "(validation is carved from train by data.validation_fraction)"
+            )
+        test = split == "test"
         if test.all() or not test.any():
             raise DataFileError(f"{path}: the split column must mark both train and test rows")
         x_tr, x_te = _standardized(x[~test], x[test])
