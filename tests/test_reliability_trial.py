@@ -70,7 +70,7 @@ EXPECTED = {
     'tune-space-text': "--space lr=abc:1: LOW 'abc' is not a number",
     'tune-space-reversed': '--space lr=1:0.1: LOW 1 is above HIGH 0.1',
     'tune-space-scale': '--space lr=0.01:1:cubic: expected KEY=LOW:HIGH[:log]',
-    'tune-space-unknown': "--space nosuch=0:1: 'nosuch' is neither a run setting nor a hyperparameter of codasca (lr, lr_decay, window_growth, dirichlet_alpha, local_steps, batch_size, rounds, stages, positives_per_batch, form, prox, margin, loss, restart, dual_step, clip_grad, weight_decay, clip_scope, dual_order, prox_reference, stabilize, eta_g, control_variate, alpha_variate, reset_variates)",
+    'tune-space-unknown': "--space nosuch=0:1: 'nosuch' is neither a run setting nor a hyperparameter of codasca (lr, lr_decay, window_growth, dirichlet_alpha, local_steps, batch_size, rounds, stages, positives_per_batch, form, prox, margin, loss, restart, dual_step, clip_grad, weight_decay, clip_scope, dual_order, prox_reference, stabilize, eta_g, control_variate, alpha_variate, reset_variates); any other setting as SECTION.KEY, e.g. server.lr",
     'tune-space-log-negative': '--space lr=-1:1:log: a log range needs LOW > 0, got -1',
     'tune-space-nan': "--space lr=nan:1: LOW must be finite, got 'nan'",
     'tune-space-int-float': '--space local_steps=1.5:3: local_steps takes whole numbers',

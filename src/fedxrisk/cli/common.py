@@ -153,6 +153,27 @@ def main() -> None:
     click.get_current_context().call_on_close(lambda: setattr(warnings, "formatwarning", previous))
 
 
+@contextmanager
+def warnings_once(quiet: bool = False) -> Iterator[None]:
+    """Each warning shown once however many runs raise it (a tune's trials, a comparison's runs);
+    none at all with ``quiet``."""
+    import warnings
+
+    seen: set[str] = set()
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        if not quiet and str(message) not in seen:
+            seen.add(str(message))
+            previous(message, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
 def one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
     """A warning as one ``warning: …`` line, without Python's file, line number and source text."""
     from fedxrisk.textsafe import printable

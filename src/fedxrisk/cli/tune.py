@@ -19,6 +19,7 @@ from fedxrisk.cli.common import (
     main,
     resolve,
     typed_flags,
+    warnings_once,
     with_config_options,
 )
 
@@ -62,8 +63,9 @@ def _imratio(text: str) -> float | str:
     "--space",
     "spaces",
     multiple=True,
-    metavar="KEY=LOW:HIGH[:log]",
-    help="search KEY over LOW..HIGH (log-uniform with :log); replaces the default range (repeatable)",
+    metavar="KEY=LOW:HIGH[:log]|KEY=A,B",
+    help="search KEY (bare, or SECTION.KEY as --set takes it: server.lr, model.personal, …) over "
+    "LOW..HIGH (log-uniform with :log) or the choices A,B; replaces the default range (repeatable)",
 )
 @click.option("--storage", default=None, help="Optuna storage URL (default: TUNE/study.journal)")
 @click.option("--study-name", default=None, help="study name in the storage (default fedxrisk-ALG-DATASET)")
@@ -139,13 +141,14 @@ def tune(
         shown = None if quiet else TrialProgress(sys.stderr)
         report = (lambda s: None) if quiet else (lambda s: (shown.end(), console.print(escape(s))))
         try:
-            for cfg, extra in jobs:
-                folder = root / cfg.algorithm if len(jobs) > 1 else root
-                space = space_for(cfg.algorithm, extra)
-                records = run_tune(cfg, folder, space, settings, report, progress=shown)
-                _show(folder, records, quiet)
-                if seeds and (folder / "best_config.toml").exists():
-                    _confirmed(cfg.algorithm, confirm(folder / "best_config.toml", folder, seeds))
+            with warnings_once(quiet):  # a trial's warnings once per study, not once per trial
+                for cfg, extra in jobs:
+                    folder = root / cfg.algorithm if len(jobs) > 1 else root
+                    space = space_for(cfg.algorithm, extra)
+                    records = run_tune(cfg, folder, space, settings, report, progress=shown)
+                    _show(folder, records, quiet)
+                    if seeds and (folder / "best_config.toml").exists():
+                        _confirmed(cfg.algorithm, confirm(folder / "best_config.toml", folder, seeds))
         except KeyboardInterrupt:
             console.print(f"interrupted; rerun the same command to resume the study in {out}")
             sys.exit(130)
