@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from fedxrisk.data.types import site_name
 from fedxrisk.evaluation_against import against_report, check_comparable, check_same_test_set
 from fedxrisk.evaluation_clinic import calibration_report, operating_points
 from fedxrisk.evaluation_data import Progress, Scored, _columns, _manifest_data
@@ -210,17 +211,24 @@ def _run_data(trained: TrainedModel, model: TrainedModel | None = None) -> Score
     portions = client_test_portions(trained.config.partition, fed.data, fed.shards)
     if portions is None:  # no test rows of its own: the training shard, labelled as such
         clients, split = [(f"client {k}", y, s) for k, (y, s) in enumerate(shards)], "train"
-    else:
-        clients, split = [(f"client {k}", y_test[m], s_test[m]) for k, m in enumerate(portions)], "test"
+    else:  # a client is a site: named as the reader names it (a hospital, a source value)
+        names = fed.data.source_names
+        clients = [
+            (site_name(names, site) if names else f"client {k}", y_test[m], s_test[m])
+            for k, (site, m) in enumerate(portions)
+        ]
+        split = "test"
     where = f"the run's test set ({trained.config.dataset})"
     return Scored(y_test, s_test, where, "client", clients, split, shards, validation)
 
 
-def client_test_portions(partition: str, data: Any, shards: Sequence[Any]) -> list[np.ndarray] | None:
-    """Each client's own test rows (boolean masks over the test set): with ``partition = 'source'``
-    a client is one site, and its test rows are that site's, when the reader kept the test rows'
-    sites (``groups_test['source']``); None otherwise (a client is not a site, or the test rows'
-    sites are unknown)."""
+def client_test_portions(
+    partition: str, data: Any, shards: Sequence[Any]
+) -> list[tuple[int, np.ndarray]] | None:
+    """Each client's site id and own test rows (a boolean mask over the test set): with
+    ``partition = 'source'`` a client is one site, and its test rows are that site's, when the reader
+    kept the test rows' sites (``groups_test['source']``); None otherwise (a client is not a site,
+    or the test rows' sites are unknown)."""
     train, test = data.groups_train.get("source"), data.groups_test.get("source")
     if partition != "source" or train is None or test is None:
         return None
@@ -229,7 +237,7 @@ def client_test_portions(partition: str, data: Any, shards: Sequence[Any]) -> li
         site = np.unique(np.asarray(train)[np.asarray(shard)])
         if len(site) != 1:
             return None
-        masks.append(np.asarray(test) == site[0])
+        masks.append((int(site[0]), np.asarray(test) == site[0]))
     return masks
 
 
@@ -258,7 +266,12 @@ def _dataset_data(
         x.attach(workers=workers)
     y, s = _columns(y.numpy()), _columns((model or trained).model_logits(x))
     sites = (data.groups_train if split == "train" else data.groups_test).get("source")
-    groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
+    names = data.source_names
+    groups = (
+        []
+        if sites is None
+        else [(site_name(names, v), y[sites == v], s[sites == v]) for v in np.unique(sites)]
+    )
     where = f" in {data_dir}" if data_dir else ""
     return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups, split)
 

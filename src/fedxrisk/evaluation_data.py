@@ -58,7 +58,7 @@ def _manifest_data(
     groups = []
     if "source" in source.rows[0]:
         sites = np.array([r["source"] for r in source.rows])
-        groups = [(f"site {v}", y[sites == v], s[sites == v]) for v in sorted(set(sites))]
+        groups = [(str(v), y[sites == v], s[sites == v]) for v in sorted(set(sites))]  # the column's names
     return Scored(y, s, f"manifest {manifest}", "site" if groups else None, groups)
 
 

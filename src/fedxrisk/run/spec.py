@@ -89,6 +89,10 @@ class RunConfig:
     positive_classes: list[int | str] | None = setting(
         None, section="data", help="class ids or names of the positive class; none: the upper half"
     )
+    sources: list[str] | None = setting(
+        None, section="data", help="train on these sites only (names as the reader gives them, e.g. "
+        "[\"cleveland\"]: a local-only baseline); the test set stays whole; none: every site"
+    )
     test_imratio: float | None = setting(
         None, section="data", help="positive ratio of the test set; none: the test set's own prevalence"
     )

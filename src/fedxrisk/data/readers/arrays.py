@@ -176,12 +176,14 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
         num_classes = int(max(y_tr.max(), y_te.max())) + 1
         data = LabeledData("tabular", x_tr, y_tr, x_te, y_te, num_classes, groups_train=groups,
                            groups_test=tested)  # fmt: skip
+        data.source_names = tuple(codes(s_tr)[1]) if s_tr is not None else ()
     elif (root / "data.csv").is_file():
         x, y, s, names = _read_table(root / "data.csv")
         header = _header(root / "data.csv")
         check_class_ids({str(root / "data.csv"): y}, base=2)
         groups = {"source": codes(s)[0]} if s is not None else {}
         data = split_labeled("tabular", x, y, int(y.max()) + 1, groups)
+        data.source_names = tuple(codes(s)[1]) if s is not None else ()
     else:
         raise MissingDataError(
             f"tabular: no train.csv + test.csv or data.csv in {root}; expected:\n{TABULAR_LAYOUT}"

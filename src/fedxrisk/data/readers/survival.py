@@ -140,7 +140,7 @@ def read_tcga_brca(data_dir: str | Path | None) -> LabeledData:
         groups_train={"source": out["train"][3], "time": out["train"][2]},
         label_names=SURVIVAL_LABELS,
         groups_test={"source": out["test"][3], "time": out["test"][2]},
-        default_positive=(1,),
+        default_positive=(1,), source_names=tuple(f"region {k}" for k in range(REGIONS)),
     )  # fmt: skip
 
 
@@ -216,9 +216,10 @@ def read_survival_table(
         raise DataFileError(
             f"{path}: {bad.size} row(s) with NaN/inf features (data rows {rows}, 0-based); fix or drop them"
         )
-    groups = {"time": times}
+    groups, sites = {"time": times}, ()
     if "source" in columns:
-        groups["source"] = codes([str(v) for v in columns["source"]])[0]
+        groups["source"], names_of_sources = codes([str(v) for v in columns["source"]])
+        sites = tuple(names_of_sources)
     y = events.astype(np.int64)
     if "split" in columns:
         split = np.array([str(v).strip().lower() for v in columns["split"]])
@@ -235,9 +236,10 @@ def read_survival_table(
         return LabeledData(
             name, x_tr, y[~test], x_te, y[test], 2,
             groups_train={k: v[~test] for k, v in groups.items()}, label_names=SURVIVAL_LABELS,
-            groups_test={k: v[test] for k, v in groups.items()}, default_positive=(1,),
+            groups_test={k: v[test] for k, v in groups.items()}, default_positive=(1,), source_names=sites,
         )  # fmt: skip
     data = split_labeled(name, x, y, 2, groups=groups, label_names=SURVIVAL_LABELS)
     data.x_train, data.x_test = _standardized(data.x_train, data.x_test)
     data.default_positive = (1,)
+    data.source_names = sites
     return data
