@@ -253,7 +253,10 @@ def _dataset_data(
     if dataset not in DATASETS:
         raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
     try:
-        data = binarize(load_dataset(dataset, data_dir, lazy=True), trained.config.positive_classes)
+        data = binarize(
+            load_dataset(dataset, data_dir, lazy=True, on_missing=trained.config.on_missing),
+            trained.config.positive_classes,
+        )
     except ValueError as e:
         raise InputError(str(e)) from e
     if data.input_shape != trained.input_shape or data.num_labels != trained.num_labels:

@@ -177,6 +177,7 @@ def make_federated(
     test_imratio: float | None = None,
     image_size: int | None = None,
     sources: Sequence[str] | None = None,
+    on_missing: str = "error",
 ) -> FederatedData:
     """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
 
@@ -192,7 +193,9 @@ def make_federated(
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        labeled = load_dataset(dataset, data_dir, num_samples=num_samples, image_size=image_size)
+        labeled = load_dataset(
+            dataset, data_dir, num_samples=num_samples, image_size=image_size, on_missing=on_missing
+        )
         check_labeled(labeled, data_dir or dataset)
         data = binarize(labeled, positive_classes)
         check_test_classes(data, data_dir or dataset)
