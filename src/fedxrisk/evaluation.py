@@ -73,6 +73,7 @@ def evaluate(
     at_specificity: float | None = None,
     at_sensitivity: float | None = None,
     calibration: bool = False,
+    threshold_from: str = "test",
     dp_epsilon: float | None = None,
     dp_delta: float = 1e-5,
 ) -> dict[str, Any]:
@@ -80,7 +81,8 @@ def evaluate(
 
     ``against``: a second run scored on the same patients (paired tests,
     :mod:`fedxrisk.evaluation_against`); ``at_specificity``/``at_sensitivity``: operating points
-    with CIs; ``calibration``: Brier, ECE, temperature scaling and reliability.png
+    with CIs, their threshold chosen on the evaluated data (``threshold_from = "test"``, in-sample)
+    or on the run's validation data (``"validation"``); ``calibration``: Brier, ECE, temperature scaling and reliability.png
     (:mod:`fedxrisk.evaluation_clinic`). On data with sites the pooled AUROC [CI] is also computed
     federated (:mod:`fedxrisk.evaluation_federated`), and with ``dp_epsilon`` from one
     differentially private release (:mod:`fedxrisk.stats.dp_eval`).
@@ -107,6 +109,8 @@ def evaluate(
     for name, v in (("--at-specificity", at_specificity), ("--at-sensitivity", at_sensitivity)):
         if v is not None and not 0 < v < 1:
             raise InputError(f"{name} must lie strictly between 0 and 1, got {v}")
+    if threshold_from not in ("test", "validation"):
+        raise InputError(f"--threshold-from must be test or validation, got {threshold_from!r}")
     if dp_epsilon is not None and not (0 < dp_epsilon < math.inf and 0 < dp_delta < 1):
         raise InputError(
             f"--dp-epsilon must be a finite number > 0 and --dp-delta in (0, 1), got {dp_epsilon}, {dp_delta}"
@@ -153,30 +157,45 @@ def evaluate(
         raise InputError(
             "--dp-epsilon privatizes the federated evaluation: the data needs sites (a source column)"
         )
-    clinic(result, trained, data, at_specificity, at_sensitivity, calibration, bootstrap, seed)
+    asks = (at_specificity, at_sensitivity, threshold_from)
+    clinic(result, trained, data, asks, calibration, bootstrap, seed)
     write_files(result, data, trained.label_names, folder)
     return result
 
 
-def clinic(result: dict[str, Any], trained: TrainedModel, data: Scored, at_specificity: float | None,
-           at_sensitivity: float | None, calibration: bool, resamples: int, seed: int) -> None:  # fmt: skip
-    """Operating points and calibration per label, into ``result`` (the validation data: the run's)."""
+def clinic(result: dict[str, Any], trained: TrainedModel, data: Scored, asks: tuple[float | None, float | None, str],
+           calibration: bool, resamples: int, seed: int) -> None:  # fmt: skip
+    """Operating points (``asks`` = at_specificity, at_sensitivity, where the threshold is chosen) and
+    calibration per label, into ``result`` (the validation data: the run's)."""
     from fedxrisk.metrics import _rankable
 
+    at_specificity, at_sensitivity, threshold_from = asks
     names = trained.label_names
+    validation = None
+    if calibration or (threshold_from == "validation" and asks[:2] != (None, None)):
+        validation = data.validation if data.shards is not None else _run_data(trained).validation
     if at_specificity is not None or at_sensitivity is not None:
+        if threshold_from == "validation" and validation is None:
+            raise InputError(
+                f"--threshold-from validation: {trained.run_dir} has no validation data (train with data.validation)"
+            )
         ops = {}
         for j, name in enumerate(names):
             known = ~np.isnan(data.y[:, j])
             s = _rankable(data.scores[known, j])
+            chosen = None
+            if threshold_from == "validation":
+                vy, vs = validation[0][:, j], validation[1][:, j]  # type: ignore[index]
+                chosen = (vy[~np.isnan(vy)], vs[~np.isnan(vy)])
             ops[name] = (
                 {}
                 if s is None
-                else operating_points(data.y[known, j], s, at_specificity, at_sensitivity, resamples, seed)
+                else operating_points(
+                    data.y[known, j], s, at_specificity, at_sensitivity, resamples, seed, chosen
+                )
             )
         result["operating_points"] = ops
     if calibration:
-        validation = data.validation if data.shards is not None else _run_data(trained).validation
         result["calibration"] = {
             name: calibration_report(data.y[:, j], data.scores[:, j],
                                      None if validation is None else (validation[0][:, j], validation[1][:, j]),

@@ -47,6 +47,14 @@ from fedxrisk.textsafe import printable
     "--at-sensitivity", type=float, default=None, help="report specificity [CI] at this sensitivity"
 )
 @click.option(
+    "--threshold-from",
+    type=click.Choice(["test", "validation"]),
+    default="test",
+    show_default=True,
+    help="operating points: choose the threshold on the evaluated data (in-sample) or on the run's "
+    "validation data (then the test's sensitivity and specificity at it)",
+)
+@click.option(
     "--calibration",
     is_flag=True,
     help="Brier, ECE, reliability.png, temperature scaling fitted on the run's validation data",
