@@ -124,9 +124,7 @@ def render(raw: dict) -> None:
         "|---|---:|---|---|",
     ]
     for site, s in fa["sites"].items():
-        lines.append(
-            f"| {site} | {s['positives']}/{s['negatives']} | {_ci(fc['sites'][site])} | {_ci(s)} |"
-        )
+        lines.append(f"| {site} | {s['positives']}/{s['negatives']} | {_ci(fc['sites'][site])} | {_ci(s)} |")
     for way in ("exact", "federated"):
         label = (
             "pooled, exact (all scores in one place)"
