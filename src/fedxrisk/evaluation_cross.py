@@ -27,7 +27,7 @@ FILES = ("cross_site.json", "cross_site.md", "cross_site.png")
 
 
 def _sites_of_run(first: TrainedModel) -> tuple[Any, np.ndarray, list[tuple[str, np.ndarray]]]:
-    from fedxrisk.evaluation import client_test_portions
+    from fedxrisk.evaluation_data import client_test_portions
     from fedxrisk.run.build import build_data
 
     try:
@@ -55,7 +55,8 @@ def _source_groups(source: Any, where: Any, names: Sequence[str] = ()) -> list[t
 
 def _sites_of_dataset(first: TrainedModel, dataset: str, data_dir: str | None, split: str):
     from fedxrisk.data import DATASETS
-    from fedxrisk.data.datasets import binarize, load_dataset
+    from fedxrisk.data.loading import load_dataset
+    from fedxrisk.data.types import binarize
 
     if dataset not in DATASETS:
         raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")

@@ -290,12 +290,6 @@ def render_groups(groups: Sequence[Group], metric: str = "test_auroc") -> dict[s
     return images
 
 
-def write_curves(groups: Sequence[Group], path: Path) -> Path:
-    """``curves.csv`` alone (atomically)."""
-    write_together({path: text_writer(curves_text(groups))})
-    return path
-
-
 def curves_text(groups: Sequence[Group]) -> str:
     """The per-run numbers behind the plots, one row per run and evaluated round."""
     with io.StringIO(newline="") as f:
