@@ -117,7 +117,7 @@ def _algorithm_stub(cfg: Any) -> Any:
     declared = {k: getattr(cls, k) for k in ("couples_samples", "uses_pos_ratio", "declares_sample_loss")}
     positives = cfg.positives_per_batch or cfg.options.get("positives_per_batch", 0)
     return types.SimpleNamespace(
-        name=cfg.algorithm, begin_batch=cls.begin_batch, problem=problem, positives_per_batch=positives,
+        name=cfg.algorithm, collectives=cls.collectives, problem=problem, positives_per_batch=positives,
         **declared, **attrs,
     )  # fmt: skip
 

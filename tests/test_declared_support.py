@@ -1,0 +1,94 @@
+"""Parts learn what they run with from declarations, never from names or probes (issue 39).
+
+- engines/ never tests an algorithm's name (``name.startswith("fedxl")``, ``name == "ditto"``): a
+  wrapper reads what the algorithm declares (``collectives``, ``begin_batch``, …).
+- run/loop.py and run/personalize.py never probe the simulation or the set-up with ``getattr``:
+  the simulation protocol ``train`` accepts declares its members (``evaluate``,
+  ``summary_extra``, ``remote_sites``), and the in-process ``Simulation`` gives their defaults.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torch.nn as nn
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedxrisk"
+
+
+def algorithm_names() -> set[str]:
+    """Every algorithm class's name: the registry's and unregistered subclasses' (survival)."""
+    import fedxrisk.algorithms.survival  # noqa: F401  (unregistered subclasses)
+    from fedxrisk.algorithms import ALGORITHMS, Algorithm
+
+    names, todo = set(ALGORITHMS), [Algorithm]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if getattr(cls, "name", ""):
+            names.add(cls.name)
+    return names
+
+
+def _strings(node: ast.AST) -> list[str]:
+    """String constants in ``node`` (a literal, or a tuple/list/set of them)."""
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def name_tests(source: str, names: set[str]) -> list[str]:
+    """Lines of ``source`` that compare something with an algorithm's name or a prefix of one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("startswith", "endswith"):
+                for s in [s for a in node.args for s in _strings(a)]:
+                    if s and any(
+                        n.startswith(s) if node.func.attr == "startswith" else n.endswith(s) for n in names
+                    ):
+                        found.append(f"{node.lineno}: {node.func.attr}({s!r})")
+        if isinstance(node, ast.Compare):
+            for s in [s for part in [node.left, *node.comparators] for s in _strings(part)]:
+                if s in names:
+                    found.append(f"{node.lineno}: compares with {s!r}")
+    return found
+
+
+def test_the_scanner_finds_a_name_test():
+    names = algorithm_names()
+    assert {"fedxl1", "fedxl2_cox", "codaplus"} <= names
+    snippet = (
+        'if name.startswith("fedxl"):\n    pass\nif alg.name == "ditto" or n in ("npa", "x"):\n    pass\n'
+    )
+    assert [line.split(":")[0] for line in name_tests(snippet, names)] == ["1", "3", "3"]
+    assert name_tests('if k.startswith("site_auroc_") or name == "LOCAL_RANK":\n    pass\n', names) == []
+
+
+def test_engines_never_test_an_algorithm_name():
+    names = algorithm_names()
+    found = {
+        str(path.relative_to(PACKAGE)): hits
+        for path in sorted((PACKAGE / "engines").rglob("*.py"))
+        if (hits := name_tests(path.read_text(), names))
+    }
+    assert found == {}
+
+
+def test_client_dp_reads_the_declared_collectives():
+    """The refusal follows ``collectives``: a pool-declaring copy of FedAvg is refused, a
+    FeDXL copy declaring only ``mean`` is not refused for its pools."""
+    from fedxrisk.algorithms import ALGORITHMS
+    from fedxrisk.algorithms.survival import FeDXL2Cox
+    from fedxrisk.engines.privacy import unsupported_reason
+    from fedxrisk.problem import Problem
+
+    problem = Problem(nn.Linear(3, 1), 0.2)
+    fedavg = ALGORITHMS["localsgdm"](problem)
+    assert unsupported_reason(fedavg) is None
+    pooled = type("Pooled", (type(fedavg),), {"collectives": ("mean", "pool")})(problem)
+    assert "collective 'pool'" in unsupported_reason(pooled)
+    gathers = type("Gathers", (type(fedavg),), {"collectives": ("gather",)})(problem)
+    assert "collective 'gather'" in unsupported_reason(gathers)
+    cox = FeDXL2Cox(problem)
+    assert "collective 'pool'" in unsupported_reason(cox)
+    assert unsupported_reason(type("MeanOnly", (FeDXL2Cox,), {"collectives": ("mean",)})(problem)) is None
