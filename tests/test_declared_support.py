@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 import torch.nn as nn
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedxrisk"
@@ -92,3 +93,21 @@ def test_client_dp_reads_the_declared_collectives():
     cox = FeDXL2Cox(problem)
     assert "collective 'pool'" in unsupported_reason(cox)
     assert unsupported_reason(type("MeanOnly", (FeDXL2Cox,), {"collectives": ("mean",)})(problem)) is None
+
+
+@pytest.mark.parametrize("name", ["loop.py", "personalize.py"])
+def test_run_never_probes_the_simulation_with_getattr(name):
+    """No ``getattr``/``hasattr`` on the simulation or the set-up in the run loop and the
+    personalized end: they call the declared members."""
+    tree = ast.parse((PACKAGE / "run" / name).read_text())
+    probes = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+        ):
+            target = ast.unparse(node.args[0])
+            if any(word in target for word in ("sim", "setup", "federation")):
+                probes.append(f"{node.lineno}: {ast.unparse(node)}")
+    assert probes == []

@@ -31,6 +31,7 @@ from fedxrisk.algorithms import RoundPlan
 from fedxrisk.classaware import class_aware_batches
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
+from fedxrisk.engines.reporting import RunReporting
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.personal import FlowerPersonal
@@ -46,8 +47,9 @@ from fedxrisk.run.loop import evaluates
 from fedxrisk.tree import Tree, stack, tmap
 
 
-class Federation:
-    """The sites of one Flower run: set up by :meth:`connect`, then driven round by round."""
+class Federation(RunReporting):
+    """The sites of one Flower run: set up by :meth:`connect`, then driven round by round; it
+    gives its own answers to every member :class:`RunReporting` declares."""
 
     is_primary = True  # the server writes the run's outputs
     remote_sites = True  # each site's state lives on its node (run/personalize.py)
