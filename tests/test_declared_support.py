@@ -111,3 +111,45 @@ def test_run_never_probes_the_simulation_with_getattr(name):
             if any(word in target for word in ("sim", "setup", "federation")):
                 probes.append(f"{node.lineno}: {ast.unparse(node)}")
     assert probes == []
+
+
+NOT_HONOURED_VALUES = {
+    "feature-shift": True,
+    "num-samples": 300,
+    "test-imratio": 0.2,
+    "image-size": 16,
+    "augment": "flip",
+    "normalize": "imagenet",
+    "memory-budget": "4GB",
+    "engine": "compile",
+    "pretrain": '{"algorithm": "centralized", "rounds": 1}',
+}
+
+
+def test_every_setting_flower_does_not_honour_is_listed_with_a_value():
+    from fedxrisk.flower.config import NOT_HONOURED
+
+    assert sorted(k.replace("_", "-") for k in NOT_HONOURED) == sorted(NOT_HONOURED_VALUES)
+
+
+@pytest.mark.parametrize("key", sorted(NOT_HONOURED_VALUES))
+def test_flower_refuses_a_simulation_setting_it_would_ignore(key):
+    """Set in Flower's run config, a setting no Flower party honours is refused in one line that
+    names it and the deployment — never accepted and ignored (it was: a Flower run trained one
+    stage with ``pretrain`` set, unnormalized with ``normalize`` set)."""
+    from fedxrisk.errors import ConfigError
+    from fedxrisk.flower.config import FlowerConfig, default_run_config
+
+    flat = default_run_config() | {key: NOT_HONOURED_VALUES[key]}
+    with pytest.raises(ConfigError) as refused:
+        FlowerConfig.from_run_config(flat)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"run-config {key!r}" in message and "Flower deployment does not honour" in message
+
+
+def test_flower_accepts_the_defaults_and_the_loop_engine():
+    from fedxrisk.flower.config import FlowerConfig, default_run_config
+
+    assert FlowerConfig.from_run_config(default_run_config() | {"engine": "loop"}).run.engine == "loop"
+    assert FlowerConfig.from_run_config(default_run_config()).run.normalize is None

@@ -48,6 +48,51 @@ class Deployment:
     secure_aggregation_range: float = 64.0  # R: values in [-R, R] are quantized; beyond stops the run
 
 
+# Settings of how the simulation makes its data or runs its engine, which no Flower party honours:
+# set to anything but their default, they are refused (never accepted and ignored). name → (what it
+# does in `fedxrisk run`, the way out on Flower).
+NOT_HONOURED: dict[str, tuple[str, str]] = {
+    "feature_shift": ("shifts the simulated clients' features", "drop it: each site trains on its own data"),
+    "num_samples": ("subsamples the simulated dataset", "drop it: each site trains on all its data"),
+    "test_imratio": (
+        "resamples the simulated test split",
+        "drop it: the server's test-data is used as given",
+    ),
+    "image_size": ("resizes images as the simulation reads them", "drop it and resize the sites' files"),
+    "augment": (
+        "augments the simulation's training images",
+        "drop it: sites train on their data unaugmented",
+    ),
+    "normalize": ("normalizes the inputs inside the model", "drop it and normalize the sites' files"),
+    "memory_budget": (
+        "sizes the simulation's streaming and evaluation chunks",
+        "drop it (node config stream)",
+    ),
+    "engine": (
+        "chooses how one process runs the clients",
+        'drop it or set "loop": each site runs its client',
+    ),
+    "pretrain": (
+        "trains a first stage before the run",
+        "run the first stage with `fedxrisk run` and start the Flower run from its model.pt (init-from)",
+    ),
+}
+SITE_ENGINES = ("loop", "vmap")  # one client per site: loop and vmap run it identically
+
+
+def check_honoured(run: RunConfig) -> None:
+    """One-line :class:`ConfigError` for a setting set that a Flower deployment does not honour."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in NOT_HONOURED}
+    for name, (what, way_out) in NOT_HONOURED.items():
+        value = getattr(run, name)
+        if value == defaults[name] or (name == "engine" and value in SITE_ENGINES):
+            continue
+        raise ConfigError(
+            f"run-config {_key(name)!r} = {flat_value(value)!r} {what}, which a Flower deployment does not "
+            f"honour; {way_out}"
+        )
+
+
 def _key(name: str) -> str:
     return name.replace("_", "-")
 
@@ -194,6 +239,7 @@ class FlowerConfig:
         from fedxrisk.flower.secure import check_secure_config
 
         run, deploy = self.run, self.deploy
+        check_honoured(run)  # first: on Flower, such a setting is refused whatever its value
         try:
             checked(run)
         except ConfigError as e:  # name the run-config key, e.g. early-stopping for early_stopping
