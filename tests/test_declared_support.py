@@ -153,3 +153,91 @@ def test_flower_accepts_the_defaults_and_the_loop_engine():
 
     assert FlowerConfig.from_run_config(default_run_config() | {"engine": "loop"}).run.engine == "loop"
     assert FlowerConfig.from_run_config(default_run_config()).run.normalize is None
+
+
+@pytest.mark.parametrize(
+    "name", sorted(__import__("fedxrisk.algorithms", fromlist=["ALGORITHMS"]).ALGORITHMS)
+)
+def test_every_algorithm_declares_the_collectives_it_calls(name):
+    """``collectives`` (what client-level DP and SecAgg+ refuse on) equals what two rounds with two
+    stages of a tiny run call, recorded on the collective."""
+    from fedxrisk.algorithms import ALGORITHMS, Schedule
+    from fedxrisk.data import make_federated
+    from fedxrisk.engines import Simulation
+    from fedxrisk.engines.simulation import SimCollective
+    from fedxrisk.models import build_model
+    from fedxrisk.problem import Problem
+
+    kinds: set[str] = set()
+
+    class Recording(SimCollective):
+        def mean(self, tree):
+            kinds.add("mean")
+            return super().mean(tree)
+
+        def gather(self, tree):
+            kinds.add("gather")
+            return super().gather(tree)
+
+        def pool(self, groups, valid, key):
+            kinds.add("pool")
+            return super().pool(groups, valid, key)
+
+    cls = ALGORITHMS[name]
+    data = make_federated("synthetic", 2, "iid", 0.3, 0)
+    algorithm = cls(Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio))
+    schedule = Schedule.build(2, cls.fixed_window or 1, 0.01, stages=2)
+    sim = Simulation(algorithm, data, schedule, max(8, 2 * algorithm.positives_per_batch), 0, "loop")
+    sim._collective = lambda: Recording(sim.num_clients, sim.engine, sim.ledger, sim.seed)
+    for _ in range(2):
+        sim.run_round()
+    assert kinds == set(cls.collectives)
+
+
+# Constructors of a run's parts → the modules allowed to call them. run/assemble.py is the one
+# assembly; the only others read a saved model.pt back (its record holds the model's facts).
+CONSTRUCTORS: dict[str, set[str]] = {
+    "Problem": {"run/assemble.py", "inference.py"},
+    "build_model": {"run/assemble.py", "inference.py", "run/folder.py"},
+    "ALGORITHMS[]": {"run/assemble.py"},
+    "class_aware_batches": {"run/assemble.py"},
+    "with_server_optimizer": {"run/assemble.py"},
+    "plan_privacy": {"run/assemble.py"},
+    "PrivacyPlan": {"run/privacy.py"},  # plan_privacy's own
+}
+
+
+def constructor_calls(source: str) -> set[str]:
+    """The :data:`CONSTRUCTORS` ``source`` calls."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Subscript) and isinstance(f.value, ast.Name) and f.value.id == "ALGORITHMS":
+            found.add("ALGORITHMS[]")
+        name = f.id if isinstance(f, ast.Name) else None
+        if isinstance(f, ast.Attribute) and ast.unparse(f.value) not in ("cfg", "self", "self.cfg"):
+            name = f.attr  # a module's function; FlowerConfig.build_model delegates to assemble_model
+        if name in CONSTRUCTORS:
+            found.add(name)
+    return found
+
+
+def test_the_scanner_finds_constructors():
+    snippet = (
+        "a = ALGORITHMS[name](problem)\np = Problem(m, 0.5)\nb = fedxrisk.models.build_model('mlp', s)\n"
+    )
+    assert constructor_calls(snippet) == {"ALGORITHMS[]", "Problem", "build_model"}
+
+
+def test_a_run_is_assembled_in_one_module():
+    """Model, problem, algorithm with its wrappers and the privacy plan are built by run/assemble.py
+    alone: `fedxrisk run`, the Flower server and every Flower site call it (no hand-built copy)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = str(path.relative_to(PACKAGE))
+        for call in constructor_calls(path.read_text()):
+            found.setdefault(call, set()).add(name)
+    assert {k: v - CONSTRUCTORS[k] for k, v in found.items() if v - CONSTRUCTORS[k]} == {}
+    assert found["plan_privacy"] == found["ALGORITHMS[]"] == {"run/assemble.py"}

@@ -6,7 +6,7 @@ name (``local_steps`` → ``local-steps``); a dict or list becomes JSON text and
 ``"none"``, as in a config file. :func:`from_flat` reads it back, type-checks each value against
 ``RunConfig``'s hints and runs the run layer's own :func:`~fedxrisk.run.checks.check`, so a
 Flower run and ``fedxrisk run`` have the same defaults and refusals by construction (rounds,
-stages, ``eval_every``; ``lr`` resolved from the data by :func:`~fedxrisk.run.build.with_data_lr`).
+stages, ``eval_every``; ``lr`` resolved from the data by :func:`~fedxrisk.run.assemble.with_data_lr`).
 
 What only a deployment has (the server's test data and output folder, how many nodes to wait
 for and how long, secure aggregation) is a :class:`Deployment`, which holds no run setting.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import typing
 import warnings
@@ -23,10 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
+from fedxrisk.algorithms import ALGORITHMS, Algorithm
 from fedxrisk.errors import ConfigError
-from fedxrisk.models import build_model
-from fedxrisk.problem import Problem
+from fedxrisk.run.assemble import Assembly, Facts, assemble, assemble_model
 from fedxrisk.run.checks import checked
 from fedxrisk.run.configtypes import NONE, check_value
 from fedxrisk.run.privacy import privacy_from_table
@@ -91,6 +91,12 @@ def check_honoured(run: RunConfig) -> None:
             f"run-config {_key(name)!r} = {flat_value(value)!r} {what}, which a Flower deployment does not "
             f"honour; {way_out}"
         )
+
+
+def site_facts(input_shape: tuple[int, ...], pos_ratio: float, num_clients: int, max_samples: int) -> Facts:
+    """What a Flower site knows at set-up (the server's first step message): no other site's counts,
+    so no privacy plan (the server clips and adds the noise)."""
+    return Facts(tuple(input_shape), 1, pos_ratio, num_clients, max_samples)
 
 
 def _key(name: str) -> str:
@@ -197,41 +203,31 @@ class FlowerConfig:
     def resolved(self, pos_ratio: float) -> RunConfig:
         """The run with its step size fixed for the federation's positive ratio, as ``build`` fixes it
         (every party computes it from the same set-up counts)."""
-        from fedxrisk.run.build import with_data_lr
+        from fedxrisk.run.assemble import with_data_lr
 
         with warnings.catch_warnings():  # the server logs it once (coordinator)
             warnings.simplefilter("ignore")
             return with_data_lr(self.run, pos_ratio)
 
-    def schedule(self, pos_ratio: float) -> Schedule:
-        """``fedxrisk run``'s schedule (run/rules.schedule) of the run resolved for ``pos_ratio``."""
-        from fedxrisk.run.rules import schedule
-
-        return schedule(self.resolved(pos_ratio))
-
     def build_model(self, input_shape: tuple[int, ...]) -> Any:
-        """The model every party builds identically: ``model_fn``'s or the registered ``model`` (seeded),
-        then ``init-from`` loaded (strictly)."""
+        """The model every party builds identically: ``model_fn``'s or the run's
+        (:func:`~fedxrisk.run.assemble.assemble_model`), then ``init-from`` loaded (strictly)."""
         from fedxrisk.run.weights import load_weights
 
         run = self.run
         if self.model_fn is not None:
             return self.model_fn(input_shape)
-        model = build_model(run.model, input_shape, run.seed)
+        model = assemble_model(run, site_facts(input_shape, math.nan, 1, 1))
         if run.init_from or run.reset_head:
             load_weights(model, run.model, run.init_from or None, run.reset_head)
         return model
 
-    def build_algorithm(self, problem: Problem) -> Algorithm:
-        try:
-            algorithm = self.algorithm_class(problem, **self.run.options)
-            if self.run.server is None:
-                return algorithm
-            from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
-
-            return with_server_optimizer(algorithm, ServerOptimizer(**self.run.server))  # each site steps it
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{self.run.algorithm}: {e}") from e
+    def assemble(self, facts: Facts) -> Assembly:
+        """The run's parts on a party knowing ``facts`` (:func:`~fedxrisk.run.assemble.assemble`, as
+        ``fedxrisk run`` builds them); a party's own data never enters."""
+        with warnings.catch_warnings():  # the step size from the data: the coordinator logs it once
+            warnings.simplefilter("ignore")
+            return assemble(self.run, facts, self.build_model(facts.input_shape))
 
     def validate(self) -> None:
         """The run layer's checks, then what a Flower deployment adds (errors name run-config keys)."""
