@@ -195,15 +195,18 @@ def test_every_algorithm_declares_the_collectives_it_calls(name):
 
 
 # Constructors of a run's parts → the modules allowed to call them. run/assemble.py is the one
-# assembly; the only others read a saved model.pt back (its record holds the model's facts).
+# assembly (evaluate and predict load through it too); run/folder.load_model, a layer below it,
+# reads a saved model.pt back from its record.
 CONSTRUCTORS: dict[str, set[str]] = {
-    "Problem": {"run/assemble.py", "inference.py"},
-    "build_model": {"run/assemble.py", "inference.py", "run/folder.py"},
+    "Problem": {"run/assemble.py"},
+    "build_model": {"run/assemble.py", "run/folder.py"},
     "ALGORITHMS[]": {"run/assemble.py"},
     "class_aware_batches": {"run/assemble.py"},
     "with_server_optimizer": {"run/assemble.py"},
     "plan_privacy": {"run/assemble.py"},
     "PrivacyPlan": {"run/privacy.py"},  # plan_privacy's own
+    # the simulation's split: run/build.build_data (Flower's trial sites call it); a paper's protocol
+    "make_federated": {"run/build.py", "tasks/auprc.py"},
 }
 
 

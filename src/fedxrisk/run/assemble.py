@@ -122,6 +122,18 @@ def assemble_model(cfg: RunConfig, facts: Facts, normalize: Any = None) -> Any:
         return build_model(cfg.model, facts.input_shape, cfg.seed, facts.num_labels, normalize)
 
 
+def saved_model(name: str, input_shape: tuple[int, ...], num_labels: int, normalize: Any = None) -> Any:
+    """The network of a saved ``model.pt`` from its record (name, input shape, labels, input
+    normalization), before its weights are loaded (``evaluate``, ``predict``)."""
+    return build_model(name, tuple(input_shape), 0, num_labels, normalize)
+
+
+def scoring_problem(model: Any, num_labels: int, device: str, eval_batch_size: int | None) -> Problem:
+    """The problem ``evaluate`` and ``predict`` score a finished run's model with (no training: the
+    positive ratio is not used)."""
+    return Problem(model.to(device), 0.5, num_labels=num_labels, eval_batch_size=eval_batch_size)
+
+
 def assemble(
     cfg: RunConfig,
     facts: Facts,
