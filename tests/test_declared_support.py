@@ -244,3 +244,21 @@ def test_a_run_is_assembled_in_one_module():
             found.setdefault(call, set()).add(name)
     assert {k: v - CONSTRUCTORS[k] for k, v in found.items() if v - CONSTRUCTORS[k]} == {}
     assert found["plan_privacy"] == found["ALGORITHMS[]"] == {"run/assemble.py"}
+
+
+def test_load_model_keeps_the_input_normalization_it_was_trained_with(tmp_path):
+    """run/folder.load_model builds a saved network from its record: the ``data.normalize`` hook
+    is part of it (it was dropped, so the loaded model scored raw inputs differently)."""
+    import torch
+
+    from fedxrisk.models import build_model
+    from fedxrisk.run.folder import load_model, save_model
+
+    norm = {"mean": [0.5], "std": [0.25]}
+    trained = build_model("mlp", (1, 8, 8), 3, 1, norm).eval()
+    params = {k: v.detach() for k, v in trained.named_parameters()}
+    buffers = {k: v for k, v in trained.named_buffers()}
+    save_model(tmp_path / "model.pt", "mlp", (1, 8, 8), 1, params, buffers, {"normalize": norm})
+    x = torch.rand(5, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(load_model(tmp_path)(x), trained(x))
