@@ -6,7 +6,7 @@ name (``local_steps`` → ``local-steps``); a dict or list becomes JSON text and
 ``"none"``, as in a config file. :func:`from_flat` reads it back, type-checks each value against
 ``RunConfig``'s hints and runs the run layer's own :func:`~fedxrisk.run.checks.check`, so a
 Flower run and ``fedxrisk run`` have the same defaults and refusals by construction (rounds,
-stages, ``eval_every``; ``lr`` resolved from the data by :func:`~fedxrisk.run.assemble.with_data_lr`).
+stages, ``eval_every``; ``lr`` resolved from the data by the one assembly, :func:`~fedxrisk.run.assemble.assemble`).
 
 What only a deployment has (the server's test data and output folder, how many nodes to wait
 for and how long, secure aggregation) is a :class:`Deployment`, which holds no run setting.
@@ -199,15 +199,6 @@ class FlowerConfig:
     def private_reports(self) -> bool:
         """Under DP or SecAgg+ a site sends no loss, no AUROC and no validation count in clear."""
         return self.run.privacy is not None or self.deploy.secure_aggregation
-
-    def resolved(self, pos_ratio: float) -> RunConfig:
-        """The run with its step size fixed for the federation's positive ratio, as ``build`` fixes it
-        (every party computes it from the same set-up counts)."""
-        from fedxrisk.run.assemble import with_data_lr
-
-        with warnings.catch_warnings():  # the server logs it once (coordinator)
-            warnings.simplefilter("ignore")
-            return with_data_lr(self.run, pos_ratio)
 
     def build_model(self, input_shape: tuple[int, ...]) -> Any:
         """The model every party builds identically: ``model_fn``'s or the run's

@@ -77,6 +77,7 @@ class Federation(RunReporting):
         self.problem: Problem | None = None
         self.personal: FlowerPersonal | None = None  # a personalized run's per-site numbers
         self.algorithm: Any = None  # the server's copy: its hyperparameters, the schedule checks
+        self.run_config = cfg.run  # after connect: the assembly's (its step size fixed for the data)
         self.plans: list[RoundPlan] = []  # the schedule: known once the sites' counts give p
         self.round = 0  # rounds the sites have finished
         self.dp: ServerDP | None = None  # client-level DP: the server clips and adds the noise
@@ -110,6 +111,7 @@ class Federation(RunReporting):
         )  # under DP or SecAgg+: the sites holding validation data, else their validation samples
         parts = self.cfg.assemble(server_facts(sites, self.num_val))
         self.problem, self.algorithm = parts.problem, parts.algorithm  # the server's copy (hyperparameters)
+        self.run_config = parts.config  # the run with the step size it trains with
         self.personal = FlowerPersonal(self.cfg, self.problem, len(sites))  # what stays on the sites
         self.plans = list(parts.schedule.plan())  # lr from the data, as `fedxrisk run` sets it
         self.holdout = load_holdout(self.cfg.deploy.test_data, self.cfg)
