@@ -262,3 +262,16 @@ def test_load_model_keeps_the_input_normalization_it_was_trained_with(tmp_path):
     x = torch.rand(5, 1, 8, 8)
     with torch.no_grad():
         assert torch.equal(load_model(tmp_path)(x), trained(x))
+
+
+def test_a_training_batch_is_put_together_in_one_place():
+    """The batch ``local_step`` reads (x, y, index, local_index, time, uniform) is built by
+    data/federated.training_batch: the simulation's shards and a Flower site's rows alike."""
+    homes = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict) and "local_index" in _strings(
+                ast.Tuple(elts=node.keys, ctx=ast.Load())
+            ):
+                homes.add(str(path.relative_to(PACKAGE)))
+    assert homes == {"data/federated.py"}

@@ -39,6 +39,7 @@ import torch
 
 from fedxrisk.algorithms import ClientInfo
 from fedxrisk.algorithms.personal import site_collective
+from fedxrisk.data.federated import training_batch
 from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.data.stream import Stream, sampler_requests
@@ -202,17 +203,11 @@ class SiteRunner:
         return self.stream
 
     def _batch(self, positions: np.ndarray, uniforms: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+        """The simulation's batch (:func:`~fedxrisk.data.federated.training_batch`) from the site's rows."""
         local = torch.from_numpy(positions)
         stream = self._stream()
-        batch = {
-            "x": stream.fetch(positions) if stream is not None else self.site.x[local],
-            "y": self.site.y[local],
-            "index": self.site.index[local],
-            "local_index": local,
-        }
-        if uniforms is not None:
-            batch["uniform"] = torch.from_numpy(uniforms)
-        return batch
+        x = stream.fetch(positions) if stream is not None else self.site.x[local]
+        return training_batch(x, self.site.y[local], self.site.index[local], local, uniforms=uniforms)
 
     def _local_steps(self, r: int, active: bool = True) -> None:
         """The first half of :func:`~fedxrisk.engines.clientround.client_round`, as ``Simulation`` runs it: the
