@@ -87,6 +87,7 @@ def train_eval(cfg: Any, data: Any) -> float:
     from fedxrisk.metrics import evaluate
     from fedxrisk.models import build_model
     from fedxrisk.problem import Problem
+    from fedxrisk.run.assemble import data_facts
     from fedxrisk.run.privacy import plan_privacy
 
     model = build_model(cfg.model, data.data.input_shape, cfg.seed)
@@ -94,7 +95,7 @@ def train_eval(cfg: Any, data: Any) -> float:
     algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
     schedule = Schedule.build(cfg.rounds, cfg.resolved_local_steps(), cfg.lr, 1)
     batch = min(cfg.batch_size, max(data.shard_sizes))
-    algorithm, client_dp, _ = plan_privacy(cfg, algorithm, data, schedule, batch)
+    algorithm, client_dp, _ = plan_privacy(cfg, algorithm, data_facts(cfg, data), schedule, batch)
     sim = Simulation(algorithm, data, schedule, batch, cfg.seed, "vmap", privacy=client_dp)
     try:
         while not sim.done:

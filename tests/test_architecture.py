@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("run.configfile", ("fedxrisk.run.configfile",)),
     ("run.weights", ("fedxrisk.run.weights",)),
     ("run.folder", ("fedxrisk.run.folder",)),
-    ("run.build", ("fedxrisk.run.build", "fedxrisk.run.personalize")),
+    ("run.build", ("fedxrisk.run.assemble", "fedxrisk.run.build", "fedxrisk.run.personalize")),
     ("run.callbacks", ("fedxrisk.run.callbacks",)),
     ("run.loop", ("fedxrisk.run.loop",)),
     ("flower", ("fedxrisk.flower",)),  # may use only the run files above it (callbacks: selection, early stopping)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from fedxrisk.cli import main
 from fedxrisk.cli.flags import flag_settings
 from fedxrisk.errors import ConfigError
-from fedxrisk.run import build as build_module
+from fedxrisk.run import assemble as assemble_module
 from fedxrisk.run.build import build
 from fedxrisk.run.checks import check, checked
 from fedxrisk.run.configfile import SECTIONS, config_to_sections
@@ -251,7 +251,7 @@ def test_build_lets_a_bug_raise_and_keeps_the_users_errors_as_config_errors(monk
     def broken_problem(*args, **kwargs):
         raise ValueError("a bug in Problem")
 
-    monkeypatch.setattr(build_module, "Problem", broken_problem)
+    monkeypatch.setattr(assemble_module, "Problem", broken_problem)  # the one assembly
     with pytest.raises(ValueError, match="a bug in Problem") as caught:
         build(cfg)
     assert not isinstance(caught.value, ConfigError)
@@ -259,7 +259,7 @@ def test_build_lets_a_bug_raise_and_keeps_the_users_errors_as_config_errors(monk
     def broken_model(*args, **kwargs):
         raise TypeError("a bug in build_model")
 
-    monkeypatch.setattr(build_module, "build_model", broken_model)
+    monkeypatch.setattr(assemble_module, "build_model", broken_model)
     with pytest.raises(TypeError, match="a bug in build_model"):
         build(cfg)
 

@@ -121,3 +121,22 @@ def test_a_bad_sampling_rate_is_refused(tmp_path):
     rc = {**run_config("codasca", tmp_path), "privacy": json.dumps({**PRIVACY, "sampling_rate": 0.0})}
     with pytest.raises(ConfigError, match="client sampling rate must lie in"):
         FlowerConfig.from_run_config(rc)
+
+
+def test_flower_and_fedxrisk_run_plan_one_privacy_for_a_target_epsilon(tmp_path):
+    """Issue 39: one privacy plan. With ``target_epsilon`` (σ found by the accountant from the
+    set-up facts, not fixed as in test_one_path) a Flower trial and `fedxrisk run` of the
+    config.toml it leaves write the same summary ``privacy`` block, value for value (σ, δ, ε, the
+    ledger); Flower adds only who clips and who adds the noise."""
+    from fedxrisk.run.configfile import load_config
+    from fedxrisk.run.recipes import run_experiment
+
+    privacy = {"clip": 0.5, "target_epsilon": 3.0, "reproducible_noise": 7, "sampling_rate": 0.5}
+    rc = run_config("localsgdm", tmp_path / "flower", lr=0.05, stages=1, privacy=json.dumps(privacy))
+    flower, _ = run_local(rc, trial_nodes())
+    cfg = load_config(tmp_path / "flower" / "config.toml", ["engine.engine=loop"])
+    ref = run_experiment(cfg, tmp_path / "run").summary
+    block = dict(flower["privacy"])
+    assert (block.pop("noise_added_by"), block.pop("clipped_by")) == ("server", "server")
+    assert block == ref["privacy"]
+    assert block["target_epsilon"] == 3.0 and 2.9 < block["epsilon"] <= 3.0 and block["noise_multiplier"] > 0

@@ -104,8 +104,9 @@ def test_protocol_matches_loop_engine_with_the_code_form_options(tmp_path):
 
 
 def test_coordinator_refuses_coda_with_one_stage(tmp_path):
-    """Issue 13.2 through Flower: the coordinator runs the engines' schedule check."""
-    with pytest.raises(FederationError, match="coda: coda needs stages ≥ 2"):
+    """Issue 13.2 through Flower: the coordinator's assembly runs the engines' schedule check and
+    refuses as `fedxrisk run` does (a ConfigError: the user's setting, not a failed site)."""
+    with pytest.raises(ConfigError, match="coda needs stages ≥ 2"):
         run_local(run_config("coda", tmp_path, stages=1), trial_nodes())
 
 

@@ -78,7 +78,7 @@ def resolve_workers(workers: int | None) -> int:
 
 def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     """The model of a finished run folder, on ``device``; :class:`InputError` when it is not one."""
-    from fedxrisk.problem import Problem
+    from fedxrisk.run.assemble import scoring_problem
     from fedxrisk.run.configfile import load_config
     from fedxrisk.run.identity import check_config_identity, check_model_identity
 
@@ -101,7 +101,7 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     from fedxrisk.data.stream_choice import eval_batch_size, parse_bytes
 
     chunk = eval_batch_size(tuple(blob["input_shape"]), parse_bytes(cfg.memory_budget), cfg.eval_batch_size)
-    problem = Problem(model.to(device), 0.5, num_labels=labels, eval_batch_size=chunk)
+    problem = scoring_problem(model, labels, device, chunk)
     params, buffers = problem.init_model()
     names = _label_names(folder, labels)
     summary = _summary(folder / "summary.json")
@@ -136,7 +136,7 @@ def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[s
     NaN/inf weights raises :class:`InputError` naming the file and the problem.
     """
     from fedxrisk.data.preprocessing import from_stored
-    from fedxrisk.models import build_model
+    from fedxrisk.run.assemble import saved_model
     from fedxrisk.run.weights import load_reason
 
     try:
@@ -170,7 +170,7 @@ def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[s
     except ValueError as e:
         raise InputError(f"{path}: {e}") from None
     try:
-        model = build_model(blob["model"], tuple(shape), 0, labels, prep.get("normalize"))
+        model = saved_model(blob["model"], tuple(shape), labels, prep.get("normalize"))
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
         raise InputError(f"{path}: cannot build its network {blob['model']!r} ({_reason(e)})") from None
     own = model.state_dict()

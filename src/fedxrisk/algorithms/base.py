@@ -118,6 +118,9 @@ class Algorithm:
     Class attributes:
         name: registry key.
         communicates: names of state entries a round sends (documentation and tests).
+        collectives: the collectives ``communicate`` and ``begin`` call besides ``per_client``
+            (``"mean"``, ``"gather"``, ``"pool"``); wrappers read it (client-level DP covers
+            one ``mean`` and refuses an algorithm declaring ``gather`` or ``pool``).
         fixed_window: a window the algorithm requires (NPA: 1), else None.
         stage_batch_size: per-client samples the engine draws at stage ends (CoDA).
         round_batch_size: per-client samples the engine draws every round, given to
@@ -159,6 +162,7 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     communicates: ClassVar[tuple[str, ...]] = ()
+    collectives: ClassVar[tuple[str, ...]] = ("mean",)
     fixed_window: ClassVar[int | None] = None
     stage_batch_size: int = 0
     round_batch_size: int = 0

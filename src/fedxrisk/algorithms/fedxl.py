@@ -89,6 +89,7 @@ class FeDXL1(PairwiseBase):
     name = "fedxl1"
     couples_samples = "its pairwise loss couples positives and negatives of all clients"
     communicates = ("w", "m", "pool_pos", "pool_neg", "count_pos", "count_neg")  # m only if beta < 1
+    collectives = ("mean", "pool")
     begin_batch = True
     default_lr = 1.0  # sigmoid scores make the pairwise gradients small
 

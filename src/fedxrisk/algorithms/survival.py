@@ -74,6 +74,7 @@ class _SurvivalPools(PairwiseBase):
     """FeDXL's pools, momentum and averaging for survival: pools of (η, T, …) instead of scores."""
 
     couples_samples = "its X-risk couples every patient with other sites' patients (risk sets, pairs)"
+    collectives = ("mean", "pool")
     positives_per_batch: int = 0  # uniform batches: events are found by ``y``
     tau: int = 2
     passive_samples: int = 16  # S

@@ -19,6 +19,21 @@ from fedxrisk.data.shift import feature_shift as shift_features
 from fedxrisk.data.types import BinaryData, binarize, site_name
 
 
+def training_batch(
+    x: Any, y: torch.Tensor, index: torch.Tensor, local: torch.Tensor, device: torch.device | str = "cpu",
+    times: np.ndarray | None = None, uniforms: np.ndarray | None = None,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A training batch as every engine and every Flower site hands it to ``local_step``: ``x``,
+    ``y``, ``index`` (global), ``local_index`` (positions in the client's shard), ``time`` for
+    survival data (float32: days and the like are exact), ``uniform`` when the algorithm asks."""
+    batch = {"x": x.to(device), "y": y.to(device), "index": index.to(device), "local_index": local.to(device)}
+    if times is not None:
+        batch["time"] = torch.from_numpy(np.asarray(times).astype(np.float32)).to(device)
+    if uniforms is not None:
+        batch["uniform"] = torch.from_numpy(uniforms).to(device)
+    return batch
+
+
 @dataclass
 class FederatedData:
     """Training data (after imbalance) with one index shard per client, and the global test set."""
@@ -84,16 +99,9 @@ class FederatedData:
         else:
             x = self.data.x_train[index]
             x = self.augment(x) if self.augment is not None else x
-        batch = {
-            "x": x.to(device),
-            "y": self.data.y_train[index].to(device),
-            "index": index.to(device),
-            "local_index": local.to(device),
-        }
-        if "time" in self.data.groups_train:  # survival data: y is the event, time beside it
-            times = self.data.groups_train["time"][index.numpy()]
-            batch["time"] = torch.from_numpy(times.astype(np.float32)).to(device)
-        return batch
+        times = self.data.groups_train.get("time")  # survival data: y is the event, time beside it
+        times = times[index.numpy()] if times is not None else None
+        return training_batch(x, self.data.y_train[index], index, local, device, times)
 
     def subset(self, clients: Sequence[int]) -> FederatedData:
         """The shards of ``clients`` only (a rank's or a site's), with the same augmentation and

@@ -32,6 +32,7 @@ from fedxrisk.engines import privacy as dp
 from fedxrisk.engines.clientround import client_round
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
+from fedxrisk.engines.reporting import RunReporting
 from fedxrisk.errors import NonFiniteLoss  # noqa: F401  (re-exported)
 from fedxrisk.tree import Tree, broadcast, index, is_finite, leaves, stack, tmap
 
@@ -245,8 +246,9 @@ class SimCollective:
         return self.engine.map_clients(fn, *trees)
 
 
-class Simulation:
-    """Runs an algorithm's rounds on simulated clients; one :meth:`run_round` per round."""
+class Simulation(RunReporting):
+    """Runs an algorithm's rounds on simulated clients; one :meth:`run_round` per round (what the
+    run loop reads besides: :class:`~fedxrisk.engines.reporting.RunReporting`)."""
 
     is_primary = True  # writes the run's outputs (distributed engine: rank 0 only)
 

@@ -6,7 +6,7 @@ name (``local_steps`` → ``local-steps``); a dict or list becomes JSON text and
 ``"none"``, as in a config file. :func:`from_flat` reads it back, type-checks each value against
 ``RunConfig``'s hints and runs the run layer's own :func:`~fedxrisk.run.checks.check`, so a
 Flower run and ``fedxrisk run`` have the same defaults and refusals by construction (rounds,
-stages, ``eval_every``; ``lr`` resolved from the data by :func:`~fedxrisk.run.build.with_data_lr`).
+stages, ``eval_every``; ``lr`` resolved from the data by the one assembly, :func:`~fedxrisk.run.assemble.assemble`).
 
 What only a deployment has (the server's test data and output folder, how many nodes to wait
 for and how long, secure aggregation) is a :class:`Deployment`, which holds no run setting.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import typing
 import warnings
@@ -23,10 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
+from fedxrisk.algorithms import ALGORITHMS, Algorithm
 from fedxrisk.errors import ConfigError
-from fedxrisk.models import build_model
-from fedxrisk.problem import Problem
+from fedxrisk.run.assemble import Assembly, Facts, assemble, assemble_model
 from fedxrisk.run.checks import checked
 from fedxrisk.run.configtypes import NONE, check_value
 from fedxrisk.run.privacy import privacy_from_table
@@ -46,6 +46,57 @@ class Deployment:
     round_timeout: float = 600.0  # seconds one exchange may take before the run fails
     secure_aggregation: bool = False  # every mean through Flower's SecAgg+ (secure.py, secagg.py)
     secure_aggregation_range: float = 64.0  # R: values in [-R, R] are quantized; beyond stops the run
+
+
+# Settings of how the simulation makes its data or runs its engine, which no Flower party honours:
+# set to anything but their default, they are refused (never accepted and ignored). name → (what it
+# does in `fedxrisk run`, the way out on Flower).
+NOT_HONOURED: dict[str, tuple[str, str]] = {
+    "feature_shift": ("shifts the simulated clients' features", "drop it: each site trains on its own data"),
+    "num_samples": ("subsamples the simulated dataset", "drop it: each site trains on all its data"),
+    "test_imratio": (
+        "resamples the simulated test split",
+        "drop it: the server's test-data is used as given",
+    ),
+    "image_size": ("resizes images as the simulation reads them", "drop it and resize the sites' files"),
+    "augment": (
+        "augments the simulation's training images",
+        "drop it: sites train on their data unaugmented",
+    ),
+    "normalize": ("normalizes the inputs inside the model", "drop it and normalize the sites' files"),
+    "memory_budget": (
+        "sizes the simulation's streaming and evaluation chunks",
+        "drop it (node config stream)",
+    ),
+    "engine": (
+        "chooses how one process runs the clients",
+        'drop it or set "loop": each site runs its client',
+    ),
+    "pretrain": (
+        "trains a first stage before the run",
+        "run the first stage with `fedxrisk run` and start the Flower run from its model.pt (init-from)",
+    ),
+}
+SITE_ENGINES = ("loop", "vmap")  # one client per site: loop and vmap run it identically
+
+
+def check_honoured(run: RunConfig) -> None:
+    """One-line :class:`ConfigError` for a setting set that a Flower deployment does not honour."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in NOT_HONOURED}
+    for name, (what, way_out) in NOT_HONOURED.items():
+        value = getattr(run, name)
+        if value == defaults[name] or (name == "engine" and value in SITE_ENGINES):
+            continue
+        raise ConfigError(
+            f"run-config {_key(name)!r} = {flat_value(value)!r} {what}, which a Flower deployment does not "
+            f"honour; {way_out}"
+        )
+
+
+def site_facts(input_shape: tuple[int, ...], pos_ratio: float, num_clients: int, max_samples: int) -> Facts:
+    """What a Flower site knows at set-up (the server's first step message): no other site's counts,
+    so no privacy plan (the server clips and adds the noise)."""
+    return Facts(tuple(input_shape), 1, pos_ratio, num_clients, max_samples)
 
 
 def _key(name: str) -> str:
@@ -149,44 +200,25 @@ class FlowerConfig:
         """Under DP or SecAgg+ a site sends no loss, no AUROC and no validation count in clear."""
         return self.run.privacy is not None or self.deploy.secure_aggregation
 
-    def resolved(self, pos_ratio: float) -> RunConfig:
-        """The run with its step size fixed for the federation's positive ratio, as ``build`` fixes it
-        (every party computes it from the same set-up counts)."""
-        from fedxrisk.run.build import with_data_lr
-
-        with warnings.catch_warnings():  # the server logs it once (coordinator)
-            warnings.simplefilter("ignore")
-            return with_data_lr(self.run, pos_ratio)
-
-    def schedule(self, pos_ratio: float) -> Schedule:
-        """``fedxrisk run``'s schedule (run/rules.schedule) of the run resolved for ``pos_ratio``."""
-        from fedxrisk.run.rules import schedule
-
-        return schedule(self.resolved(pos_ratio))
-
     def build_model(self, input_shape: tuple[int, ...]) -> Any:
-        """The model every party builds identically: ``model_fn``'s or the registered ``model`` (seeded),
-        then ``init-from`` loaded (strictly)."""
+        """The model every party builds identically: ``model_fn``'s or the run's
+        (:func:`~fedxrisk.run.assemble.assemble_model`), then ``init-from`` loaded (strictly)."""
         from fedxrisk.run.weights import load_weights
 
         run = self.run
         if self.model_fn is not None:
             return self.model_fn(input_shape)
-        model = build_model(run.model, input_shape, run.seed)
+        model = assemble_model(run, site_facts(input_shape, math.nan, 1, 1))
         if run.init_from or run.reset_head:
             load_weights(model, run.model, run.init_from or None, run.reset_head)
         return model
 
-    def build_algorithm(self, problem: Problem) -> Algorithm:
-        try:
-            algorithm = self.algorithm_class(problem, **self.run.options)
-            if self.run.server is None:
-                return algorithm
-            from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
-
-            return with_server_optimizer(algorithm, ServerOptimizer(**self.run.server))  # each site steps it
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{self.run.algorithm}: {e}") from e
+    def assemble(self, facts: Facts) -> Assembly:
+        """The run's parts on a party knowing ``facts`` (:func:`~fedxrisk.run.assemble.assemble`, as
+        ``fedxrisk run`` builds them); a party's own data never enters."""
+        with warnings.catch_warnings():  # the step size from the data: the coordinator logs it once
+            warnings.simplefilter("ignore")
+            return assemble(self.run, facts, self.build_model(facts.input_shape))
 
     def validate(self) -> None:
         """The run layer's checks, then what a Flower deployment adds (errors name run-config keys)."""
@@ -194,6 +226,7 @@ class FlowerConfig:
         from fedxrisk.flower.secure import check_secure_config
 
         run, deploy = self.run, self.deploy
+        check_honoured(run)  # first: on Flower, such a setting is refused whatever its value
         try:
             checked(run)
         except ConfigError as e:  # name the run-config key, e.g. early-stopping for early_stopping

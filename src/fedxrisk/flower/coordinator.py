@@ -89,9 +89,7 @@ def server_setup(federation: Federation) -> Setup:
     """The run as ``train`` sees it: the run config with the step size and the number of sites it
     trains with (no server checkpoint: each site's state lives on its node), the server's problem
     and algorithm (for its hyperparameters), the server's held-out set as the data, the server's DP."""
-    cfg = federation.cfg
-    resolved = cfg.resolved(federation.pos_ratio)
-    config = dataclasses.replace(resolved, clients=len(federation.sites), checkpoint_every=0)
+    config = dataclasses.replace(federation.run_config, clients=len(federation.sites), checkpoint_every=0)
     return Setup(
         config, server_data(federation), federation.problem, federation.algorithm, federation,  # type: ignore[arg-type]
         privacy=federation.dp,  # type: ignore[arg-type]

@@ -28,9 +28,10 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import RoundPlan
-from fedxrisk.classaware import class_aware_batches
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.pooling import merge_pool
+from fedxrisk.engines.privacy.validation import SITE_MASS
+from fedxrisk.engines.reporting import RunReporting
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.personal import FlowerPersonal
@@ -42,12 +43,14 @@ from fedxrisk.flower.transport import Exchange, FederationError, Site, Transport
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import final_metrics, predict
 from fedxrisk.problem import Problem
+from fedxrisk.run.assemble import Facts
 from fedxrisk.run.loop import evaluates
 from fedxrisk.tree import Tree, stack, tmap
 
 
-class Federation:
-    """The sites of one Flower run: set up by :meth:`connect`, then driven round by round."""
+class Federation(RunReporting):
+    """The sites of one Flower run: set up by :meth:`connect`, then driven round by round; it
+    gives its own answers to every member :class:`RunReporting` declares."""
 
     is_primary = True  # the server writes the run's outputs
     remote_sites = True  # each site's state lives on its node (run/personalize.py)
@@ -74,6 +77,7 @@ class Federation:
         self.problem: Problem | None = None
         self.personal: FlowerPersonal | None = None  # a personalized run's per-site numbers
         self.algorithm: Any = None  # the server's copy: its hyperparameters, the schedule checks
+        self.run_config = cfg.run  # after connect: the assembly's (its step size fixed for the data)
         self.plans: list[RoundPlan] = []  # the schedule: known once the sites' counts give p
         self.round = 0  # rounds the sites have finished
         self.dp: ServerDP | None = None  # client-level DP: the server clips and adds the noise
@@ -102,29 +106,21 @@ class Federation:
         self.pos_ratio = sum(s.positives for s in sites) / sum(s.samples for s in sites)
         self.max_samples = max(s.samples for s in sites)  # ClientInfo.max_samples, as in simulation
         run = self.cfg.run
-        self.problem = Problem(
-            self.cfg.build_model(sites[0].input_shape), self.pos_ratio, run.buffer_policy, run.pos_ratio_mode
-        )
-        self.personal = FlowerPersonal(self.cfg, self.problem, len(sites))  # what stays on the sites
-        schedule = self.cfg.schedule(self.pos_ratio)  # lr from the data, as `fedxrisk run` sets it
-        self.plans = list(schedule.plan())
-        self.algorithm = class_aware_batches(
-            self.cfg.build_algorithm(self.problem), run.positives_per_batch, run.batch_size
-        )
-        try:  # the schedule checks engines make (CoDA's stages, LocalSCGDAM's rates)
-            self.algorithm.validate_schedule(schedule)
-        except ValueError as e:
-            raise FederationError(f"{run.algorithm}: {e}") from e
-        self.holdout = load_holdout(self.cfg.deploy.test_data, self.cfg)
         self.num_val = sum(
             int(r.metrics.get("num-val", r.metrics.get("has-val", 0))) for r in replies.values()
-        )
+        )  # under DP or SecAgg+: the sites holding validation data, else their validation samples
+        parts = self.cfg.assemble(server_facts(sites, self.num_val))
+        self.problem, self.algorithm = parts.problem, parts.algorithm  # the server's copy (hyperparameters)
+        self.run_config = parts.config  # the run with the step size it trains with
+        self.personal = FlowerPersonal(self.cfg, self.problem, len(sites))  # what stays on the sites
+        self.plans = list(parts.schedule.plan())  # lr from the data, as `fedxrisk run` sets it
+        self.holdout = load_holdout(self.cfg.deploy.test_data, self.cfg)
         if (run.selection == "best" or run.early_stopping) and not self.num_val:
             raise FederationError(
                 "selection = 'best' / early-stopping choose on validation data, and no site holds any: "
                 "set validation = FRACTION (trial sites) or give the sites a val.npz / val.csv"
             )
-        self.dp = server_dp(self.cfg, self.problem, sites, self.max_samples, self.log, self.num_val)
+        self.dp = server_dp(self.cfg, parts, sites, self.log)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
             f"{self.pos_ratio:.4f}; {run.algorithm} for {run.rounds} rounds, lr {self.plans[0].lr:.4g}"
@@ -307,6 +303,18 @@ class Federation:
         if len(set(values.values())) != 1:
             raise FederationError(f"{what}: sites disagree on {key!r} ({values}); the algorithm is not SPMD")
         return next(iter(values.values()))
+
+
+def server_facts(sites: list[Site], val_sites: int) -> Facts:
+    """What the server knows at set-up: the sites' input shape and counts (binary labels); the
+    validation release's class masses assume each of the ``val_sites`` sites holding validation
+    data holds both classes (under DP a site says only whether it holds any)."""
+    samples = [s.samples for s in sites]
+    masses = (lambda dp: [(float(SITE_MASS * val_sites),) * 2]) if val_sites else None  # noqa: E731
+    pos_ratio = sum(s.positives for s in sites) / sum(samples)
+    return Facts(
+        sites[0].input_shape, 1, pos_ratio, len(sites), max(samples), sum(samples), min(samples), masses
+    )
 
 
 def _site(node: int, reply: Packet) -> Site:

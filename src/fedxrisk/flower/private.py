@@ -29,25 +29,12 @@ from typing import Any
 import torch
 
 from fedxrisk.algorithms.base import ClientInfo
-from fedxrisk.engines.privacy import (
-    ClientDP,
-    ClientSampling,
-    PrivateAggregator,
-    check_client_dp,
-    noise_for_epsilon,
-)
-from fedxrisk.engines.privacy.accountant import REPLACE, Segment, ledger_epsilon, relation, replace_epsilon
-from fedxrisk.engines.privacy.validation import (
-    SITE_MASS,
-    ValidationDP,
-    ValidationRelease,
-    release_rounds,
-    site_mass,
-)
+from fedxrisk.engines.privacy import ClientDP, PrivateAggregator
+from fedxrisk.engines.privacy.accountant import Segment, relation
+from fedxrisk.engines.privacy.validation import ValidationRelease, site_mass
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.errors import ConfigError
-from fedxrisk.run.privacy import default_delta
-from fedxrisk.run.privacy_outputs import privacy_block
+from fedxrisk.run.privacy import PrivacyPlan
 from fedxrisk.tree import Tree, leaves, tmap
 
 
@@ -71,47 +58,22 @@ def check_flower_privacy(cfg: Any) -> None:
 
 
 class ServerDP:
-    """The server's private mean for one Flower run (one ``mean`` per round, every site)."""
+    """The server's private mean for one Flower run (one ``mean`` per round, every site), around the
+    run's one privacy plan (:class:`~fedxrisk.run.privacy.PrivacyPlan`, from the assembly: σ, δ,
+    the ledger and ε, exactly as ``fedxrisk run`` plans them); it adds who clips and adds the noise."""
 
-    def __init__(
-        self, cfg: Any, problem: Any, samples: list[int], positives: list[int], max_samples: int, val_sites: int = 0
-    ):  # fmt: skip
-        algorithm = cfg.build_algorithm(problem)
-        check_client_dp(algorithm)
-        p = cfg.privacy
-        self.k, self.rounds = len(samples), cfg.run.rounds
-        self.delta = p["delta"] if p["delta"] is not None else default_delta(sum(samples))
-        sampling = ClientSampling(p["sampling_rate"], p["sampling"])
-        self.sampling, self.validation, self.releases = sampling, None, ()
-        if chooses_on_validation(cfg) and val_sites:
-            self.releases = release_rounds(self.rounds, cfg.run.eval_every, False)
-            dp = ValidationDP(p["validation_noise_multiplier"], "client", p["validation_bins"])
-            if dp.signal((SITE_MASS * val_sites,) * 2) < 0.5:  # the sites' class counts are not sent
-                raise ConfigError(
-                    f"privacy: the validation release would be noise with {val_sites} sites holding validation "
-                    f"data (z = {dp.noise_multiplier:g}, {dp.bins} bins; docs/privacy.md); use more sites, fewer "
-                    "validation-bins or a smaller validation-noise-multiplier (more ε), or selection = 'last'"
-                )
-            self.z = dp.noise_multiplier
-        sigma = p["noise_multiplier"] or noise_for_epsilon(
-            p["target_epsilon"], self.rounds, self.delta, sampling.rate, sampling.kind, self.k,
-            extra=self._validation(self.rounds),
-        )  # fmt: skip
-        seed = p["reproducible_noise"]  # None: a secret source (NoiseSource.secret), never written
-        self.config = ClientDP(p["clip"], sigma, sampling, noise_seed=seed)
-        self.target_epsilon = p["target_epsilon"]
-        initial = algorithm.init(ClientInfo(0, samples[0], positives[0] / samples[0], max_samples))
-        self.aggregator = PrivateAggregator(self.config, algorithm, initial, 0, self.k)
+    def __init__(self, cfg: Any, plan: PrivacyPlan, config: ClientDP, algorithm: Any, initial: Tree):
+        """``config``: the assembly's client-level DP; ``initial``: one site's initial state."""
+        self.plan, self.config, self.sampling = plan, config, config.sampling
+        self.k, self.rounds, self.delta = plan.num_clients, len(plan.steps_per_round), plan.delta
+        self.target_epsilon, self.releases = plan.target_epsilon, plan.releases
+        self.aggregator = PrivateAggregator(config, algorithm, initial, 0, self.k)
         self.rounds_meaned: set[int] = set()
         self.clipped_by = "sites" if cfg.deploy.secure_aggregation else "server"
-        if self.releases:  # the server adds the validation noise from the run's source
-            self.validation = ValidationRelease(dp, self.aggregator.source)
-
-    def _validation(self, rounds: int) -> list[Segment]:
-        """The validation releases of the first ``rounds`` rounds as a ledger segment (none: [])."""
-        count = sum(r <= rounds for r in self.releases)
-        kind = "poisson" if self.differs else "fixed"  # a replace-one ledger halves z
-        return [Segment(0, rounds, 1.0, self.z, count, kind, release="validation")] if count else []
+        self.validation = None  # the server adds the validation noise from the run's source
+        if plan.validation is not None:
+            self.validation = ValidationRelease(plan.validation, self.aggregator.source)
+            self.z = plan.validation.noise_multiplier
 
     def _once(self, round_: int) -> None:
         if round_ in self.rounds_meaned:
@@ -147,21 +109,19 @@ class ServerDP:
         return torch.ones(self.k, dtype=torch.bool) if mask is None else mask
 
     def epsilon(self, rounds: int) -> float:
-        return ledger_epsilon(self._ledger(rounds), self.delta)
+        return self.plan.epsilon(rounds)
 
-    def _ledger(self, rounds: int) -> list[Segment]:
-        s = self.config.sampling
-        own = Segment(0, rounds, s.rate, self.config.noise_multiplier, rounds, s.kind, self.k)
-        return [own, *self._validation(rounds)]
+    def ledger(self, rounds: int) -> list[Segment]:
+        return self.plan.ledger(rounds)
 
     @property
     def differs(self) -> bool:
         """Whether replacing one site's data costs more than the relation ε is stated under."""
-        return relation(self.sampling.kind, self.sampling.rate) != REPLACE
+        return self.plan.differs
 
     def replace_epsilon(self, rounds: int) -> float | None:
         """ε for replacing one site's data, where it differs from :meth:`epsilon` (None: fixed sampling)."""
-        return replace_epsilon(self._ledger(rounds), self.delta) if self.differs else None
+        return self.plan.replace_epsilon(rounds) if self.differs else None
 
     def describe(self) -> str:
         s = self.config.sampling
@@ -182,16 +142,9 @@ class ServerDP:
         )
 
     def summary(self, rounds: int) -> dict[str, Any]:
-        """summary.json ``privacy``: ``fedxrisk run``'s block (run/privacy.privacy_block), and who
-        clips and who adds the noise."""
-        s = self.config.sampling
-        block = privacy_block(
-            "client", self.epsilon(rounds), self.delta, f"{relation(s.kind, s.rate)} client",
-            self.replace_epsilon(rounds), self.config.clip, self.config.noise_multiplier,
-            self.target_epsilon, s.rate, s.kind, self._ledger(rounds), self.aggregator.private,
-            self.validation.dp.summary(len(self.releases)) if self.validation else None,
-        )  # fmt: skip
-        return {**block, "noise_added_by": "server", "clipped_by": self.clipped_by}
+        """summary.json ``privacy``: ``fedxrisk run``'s block (the plan's), and who clips and who adds
+        the noise."""
+        return {**self.plan.summary(rounds), "noise_added_by": "server", "clipped_by": self.clipped_by}
 
 
 def _rebuild(tree: Tree, flat: dict[str, torch.Tensor], prefix: str = "") -> Tree:
@@ -211,14 +164,13 @@ def site_counts(cfg: Any, y: Any, scores: Any) -> Any:
     return site_mass(counts) if chooses_on_validation(cfg) else counts
 
 
-def server_dp(
-    cfg: Any, problem: Any, sites: list[Any], max_samples: int, log: Any, val_sites: int = 0
-) -> ServerDP | None:
-    """The run's :class:`ServerDP` (None without ``privacy``); logs the guarantee. ``val_sites``: the
-    sites holding validation data (under DP each says only whether it does)."""
-    if cfg.privacy is None:
+def server_dp(cfg: Any, parts: Any, sites: list[Any], log: Any) -> ServerDP | None:
+    """The run's :class:`ServerDP` around the assembly's plan (None without ``privacy``); logs the
+    guarantee. ``parts``: the server's :class:`~fedxrisk.run.assemble.Assembly`."""
+    if parts.privacy is None:
         return None
-    samples, positives = [s.samples for s in sites], [s.positives for s in sites]
-    dp = ServerDP(cfg, problem, samples, positives, max_samples, val_sites)
+    first, widest = sites[0], max(s.samples for s in sites)
+    initial = parts.algorithm.init(ClientInfo(0, first.samples, first.positives / first.samples, widest))
+    dp = ServerDP(cfg, parts.privacy, parts.client_dp, parts.algorithm, initial)
     log(dp.describe())
     return dp

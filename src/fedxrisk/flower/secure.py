@@ -6,8 +6,7 @@ learns only the sum, hence the mean. This module decides what can use it and how
 quantized:
 
 - **Refusals** (one line, before the run starts): algorithms whose collectives are not all
-  ``mean`` (found by running the algorithm for two rounds through a recording collective, not
-  from a list), ``buffer-policy = "local"`` (each site's own BatchNorm statistics reach the
+  ``mean`` (as each declares them: ``Algorithm.collectives``), ``buffer-policy = "local"`` (each site's own BatchNorm statistics reach the
   server at evaluation), fewer than 2 sites.
 - **Client-level DP** under SecAgg+: the sites clip their own updates (:class:`SiteClip`), the
   server adds the noise to the secure mean; the quantization range is then C.
@@ -45,42 +44,9 @@ def step(value_range: float, num_sites: int) -> float:
 
 
 def collective_kinds(cfg: Any) -> set[str]:
-    """The collectives ``cfg``'s algorithm calls (``mean``, ``gather``, ``pool``): two rounds with
-    two stages of a tiny run on synthetic data, through a collective that records each call."""
-    from fedxrisk.algorithms import Schedule
-    from fedxrisk.data import make_federated
-    from fedxrisk.engines import Simulation
-    from fedxrisk.engines.simulation import SimCollective
-    from fedxrisk.models import build_model
-    from fedxrisk.problem import Problem
-
-    kinds: set[str] = set()
-
-    class Recording(SimCollective):
-        def mean(self, tree: Tree) -> Tree:
-            kinds.add("mean")
-            return super().mean(tree)
-
-        def gather(self, tree: Tree) -> Tree:
-            kinds.add("gather")
-            return super().gather(tree)
-
-        def pool(self, groups: Any, valid: Any, key: int) -> Any:
-            kinds.add("pool")
-            return super().pool(groups, valid, key)
-
-    data = make_federated("synthetic", 2, "iid", 0.3, 0)
-    problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
-    algorithm = cfg.build_algorithm(problem)
-    schedule = Schedule.build(2, cfg.algorithm_class.fixed_window or 1, 0.01, stages=2)
-    batch = max(
-        cfg.run.batch_size, 8, 2 * (algorithm.positives_per_batch or 0)
-    )  # the collectives do not change
-    sim = Simulation(algorithm, data, schedule, batch, 0, "loop")
-    sim._collective = lambda: Recording(sim.num_clients, sim.engine, sim.ledger, sim.seed)
-    for _ in range(2):
-        sim.run_round()
-    return kinds
+    """The collectives ``cfg``'s algorithm calls (``mean``, ``gather``, ``pool``), as it declares
+    them (``Algorithm.collectives``; tests/test_declared_support.py records every algorithm's)."""
+    return set(cfg.algorithm_class.collectives)
 
 
 def algorithm_refusal(cfg: Any) -> str | None:

@@ -39,7 +39,7 @@ import torch
 
 from fedxrisk.algorithms import ClientInfo
 from fedxrisk.algorithms.personal import site_collective
-from fedxrisk.classaware import class_aware_batches
+from fedxrisk.data.federated import training_batch
 from fedxrisk.data.lazy import is_lazy
 from fedxrisk.data.sampler import ClientSampler, make_samplers
 from fedxrisk.data.stream import Stream, sampler_requests
@@ -47,7 +47,7 @@ from fedxrisk.engines import clientround as one_round
 from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower import site_personal as personal
-from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.config import FlowerConfig, site_facts
 from fedxrisk.flower.private import site_counts
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
 from fedxrisk.flower.secure import VALIDATION, secure_counts, site_clip
@@ -123,13 +123,10 @@ class SiteRunner:
         """
         self.client, self.num_clients, self.pos_ratio = client, num_clients, pos_ratio
         self.max_samples = max_samples
-        model = self.cfg.build_model(self.site.input_shape)
         run = self.cfg.run
-        self.plans = list(self.cfg.schedule(pos_ratio).plan())
-        self.problem = Problem(model, pos_ratio, run.buffer_policy, run.pos_ratio_mode, personal=run.personal)
-        self.algorithm = self.cfg.build_algorithm(self.problem)
-        self.algorithm = class_aware_batches(self.algorithm, run.positives_per_batch, run.batch_size)
-        self.problem = self.algorithm.problem
+        parts = self.cfg.assemble(site_facts(self.site.input_shape, pos_ratio, num_clients, max_samples))
+        self.plans = list(parts.schedule.plan())
+        self.algorithm, self.problem = parts.algorithm, parts.problem
         n, b, seed, ids = self.site.num_samples, run.batch_size, run.seed, [client]
         self.sampler, self.aux_sampler = make_samplers(
             [n], b, seed, ids, self.algorithm.positives_per_batch, [self.site.y.numpy()]
@@ -206,17 +203,11 @@ class SiteRunner:
         return self.stream
 
     def _batch(self, positions: np.ndarray, uniforms: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+        """The simulation's batch (:func:`~fedxrisk.data.federated.training_batch`) from the site's rows."""
         local = torch.from_numpy(positions)
         stream = self._stream()
-        batch = {
-            "x": stream.fetch(positions) if stream is not None else self.site.x[local],
-            "y": self.site.y[local],
-            "index": self.site.index[local],
-            "local_index": local,
-        }
-        if uniforms is not None:
-            batch["uniform"] = torch.from_numpy(uniforms)
-        return batch
+        x = stream.fetch(positions) if stream is not None else self.site.x[local]
+        return training_batch(x, self.site.y[local], self.site.index[local], local, uniforms=uniforms)
 
     def _local_steps(self, r: int, active: bool = True) -> None:
         """The first half of :func:`~fedxrisk.engines.clientround.client_round`, as ``Simulation`` runs it: the

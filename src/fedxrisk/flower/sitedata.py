@@ -20,6 +20,7 @@ Labels are binary (0/1). A site only ever loads its own folder or its own part.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import warnings
 from collections.abc import Mapping
@@ -31,9 +32,8 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS
-from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset, make_federated
+from fedxrisk.data import DATASETS, FederatedData, binarize, load_dataset
 from fedxrisk.data.checks import DataFileError, check_features, read_text
-from fedxrisk.data.validation import with_validation
 from fedxrisk.engines.personal import site_test_rows
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.personal import personalized
@@ -185,16 +185,17 @@ def load_folder(
 
 
 def trial_data(cfg: FlowerConfig, dataset: str, num_partitions: int) -> FederatedData:
-    """The federated split every trial site (and the ``export`` helper) computes identically,
-    with each part's validation data carved as ``fedxrisk run``'s ``data.validation`` does."""
-    run = cfg.run
+    """The federated split every trial site (and the ``export`` helper) computes identically:
+    ``fedxrisk run``'s own (:func:`~fedxrisk.run.build.build_data`) of the node config's
+    ``dataset`` into ``num-partitions`` clients, each part's validation data carved as
+    ``data.validation`` carves client k's. A part missing a class is reported by its own site
+    (:meth:`SiteData.check_classes`), not by every site."""
+    from fedxrisk.run.build import build_data
+
+    trial = dataclasses.replace(cfg.run, dataset=dataset, clients=num_partitions, allow_missing_class=True)
     with warnings.catch_warnings():  # a site reports only its own missing class (check_classes)
         warnings.simplefilter("ignore")
-        fed = make_federated(
-            dataset, num_partitions, run.partition, run.imratio, run.seed,
-            run.positive_classes, run.dirichlet_alpha, allow_missing_class=True,
-        )  # fmt: skip
-    return with_validation(fed, run.validation, run.seed)  # as `fedxrisk run` carves client k's
+        return build_data(trial)[0]
 
 
 def trial_part(fed: FederatedData, part: int) -> tuple[torch.Tensor, ...]:

@@ -6,10 +6,7 @@ output exists.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,17 +15,13 @@ import numpy as np
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm
-from fedxrisk.classaware import class_aware_batches
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.data.preprocessing import normalization, value_range
 from fedxrisk.engines import DistributedSimulation, Simulation
-from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
-from fedxrisk.errors import ConfigError
-from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
+from fedxrisk.run.assemble import assemble, assemble_model, data_facts, users_error, with_data_lr
 from fedxrisk.run.checks import CheckedConfig, checked
-from fedxrisk.run.privacy import PrivacyPlan, instance_noise, instance_pos_ratio, plan_privacy
-from fedxrisk.run.rules import schedule as run_schedule
+from fedxrisk.run.privacy import PrivacyPlan, instance_noise
 from fedxrisk.run.spec import RunConfig
 
 
@@ -98,15 +91,13 @@ def build(
         padding = max(1, data.data.input_shape[-1] // 8) if cfg.augment == "crop_flip" else 0
         data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
     batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
-    cfg = with_data_lr(cfg, instance_pos_ratio(cfg) or data.data.pos_ratio)  # DP: the public p
-    labels = data.data.num_labels
+    facts = data_facts(cfg, data)
     record_input_range(data.data)  # model.pt carries it: predict refuses inputs on another scale
     with users_error():  # data.normalize's mean and std against the image channels
         norm = normalization(cfg.normalize, data.data.input_shape[0])
     if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
         data.data.preprocessing = {**data.data.preprocessing, "normalize": norm}
-    with users_error():  # a model that does not take this data's inputs
-        model = build_model(cfg.model, data.data.input_shape, cfg.seed, labels, norm)
+    model = assemble_model(cfg, facts, norm)
     source = None
     if init is not None or (cfg.reset_head and cfg.pretrain is None):  # two stages: the 2nd loads
         from fedxrisk.run.weights import load_weights
@@ -116,27 +107,19 @@ def build(
         memory = plan_for_run(cfg, data, model, batch_size)
     if memory is not None and choice is not None:
         choice.memory = memory.summary()
-    problem = Problem(
-        model.to(cfg.device),
-        data.data.pos_ratio,
-        cfg.buffer_policy,
-        cfg.pos_ratio_mode,
-        labels,
-        eval_batch_size=memory.eval_batch
+    eval_batch = (
+        memory.eval_batch
         if memory is not None
-        else eval_batch_size(data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size),
-        personal=cfg.personal,
+        else eval_batch_size(data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size)
     )
-    schedule = run_schedule(cfg)  # the one rule (run/rules.py), Flower's included
-    with users_error():  # hyperparameters that meet the model or the data
-        algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
-        algorithm = class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
-        algorithm.validate_schedule(schedule)  # a data-dependent default lr (with_data_lr) included
-        algorithm, client_dp, privacy = plan_privacy(
-            cfg, algorithm, data, schedule, batch_size, privacy_ledger
-        )
-        if cfg.server is not None:  # outermost: it acts on the (privatized) mean of w
-            algorithm = with_server_optimizer(algorithm, ServerOptimizer(**cfg.server))
+    parts = assemble(cfg, facts, model, batch_size, eval_batch, privacy_ledger)
+    cfg, algorithm, schedule, client_dp, privacy = (
+        parts.config,
+        parts.algorithm,
+        parts.schedule,
+        parts.client_dp,
+        parts.privacy,
+    )
     if cfg.engine == "distributed":
         sim: Simulation = DistributedSimulation(
             algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
@@ -148,35 +131,6 @@ def build(
             noise=instance_noise(cfg), engine_options=chunking(cfg.engine, memory, data.num_clients),
         )  # fmt: skip
     return Setup(cfg, data, algorithm.problem, algorithm, sim, choice, source, privacy)
-
-
-@contextmanager
-def users_error() -> Iterator[None]:
-    """A ValueError raised where the user's settings meet their data or model becomes a
-    :class:`ConfigError` (exit 2); anywhere else a ValueError or TypeError is a bug, and raises."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-
-
-def with_data_lr(cfg: RunConfig, pos_ratio: Any) -> RunConfig:
-    """``cfg`` with the step size fixed: an algorithm whose default depends on the data's positive ratio
-    (CODA family, ``default_lr_for``) gets it written into the config, with a warning that it is untuned."""
-    if cfg.lr is not None or not isinstance(pos_ratio, float):
-        return cfg
-    cls = ALGORITHMS[cfg.algorithm]
-    lr = cls.default_lr_for(pos_ratio)
-    if lr == cls.default_lr:
-        return cfg
-    warnings.warn(
-        f"lr not set: {cfg.algorithm}'s default {cls.default_lr:g} lowered to {lr:.3g} for the positive "
-        f"ratio {pos_ratio:.3f} (lr·p(1 − p) kept at its p = 0.1 value); untuned, see `fedxrisk tune`",
-        stacklevel=2,
-    )
-    return dataclasses.replace(cfg, lr=lr)
 
 
 def run_lr(cfg: RunConfig) -> float:

@@ -274,9 +274,13 @@ class RunFolder:
 
 
 def load_model(run_dir: str | Path) -> torch.nn.Module:
-    """The final global model of a finished run (``model.pt``), in eval mode."""
+    """The final global model of a finished run (``model.pt``), in eval mode, with the input
+    normalization it was trained with (``data.normalize``, kept in the file's preprocessing)."""
+    from fedxrisk.data.preprocessing import from_stored
+
     blob = torch.load(Path(run_dir) / "model.pt", map_location="cpu", weights_only=True)
-    model = build_model(blob["model"], tuple(blob["input_shape"]), 0, blob.get("num_labels", 1))
+    normalize = from_stored(blob.get("preprocessing")).get("normalize")
+    model = build_model(blob["model"], tuple(blob["input_shape"]), 0, blob.get("num_labels", 1), normalize)
     model.load_state_dict({**blob["params"], **blob["buffers"]})
     return model.eval()
 

@@ -5,9 +5,9 @@ until a callback sets ``should_stop``), writing through a
 :class:`~fedxrisk.run.folder.RunFolder`. Under the distributed engine every
 rank trains and takes part in checkpoints (a collective); only the primary rank
 evaluates and writes files. A Flower run is trained here too
-(:class:`~fedxrisk.flower.federation.Federation` is its simulation): the simulation may
-``evaluate`` its own rows (the server's held-out set, the sites' reports) and add
-``summary_extra`` facts (its sites, its deployment).
+(:class:`~fedxrisk.flower.federation.Federation` is its simulation): every simulation declares
+``evaluate`` (Flower: the server's held-out set, the sites' reports), ``summary_extra`` (Flower:
+its sites, its deployment) and ``remote_sites`` (:class:`~fedxrisk.engines.reporting.RunReporting`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from fedxrisk.algorithms import Algorithm
 from fedxrisk.data.types import describe_positive, positive_record
 from fedxrisk.engines.validation import federated_validation
 from fedxrisk.errors import RunFailure
-from fedxrisk.metrics import evaluate
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
@@ -132,8 +131,7 @@ def train(
     if stopper is not None:
         summary["early_stopping"] = {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}
     summary["resumed_at_rounds"] = resumed
-    if (extra := getattr(sim, "summary_extra", None)) is not None:  # e.g. Flower's sites and deployment
-        summary |= json_safe(extra())
+    summary |= json_safe(sim.summary_extra())  # e.g. Flower's sites and deployment
     if failure is None or (failure.keeps_model and history):  # the models before the summary: it commits
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
         (params, buffers), personal = finish_personal(setup)  # fine-tunes the sites after the global model
@@ -223,7 +221,7 @@ def _initial_row(setup: Setup) -> dict[str, Any]:
     """Round 0: the metrics of the starting model, before any training step."""
     sim, first = setup.simulation, setup.simulation.plans[0]
     params, buffers = sim.global_model()
-    metrics = evaluate(setup.problem, params, buffers, setup.data)
+    metrics = sim.evaluate(params, buffers)
     return {
         "round": 0, "step": 0, "stage": first.stage, "lr": first.lr, "train_loss": math.nan, **metrics,
         "bytes_up_per_client": 0, "bytes_down_per_client": 0, "wall_seconds": 0.0,
@@ -247,10 +245,9 @@ def _evaluate_row(setup: Setup, plan, wall: float) -> dict[str, Any]:
 
 
 def _metrics(setup: Setup, params, buffers) -> dict[str, Any]:
-    """Test and per-client metrics of the global model on the run's data, unless the simulation
-    evaluates itself (Flower: the server's held-out set and the sites' own AUROCs)."""
-    own = getattr(setup.simulation, "evaluate", None)
-    return own(params, buffers) if own is not None else evaluate(setup.problem, params, buffers, setup.data)
+    """Test and per-client metrics of the global model, as the simulation evaluates it: on the
+    run's data in process; on Flower, the server's held-out set and the sites' own AUROCs."""
+    return setup.simulation.evaluate(params, buffers)
 
 
 def _summary(setup: Setup, history, best, wall: float, failure: Exception | None) -> dict[str, Any]:

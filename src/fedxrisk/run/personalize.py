@@ -66,7 +66,7 @@ def _site_rows_during_training(setup: Setup) -> bool:
 def remote_sites(setup: Setup) -> bool:
     """The sites' states live on their own nodes (Flower's federation, which reports their numbers
     itself: ``personal_fields``, ``personal_row``, ``personal_summary``), not in this process."""
-    return bool(getattr(setup.simulation, "remote_sites", False))
+    return setup.simulation.remote_sites
 
 
 def personal_fields(setup: Setup) -> tuple[str, ...]:

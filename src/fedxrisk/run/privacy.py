@@ -117,7 +117,7 @@ def _algorithm_stub(cfg: Any) -> Any:
     declared = {k: getattr(cls, k) for k in ("couples_samples", "uses_pos_ratio", "declares_sample_loss")}
     positives = cfg.positives_per_batch or cfg.options.get("positives_per_batch", 0)
     return types.SimpleNamespace(
-        name=cfg.algorithm, begin_batch=cls.begin_batch, problem=problem, positives_per_batch=positives,
+        name=cfg.algorithm, collectives=cls.collectives, problem=problem, positives_per_batch=positives,
         **declared, **attrs,
     )  # fmt: skip
 
@@ -324,11 +324,13 @@ class PrivacyPlan:
 
 
 def plan_privacy(
-    cfg: Any, algorithm: Any, data: Any, schedule: Any, batch_size: int, ledger: list[dict] | None = None
+    cfg: Any, algorithm: Any, facts: Any, schedule: Any, batch_size: int, ledger: list[dict] | None = None
 ) -> tuple[Any, Any, Any]:
     """(algorithm to train — instance level: its DP-SGD copy —, the engine's ClientDP or None,
-    the :class:`PrivacyPlan`); (algorithm, None, None) when ``cfg.privacy`` is None. ``ledger``:
-    the checkpoint's ledger of a resumed or extended run (its rounds are never re-accounted)."""
+    the :class:`PrivacyPlan`); (algorithm, None, None) when ``cfg.privacy`` is None. ``facts``:
+    the set-up facts (:class:`fedxrisk.run.assemble.Facts`: N, the clients, the smallest
+    shard, the validation masses); ``ledger``: the checkpoint's ledger of a resumed or extended
+    run (its rounds are never re-accounted)."""
     if cfg.privacy is None:
         return algorithm, None, None
     from fedxrisk.engines.privacy import (
@@ -342,16 +344,16 @@ def plan_privacy(
 
     p = privacy_from_table(cfg.privacy)
     plans = list(schedule.plan())
-    delta = p["delta"] if p["delta"] is not None else default_delta(len(data.data.y_train))
+    delta = p["delta"] if p["delta"] is not None else default_delta(facts.train_samples)
     if p["level"] == "client":
         check_client_dp(algorithm)
         q, sampling, steps = p["sampling_rate"], p["sampling"], tuple(1 for _ in plans)
     else:
-        q = min(1.0, batch_size / min(data.shard_sizes))
+        q = min(1.0, batch_size / facts.smallest_shard)
         sampling, steps = "poisson", tuple(plan.window for plan in plans)
-    n = data.num_clients if p["level"] == "client" else None
+    n = facts.num_clients if p["level"] == "client" else None
     earlier = tuple(Segment.from_dict(d) for d in ledger or ())
-    validation, releases = validation_plan(cfg, p, data, len(plans))
+    validation, releases = validation_plan(cfg, p, facts, len(plans))
     kind = "fixed" if sampling == "fixed" and q < 1.0 else "poisson"
 
     def planned(first: int) -> tuple[Segment, ...]:  # the validation releases after round `first`
@@ -370,7 +372,7 @@ def plan_privacy(
             )  # fmt: skip
     private = p["reproducible_noise"] is None
     plan = PrivacyPlan(
-        p["level"], p["clip"], sigma, delta, q, sampling, data.num_clients, steps, p["target_epsilon"], private,
+        p["level"], p["clip"], sigma, delta, q, sampling, facts.num_clients, steps, p["target_epsilon"], private,
         earlier, validation, releases,
     )  # fmt: skip
     if p["level"] == "instance":
@@ -378,18 +380,15 @@ def plan_privacy(
     return algorithm, ClientDP(p["clip"], sigma, ClientSampling(q, sampling), p["reproducible_noise"]), plan
 
 
-def validation_plan(cfg: Any, p: dict[str, Any], data: Any, rounds: int) -> tuple[Any, tuple[int, ...]]:
+def validation_plan(cfg: Any, p: dict[str, Any], facts: Any, rounds: int) -> tuple[Any, tuple[int, ...]]:
     """(ValidationDP, the evaluations releasing validation) of a run choosing on validation under DP,
     else (None, ()); a release that would be noise is refused in one line (docs/privacy.md)."""
-    if not (cfg.selection == "best" or cfg.early_stopping) or data.val_shards is None:
+    if not (cfg.selection == "best" or cfg.early_stopping) or facts.validation is None:
         return None, ()
-    from fedxrisk.engines.privacy.validation import ValidationDP, noise_refusal, release_rounds
+    from fedxrisk.engines.privacy.validation import ValidationDP, mass_refusal, release_rounds
 
-    y_val = data.data.y_val.numpy()
-    labels = y_val.reshape(len(y_val), -1).shape[1]
-    dp = ValidationDP(p["validation_noise_multiplier"], p["level"], p["validation_bins"], labels)
-    reason = noise_refusal(dp, y_val, list(data.val_shards))
+    dp = ValidationDP(p["validation_noise_multiplier"], p["level"], p["validation_bins"], facts.num_labels)
+    reason = mass_refusal(dp, facts.validation(dp))
     if reason is not None:
         raise ConfigError(f"privacy: {reason}")
-    initial = cfg.init_from is not None or (cfg.reset_head and cfg.pretrain is None)
-    return dp, release_rounds(rounds, cfg.eval_every, initial)
+    return dp, release_rounds(rounds, cfg.eval_every, facts.evaluates_start)

@@ -65,8 +65,11 @@ class ClientDP:
 def unsupported_reason(algorithm: Any) -> str | None:
     """Why client-level DP cannot cover ``algorithm``'s messages, or None when it can."""
     name = getattr(algorithm, "name", type(algorithm).__name__)
-    if getattr(algorithm, "begin_batch", False) or name.startswith("fedxl"):
+    collectives = getattr(algorithm, "collectives", ("mean",))
+    if "pool" in collectives:
         return f"{name} sends per-sample score pools (collective 'pool'), which DP on the model update does not cover"
+    if "gather" in collectives:
+        return f"{name} gathers every client's values (collective 'gather'), which DP on the model update does not cover"
     if getattr(algorithm, "stage_batch_size", 0) or getattr(algorithm, "round_batch_size", 0):
         return (
             f"{name} sends per-client class sums and counts of a sampled batch (a second 'mean' per round), "

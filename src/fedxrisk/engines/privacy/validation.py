@@ -182,7 +182,11 @@ def class_mass(dp: ValidationDP, y_val: np.ndarray, shards: list[np.ndarray]) ->
 
 def noise_refusal(dp: ValidationDP, y_val: np.ndarray, shards: list[np.ndarray]) -> str | None:
     """Why the release would be noise (ρ < ½ for some label, module docstring), or None."""
-    masses = class_mass(dp, y_val, shards)
+    return mass_refusal(dp, class_mass(dp, y_val, shards))
+
+
+def mass_refusal(dp: ValidationDP, masses: list[tuple[float, float]]) -> str | None:
+    """:func:`noise_refusal` from the per-label (negative, positive) masses of the summed histograms."""
     rho = min(dp.signal(m) for m in masses)
     if rho >= 0.5:
         return None
