@@ -58,7 +58,7 @@ EXPECTED = {
     "batch-too-large": "data.batch_size = 100000 exceeds every client's data (largest shard: 629 samples); training with batches of 629",
     "npz-nan": "TMP/data.npz: x_train: 3 non-finite value(s) (NaN/inf) in rows 0, 1, 2 (0-based); fix or drop those rows",
     "npz-inf-test": "TMP/data.npz: x_test: 1 non-finite value(s) (NaN/inf) in row 4 (0-based); fix or drop those rows",
-    "csv-nan": "TMP/tab/data.csv: 1 non-finite value(s) (NaN/inf) in row 7; fix or drop those rows",
+    "csv-nan": "TMP/tab: missing values (blank, '?' or NA) in column(s) 'a' (1 of 40 rows); set data.on_missing to drop_rows, drop_columns or impute (docs/data.md)",
     "idx-float-nan": "TMP/mnist/train-images-idx3-ubyte.gz: 2 non-finite value(s) (NaN/inf) in rows 3, 5 (0-based); fix or drop those rows",
     "y-test-half": "TMP/data.npz: y_test: labels must be integer class ids, found 0.5 at row 2 (0-based)",
     "csv-no-features": "TMP/tab/data.csv: no feature columns besides 'label' (header ['label']); expected: …",
