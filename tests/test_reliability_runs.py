@@ -126,6 +126,26 @@ def test_a_selected_model_below_chance_on_its_own_validation_is_a_warning(run, t
     )
 
 
+@pytest.mark.parametrize(("validation", "metric"), [(0.2, "val_auroc"), (0.0, "client_auroc_mean")])
+def test_a_final_model_below_chance_is_flagged_without_selection(run, tmp_path, validation, metric):
+    """The same inverted start with selection = "last": flagged on validation, or without validation
+    on the clients' own training shards (issue 42: nothing below chance goes out silently)."""
+    state = dict(torch.load(run / "model.pt", weights_only=True)["params"])
+    for key in list(state)[-2:]:
+        state[key] = -state[key]
+    torch.save(state, tmp_path / "inverted.pt")
+    cfg = RunConfig(**TINY | {"checkpoint_every": 0}, init_from=str(tmp_path / "inverted.pt"), lr=1e-9,
+                    validation=validation)  # fmt: skip
+    with pytest.warns(UserWarning, match=rf"final model's {metric} is 0\.\d+ < 0\.5"):
+        result = run_experiment(cfg, tmp_path / "r")
+    flag = result.summary["below_chance"]
+    assert (flag["of"], flag["metric"]) == ("final", metric) and flag["value"] == result.history[-1][
+        metric
+    ] < 0.5
+    fine = run_experiment(RunConfig(**TINY | {"checkpoint_every": 0}, validation=validation), tmp_path / "ok")
+    assert fine.summary["below_chance"] is None  # the control: the same run from its own start
+
+
 def test_predict_refuses_uint8_pixels_for_a_model_trained_on_0_1_images(run, tmp_path):
     """digits' reader records no range; the run does, so 0–255 pixels are refused, not mis-scored."""
     x = np.random.default_rng(0).uniform(0, 1, size=(6, 1, 8, 8))

@@ -317,3 +317,14 @@ def test_tune_searches_the_server_lr_and_shows_each_warning_once(tmp_path, recwa
     recwarn.clear()
     quiet = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "q"), "-q"])
     assert quiet.exit_code == 0 and not [w for w in recwarn if "exceeds" in str(w.message)]
+
+
+def test_a_best_trial_below_chance_is_flagged_not_crowned():
+    from fedxrisk.run.tuneout import TrialRecord, best_warning
+
+    inverted = TrialRecord(3, "complete", 0.31, {"lr": 1.0}, "trials/0003")
+    assert "best trial's val_auroc is 0.310 < 0.5" in best_warning(inverted, "val_auroc")
+    assert best_warning(TrialRecord(3, "complete", 0.71, {}, "t"), "val_auroc") is None  # the control
+    assert (
+        best_warning(TrialRecord(3, "complete", 0.2, {}, "t"), "val_ap") is None
+    )  # AP has no 0.5 chance line

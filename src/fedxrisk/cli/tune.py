@@ -212,13 +212,15 @@ def _job(name, config_file, given, options, overrides, spaces):
 def _show(folder: Path, records, quiet: bool) -> None:
     from rich.console import Console
 
-    from fedxrisk.run.tuneout import best_record, table_rows
+    from fedxrisk.run.tuneout import best_record, best_warning, read_marker, table_rows
     from fedxrisk.tables import fit_table
 
     best = best_record(records)
     if quiet:
         click.echo(str(folder))
         return
+    if best is not None and (warning := best_warning(best, read_marker(folder)["monitor"])) is not None:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)  # also in best.json
     columns, rows = table_rows(records, best)
     Console().print(fit_table(f"trials of {folder}", columns, rows, Console().width))
     if best is None:

@@ -125,9 +125,11 @@ def train(
     stopper = next((cb for cb in callbacks if isinstance(cb, EarlyStopping)), None)
     summary = _summary(setup, history, best, elapsed(), failure)
     summary["selected"] = json_safe(selected_record(cfg, history, chosen))
-    if (note := below_chance(summary["selected"])) is not None:
-        warnings.warn(note, stacklevel=2)
-        summary["selected"]["warning"] = note
+    summary["below_chance"] = below_chance(summary["selected"], history[-1] if history else {})
+    if summary["below_chance"] is not None:
+        warnings.warn(summary["below_chance"]["warning"], stacklevel=2)
+        if summary["selected"] is not None and summary["below_chance"]["of"] == "selected":
+            summary["selected"]["warning"] = summary["below_chance"]["warning"]
     if stopper is not None:
         summary["early_stopping"] = {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}
     summary["resumed_at_rounds"] = resumed
@@ -158,18 +160,34 @@ def evaluates(cfg: Any, rounds_done: int, total: int) -> bool:
     return rounds_done % cfg.eval_every == 0 or rounds_done >= total
 
 
-def below_chance(selected: dict[str, Any] | None) -> str | None:
-    """A selected model whose own validation AUROC is below 0.5 ranks worse than chance: said aloud
-    (and kept in summary.json), since the "best" model of a run that inverted is still inverted."""
-    if not selected or selected.get("selection") != "best" or "auroc" not in str(selected.get("monitor")):
+def below_chance(selected: dict[str, Any] | None, final: dict[str, Any]) -> dict[str, Any] | None:
+    """The model a run writes, when it ranks worse than chance on data it may look at: said aloud and
+    kept in summary.json (``below_chance``: of what, which metric, its value, the warning) — the
+    selected model's own validation AUROC, else the final model's validation AUROC, else (no
+    validation) its mean AUROC on the clients' own training shards. The test set is never used."""
+    if selected and selected.get("selection") == "best" and "auroc" in str(selected.get("monitor")):
+        of, metric, value, where = (
+            "selected",
+            selected["monitor"],
+            selected.get("value"),
+            "on its own validation data",
+        )
+    elif _finite(final.get("val_auroc")):
+        of, metric, value, where = "final", "val_auroc", final["val_auroc"], "on the validation data"
+    else:
+        of, metric, value = "final", "client_auroc_mean", final.get("client_auroc_mean")
+        where = "on the clients' own training data (mean over clients; no validation data)"
+    if not _finite(value) or not value < 0.5:
         return None
-    value = selected.get("value")
-    if not isinstance(value, float) or not value < 0.5:
-        return None
-    return (
-        f"the selected model's {selected['monitor']} is {value:.3f} < 0.5 on its own validation data: it ranks "
-        "worse than chance (an inverted model); check the step size, the privacy noise and the positive class"
+    warning = (
+        f"the {'selected' if of == 'selected' else 'final'} model's {metric} is {value:.3f} < 0.5 {where}: it "
+        "ranks worse than chance (an inverted model); check the step size, the privacy noise and the positive class"
     )
+    return {"of": of, "metric": metric, "value": value, "warning": warning}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, float) and math.isfinite(value)
 
 
 ORACLE_NOTE = "chosen on the test set: an optimistic bound for comparison, not a result; see 'selected'"

@@ -182,4 +182,16 @@ def write_best(out: Path, best: TrialRecord, monitor: str) -> None:
     text = source.read_text()
     header = f"# best trial {best.number} of {out}: {monitor} = {best.value:.6g}\n"
     replace_atomic(out / "best_config.toml", lambda f: f.write(header + text))
-    write_json_atomic(out / "best.json", {**_jsonable(best), "monitor": monitor})
+    write_json_atomic(
+        out / "best.json", {**_jsonable(best), "monitor": monitor, "warning": best_warning(best, monitor)}
+    )
+
+
+def best_warning(best: TrialRecord, monitor: str) -> str | None:
+    """A best trial still below chance on validation (every trial inverted) is said, not crowned."""
+    if "auroc" not in monitor or best.value is None or not best.value < 0.5:
+        return None
+    return (
+        f"the best trial's {monitor} is {best.value:.3f} < 0.5: every trial ranks worse than chance on "
+        "validation (an inverted model); widen --space, check the positive class and the data"
+    )
