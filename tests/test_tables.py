@@ -60,3 +60,30 @@ def test_the_run_summary_fits_80_columns(monkeypatch, capsys):
         "123,456,789,012",
     ):
         assert value in text, value
+
+
+def test_the_closing_table_names_the_server_optimizer_personalization_and_each_sites_model(
+    monkeypatch, capsys
+):
+    monkeypatch.setenv("COLUMNS", "100")
+    personal = {
+        "site_auroc_0": 0.91,
+        "site_global_auroc_0": 0.85,
+        "site_auroc_1": 0.62,
+        "site_global_auroc_1": 0.7,
+        "personal_auroc_mean": 0.765,
+        "global_site_auroc_mean": 0.775,
+    }
+    summary = {
+        "algorithm": "localsgdm", "dataset": "heart_disease", "num_clients": 2, "local_steps": 8, "rounds": 40,
+        "final": {"test_auroc": 0.8}, "selected": None, "personal": personal,
+        "config": {"server": {"optimizer": "adam", "lr": 0.01}, "personal": "head", "finetune_steps": 5},
+        "data": {"client_sites": ["cleveland", "va"]},
+        "communication": {"bytes_up_per_client": 1, "bytes_down_per_client": 1}, "wall_seconds": 1.0,
+    }  # fmt: skip
+    cli_run._print_summary(summary, "runs/x")
+    text = capsys.readouterr().out
+    assert "localsgdm + server adam (lr 0.01) + personal head + fine-tuned 5 steps on heart_disease" in text
+    assert "site 0 (cleveland) AUROC: own model / global" in text and "0.9100 / 0.8500" in text
+    assert "site 1 (va)" in text and "0.6200 / 0.7000" in text
+    assert "0.7650 (global model at the sites: 0.7750)" in text

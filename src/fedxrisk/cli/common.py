@@ -131,7 +131,9 @@ CONFIG_OPTIONS = (
         "overrides",
         multiple=True,
         metavar="SECTION.KEY=VALUE",
-        help="override one config key, e.g. --set algorithm.lr=0.05 (repeatable; applied last)",
+        help="override one config key, e.g. --set algorithm.lr=0.05 (repeatable; applied last); sections: "
+        "experiment, data, model, algorithm, engine, and the tables [server] (server.optimizer=adam, "
+        "server.lr), [privacy], [pretrain]",
     ),
 )
 

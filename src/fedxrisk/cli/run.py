@@ -108,6 +108,9 @@ def run(
 ) -> None:
     """Train one federated experiment; write config.toml, history.csv, summary.json.
 
+    A server optimizer: --set server.optimizer=adam --set server.lr=0.01 (docs/cli.md);
+    personalization: --personal head|bn (docs/personalization.md).
+
     Settings come from --config FILE, then the flags typed here, then --set.
     """
     # torch-free until the config is checked: a config error costs a fraction of a second
@@ -223,11 +226,46 @@ def _fmt(x: Any) -> str:
     return f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
+def _method(s: dict[str, Any]) -> str:
+    """The algorithm with what changes the model it writes: the server optimizer, personalization."""
+    cfg, parts = s.get("config", {}), [s["algorithm"]]
+    server = cfg.get("server") or {}
+    if server.get("optimizer"):
+        parts.append(f"server {server['optimizer']} (lr {server.get('lr', 'default')})")
+    if cfg.get("personal", "none") != "none":
+        parts.append(f"personal {cfg['personal']}")
+    if cfg.get("finetune_steps"):
+        parts.append(f"fine-tuned {cfg['finetune_steps']} steps")
+    return " + ".join(parts)
+
+
+def _deployed_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each site's own (deployed) model against the global model on that site's test rows."""
+    block = s.get("personal") or {}
+    sites = (s.get("data") or {}).get("client_sites") or []
+    rows = []
+    for k in range(s["num_clients"]):
+        if f"site_auroc_{k}" not in block:
+            continue
+        name = f"site {k}" + (f" ({sites[k]})" if k < len(sites) else "")
+        own, shared = block[f"site_auroc_{k}"], block.get(f"site_global_auroc_{k}")
+        rows.append((f"{name} AUROC: own model / global", f"{_fmt(own)} / {_fmt(shared)}"))
+    if "personal_auroc_mean" in block:
+        rows.append(
+            ("sites' own models, mean AUROC", f"{_fmt(block['personal_auroc_mean'])} "
+             f"(global model at the sites: {_fmt(block.get('global_site_auroc_mean'))})")
+        )  # fmt: skip
+    return rows
+
+
 def _print_summary(s: dict[str, Any], out: Any) -> None:
     from fedxrisk.tables import fit_table
 
-    title = f"{s['algorithm']} on {s['dataset']}: K={s['num_clients']}, I={s['local_steps']}, {s['rounds']} rounds"
+    title = (
+        f"{_method(s)} on {s['dataset']}: K={s['num_clients']}, I={s['local_steps']}, {s['rounds']} rounds"
+    )
     rows = [(f"final {k}", _fmt(v)) for k, v in s["final"].items()]
+    rows += _deployed_rows(s)
     sel = s.get("selected")
     if sel and sel["selection"] == "best":  # the model in model.pt, chosen on validation
         rows.append((f"selected on {sel['monitor']}", f"{_fmt(sel['value'])} (round {sel['round']})"))
