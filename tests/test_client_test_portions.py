@@ -97,3 +97,39 @@ def test_a_datasets_test_split_is_grouped_by_its_own_sites(site_run, tmp_path):
     sites = read_tabular_csv(site_run / "data").groups_test["source"]
     assert result["group_kind"] == "site" and result["groups_split"] == "test"
     assert [g["score"]["n"] for g in result["groups"].values()] == np.bincount(sites).tolist()
+
+
+def test_evaluate_personal_scores_each_sites_own_model_on_its_own_rows(tmp_path):
+    """--personal: site_<k>.pt on site k's test rows equals DeLong on that file's own logits there."""
+    from click.testing import CliRunner
+
+    from fedxrisk.cli import main
+    from fedxrisk.inference import read_model_file
+    from fedxrisk.stats import delong
+
+    (tmp_path / "data").mkdir()
+    _write_sites_table(tmp_path / "data" / "data.csv")
+    cfg = RunConfig(dataset="tabular", data_dir=str(tmp_path / "data"), imratio=None, partition="source",
+                    clients=3, **{**TINY, "model": "mlp"}, personal="head", finetune_steps=3)  # fmt: skip
+    run_experiment(cfg, tmp_path / "run")
+    res = CliRunner().invoke(main, ["evaluate", str(tmp_path / "run"), "--personal", "--bootstrap", "20",
+                                    "--out", str(tmp_path / "ev")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "Each site's own model" in res.output
+    report = json.loads((tmp_path / "ev" / "evaluation.json").read_text())["personal"]
+    assert report["site_rows"] == "own" and list(report["sites"]) == sorted(SITES)
+    fed, _ = build_data(cfg)
+    y = fed.data.y_test.numpy().reshape(-1)
+    import torch
+
+    for k, name in enumerate(sorted(SITES)):
+        rows = fed.data.groups_test["source"] == k
+        model, _, _ = read_model_file(tmp_path / "run" / f"site_{k}.pt")
+        with torch.no_grad():
+            own = model(fed.data.x_test[torch.from_numpy(rows)]).reshape(-1).double().numpy()
+        assert report["sites"][name]["own"]["auroc"] == pytest.approx(delong(y[rows], own).auroc, abs=1e-9)
+        assert report["sites"][name]["own"]["n"] == int(rows.sum())
+    plain = tmp_path / "plain"
+    run_experiment(RunConfig(**{**cfg.to_dict(), "personal": "none", "finetune_steps": 0}), plain)
+    refused = CliRunner().invoke(main, ["evaluate", str(plain), "--personal", "--out", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "this run wrote none" in refused.output, refused.output

@@ -73,6 +73,7 @@ def evaluate(
     at_sensitivity: float | None = None,
     calibration: bool = False,
     threshold_from: str = "test",
+    personal: bool = False,
     dp_epsilon: float | None = None,
     dp_delta: float = 1e-5,
 ) -> dict[str, Any]:
@@ -108,6 +109,10 @@ def evaluate(
     for name, v in (("--at-specificity", at_specificity), ("--at-sensitivity", at_sensitivity)):
         if v is not None and not 0 < v < 1:
             raise InputError(f"{name} must lie strictly between 0 and 1, got {v}")
+    if personal and (dataset is not None or manifest is not None):
+        raise InputError(
+            "--personal scores each site's model on the run's own test rows: drop --dataset/--manifest"
+        )
     if threshold_from not in ("test", "validation"):
         raise InputError(f"--threshold-from must be test or validation, got {threshold_from!r}")
     if dp_epsilon is not None and not (0 < dp_epsilon < math.inf and 0 < dp_delta < 1):
@@ -156,6 +161,10 @@ def evaluate(
         raise InputError(
             "--dp-epsilon privatizes the federated evaluation: the data needs sites (a source column)"
         )
+    if personal:
+        from fedxrisk.evaluation_personal import personal_report
+
+        result["personal"] = personal_report(trained, label_metrics, bootstrap, seed)
     asks = (at_specificity, at_sensitivity, threshold_from)
     clinic(result, trained, data, asks, calibration, bootstrap, seed)
     write_files(result, data, trained.label_names, folder)

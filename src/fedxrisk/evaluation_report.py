@@ -17,6 +17,7 @@ from fedxrisk.evaluation_against import markdown_lines as against_lines
 from fedxrisk.evaluation_clinic import markdown_lines as clinic_lines
 from fedxrisk.evaluation_clinic import reliability_png
 from fedxrisk.evaluation_federated import console_table, markdown_lines
+from fedxrisk.evaluation_personal import markdown_lines as personal_lines
 
 if TYPE_CHECKING:
     from fedxrisk.evaluation import Scored
@@ -72,7 +73,8 @@ def markdown(result: dict[str, Any]) -> str:
         for g, labels in result["groups"].items():
             lines += [row(f"{g} / {k}" if multi else g, m) for k, m in labels.items()]
         lines.append("")
-    return "\n".join(lines + markdown_lines(result) + against_lines(result) + clinic_lines(result))
+    personal = personal_lines(result)
+    return "\n".join(lines + markdown_lines(result) + against_lines(result) + personal + clinic_lines(result))
 
 
 def _plot(result: dict[str, Any], data: Scored, names: Sequence[str]) -> dict[str, bytes]:

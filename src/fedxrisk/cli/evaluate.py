@@ -55,6 +55,11 @@ from fedxrisk.textsafe import printable
     "validation data (then the test's sensitivity and specificity at it)",
 )
 @click.option(
+    "--personal",
+    is_flag=True,
+    help="also each site's own model (site_<k>.pt of a personalized run) on that site's test rows",
+)
+@click.option(
     "--calibration",
     is_flag=True,
     help="Brier, ECE, reliability.png, temperature scaling fitted on the run's validation data",
@@ -76,6 +81,7 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     from fedxrisk.data.readers import DataFileError
     from fedxrisk.evaluation import evaluate
     from fedxrisk.evaluation_clinic import markdown_lines as clinic_lines
+    from fedxrisk.evaluation_personal import markdown_lines as personal_lines
     from fedxrisk.evaluation_report import console_tables
 
     with config_errors():
@@ -95,7 +101,7 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     out = Console()
     for table in console_tables(result):
         out.print(table)
-    for line in clinic_lines(result):
+    for line in personal_lines(result) + clinic_lines(result):
         if line:
             out.print(printable(line.removeprefix("## ")), markup=False)
     out.print(printable(f"written: {', '.join(result['files'])}"), markup=False)
