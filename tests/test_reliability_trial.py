@@ -144,7 +144,7 @@ EXPECTED = {
     'server-key-unknown': "unknown key 'server.momentum'; [server] allows: beta1, beta2, bias_correction, lr, optimizer, tau",
     'server-lr-text': "server.lr: expected a number, got 'fast' (str)",
     'personal-unknown': "unknown personal 'tail' (model.personal); choose one of ['bn', 'head', 'none']",
-    'personal-bn-no-bn': "personal = 'bn': the model Linear has no BatchNorm layer",
+    'personal-bn-no-bn': "model.personal = 'bn': the model 'linear' has no BatchNorm layer; use personal = 'none', or a model with BatchNorm (cnn, densenet121, densenet121_imagenet, densenet161, resnet20)",
     'finetune-negative': 'algorithm.finetune_steps must be ≥ 0 (0: no fine-tuning), got -1',
     'finetune-float': 'algorithm.finetune_steps: expected an integer, got 1.5 (float)',
     'ditto-lam-negative': 'lam must be a finite number ≥ 0, got -1.0',
@@ -182,10 +182,10 @@ EXPECTED = {
     'surv-npz-lengths': "TMP/s.npz: arrays of different lengths ({'time': 40, 'event': 40, 'x': 30}); one row per patient in each",
     'surv-npz-no-feature': "TMP/s.npz: no feature column besides 'time' and 'event'",
     'surv-latin1': "TMP/s.csv: cannot read ('utf-8' codec can't decode byte 0xe2 in position 11: invalid continuation byte)",
-    'ppb-negative': 'positives_per_batch must lie in [1, batch_size − 1] = [1, 7], got -1',
+    'ppb-negative': 'data.positives_per_batch must lie in [1, batch_size − 1] = [1, 7], got -1',
     'ppb-float': 'data.positives_per_batch: expected an integer, got 2.5 (float)',
-    'ppb-batch': 'positives_per_batch must lie in [1, batch_size − 1] = [1, 7], got 8',
-    'ppb-above-batch': 'positives_per_batch must lie in [1, batch_size − 1] = [1, 7], got 50',
+    'ppb-batch': 'data.positives_per_batch must lie in [1, batch_size − 1] = [1, 7], got 8',
+    'ppb-above-batch': 'data.positives_per_batch must lie in [1, batch_size − 1] = [1, 7], got 50',
 }  # fmt: skip
 
 

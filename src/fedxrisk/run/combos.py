@@ -81,9 +81,10 @@ def _personal_model(cfg: RunConfig) -> None:
         return
     if cfg.personal == "bn":
         with_bn = sorted(m for m, lay in MODEL_LAYERS.items() if lay["bn"])
+        other = "'head' or 'none'" if layers["head"] else "'none'"
         raise ConfigError(
-            f"model.personal = 'bn': the model {cfg.model!r} has no BatchNorm layer; use personal = 'head' "
-            f"or 'none', or a model with BatchNorm ({', '.join(with_bn)})"
+            f"model.personal = 'bn': the model {cfg.model!r} has no BatchNorm layer; use personal = {other}, "
+            f"or a model with BatchNorm ({', '.join(with_bn)})"
         )
     raise ConfigError(
         f"model.personal = 'head' on model {cfg.model!r}: its classifier head is the whole model, so "
@@ -98,8 +99,15 @@ def _positives(cfg: RunConfig) -> None:
     if not positives:
         return
     if not 1 <= positives < cfg.batch_size:
+        whose = (
+            ""
+            if cfg.positives_per_batch or "positives_per_batch" in cfg.options
+            else (
+                f" ({cfg.algorithm}'s default; set data.positives_per_batch below batch_size, or raise batch_size)"
+            )
+        )
         raise ConfigError(
-            f"positives_per_batch must lie in [1, batch_size − 1] = [1, {cfg.batch_size - 1}], got {positives}"
+            f"positives_per_batch must lie in [1, batch_size − 1] = [1, {cfg.batch_size - 1}], got {positives}{whose}"
         )
     if cfg.pos_ratio_mode == "local":
         raise ConfigError(
