@@ -129,3 +129,21 @@ def test_a_server_optimizer_survives_coda_plus_stage_restarts_at_stages_equal_ro
     identity = _coda_plus(ServerOptimizer("sgd", lr=1.0, beta1=0.0))  # x − 1·(x − restart) = restart
     assert max((stepped[k] - plain[k]).abs().max().item() for k in plain) > 1e-3
     assert all(torch.allclose(identity[k], plain[k], atol=1e-6) for k in plain)
+
+
+def test_fedxrisk_run_with_server_and_coda_plus_at_stages_equal_rounds_changes_model_pt(tmp_path):
+    """The issue's case end to end: CODA+ with stages = rounds, [server] sgd; model.pt used to have the
+    sha256 of the run without [server]."""
+    import json
+
+    base = ["run", "-a", "codaplus", "--rounds", "2", "--stages", "2", "--clients", "2", "--eval-every", "2",
+            "--engine", "loop", "-q"]  # fmt: skip
+    digests = []
+    for name, sets in (
+        ("plain", []),
+        ("server", ["--set", 'server.optimizer="sgd"', "--set", "server.lr=2.0"]),
+    ):
+        result = CliRunner().invoke(main, [*base, *sets, "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        digests.append(json.loads((tmp_path / name / "summary.json").read_text())["model_sha256"])
+    assert digests[0] != digests[1]
