@@ -15,7 +15,8 @@ from fedxrisk.catalog import table
 from fedxrisk.engines.server_rules import KEYS as SERVER_KEYS
 from fedxrisk.engines.server_rules import value_error, wrap_reason
 from fedxrisk.errors import ConfigError
-from fedxrisk.run.configtypes import MISMATCH, coerce, unknown_key
+from fedxrisk.run.configtypes import check_value, unknown_key
+from fedxrisk.run.privacy import DEFAULTS as PRIVACY_DEFAULTS
 from fedxrisk.run.spec import RunConfig
 
 # The layers model.personal keeps per site, per registered model (tests/test_check_equals_run.py
@@ -54,9 +55,7 @@ def _server_value(key: str) -> Callable[[RunConfig], None]:
     def one(cfg: RunConfig) -> None:
         if not isinstance(cfg.server, Mapping) or key not in cfg.server:
             return
-        value = coerce(cfg.server[key], SERVER_KEYS[key])
-        if value is MISMATCH:
-            raise ConfigError(f"server.{key}: expected {SERVER_KEYS[key].__name__}, got {cfg.server[key]!r}")
+        value = check_value(f"server.{key}", cfg.server[key], SERVER_KEYS[key])  # a Flower run config's JSON
         reason = value_error(key, value)
         if reason is not None:
             raise ConfigError(reason)
@@ -99,12 +98,11 @@ def _positives(cfg: RunConfig) -> None:
     if not positives:
         return
     if not 1 <= positives < cfg.batch_size:
+        own_default = not (cfg.positives_per_batch or "positives_per_batch" in cfg.options)
         whose = (
-            ""
-            if cfg.positives_per_batch or "positives_per_batch" in cfg.options
-            else (
-                f" ({cfg.algorithm}'s default; set data.positives_per_batch below batch_size, or raise batch_size)"
-            )
+            f" ({cfg.algorithm}'s default; set data.positives_per_batch below batch_size)"
+            if own_default
+            else ""
         )
         raise ConfigError(
             f"positives_per_batch must lie in [1, batch_size − 1] = [1, {cfg.batch_size - 1}], got {positives}{whose}"
@@ -116,16 +114,14 @@ def _positives(cfg: RunConfig) -> None:
         )
 
 
-VALIDATION_KEYS = {"validation_noise_multiplier": 10.0, "validation_bins": 16}  # run/privacy.DEFAULTS
+VALIDATION_KEYS = ("validation_noise_multiplier", "validation_bins")  # of the validation releases
 
 
 def _validation_release(cfg: RunConfig) -> None:
     """``privacy.validation_*`` shape the validation releases, which only selection/early stopping make."""
     if not isinstance(cfg.privacy, Mapping) or cfg.selection == "best" or cfg.early_stopping:
         return
-    from fedxrisk.run.privacy import DEFAULTS
-
-    set_keys = [k for k in VALIDATION_KEYS if k in cfg.privacy and cfg.privacy[k] != DEFAULTS[k]]
+    set_keys = [k for k in VALIDATION_KEYS if k in cfg.privacy and cfg.privacy[k] != PRIVACY_DEFAULTS[k]]
     if set_keys:
         raise ConfigError(
             f"privacy.{set_keys[0]} is set but nothing releases validation numbers: it applies with "
