@@ -52,7 +52,7 @@ EXPECTED = {
     'i-tune-broken-marker': 'TMP/tuned/tune.json is unreadable (JSONDecodeError); it marks a tune folder: restore it or choose another --out',
     'i-tune-broken-journal': 'cannot open the study storage TMP/tuned/study.journal: JSONDecodeError: Expecting property name enclosed in double quotes: line 2 column 1 (char 16)',
     'i-tune-space-lr-zero': '--space lr=0:0: lr = 0 is refused: algorithm.lr must be > 0, got 0.0',
-    'i-tune-space-steps-zero': '--space local_steps=0:0: local_steps = 0 is refused: local steps (window I) must be ≥ 1, got 0',
+    'i-tune-space-steps-zero': '--space local_steps=0:0: local_steps = 0 is refused: algorithm.local_steps must be ≥ 1, got 0',
     'i-tune-timeout-nan': '--timeout must be a number of seconds > 0, got nan',
     'i-tune-confirm-twice': '--confirm-seeds repeats seed 1; each seed must appear once',
     'i-tune-momentum': '--space momentum=0.5:1.5: momentum must lie in [0, 1)',
