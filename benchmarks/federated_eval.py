@@ -91,7 +91,7 @@ def measure(data: str, rounds: int, local_rounds: int, bootstrap: int) -> dict:
         for algorithm, name in (("localsgdm", "CE FedAvg (federated)"), ("codasca", "CODASCA (federated)")):
             shutil.copytree(runs / algorithm, runs / name)  # the heatmap names a model by its folder
             shown.append(runs / name)
-        matrix = cross_site([*shown, *locals_], out=runs / "cross", site_names=HOSPITALS)
+        matrix = cross_site([*shown, *locals_], out=runs / "cross")  # the reader names the hospitals
         FIGURE.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(runs / "cross" / "cross_site.png", FIGURE)
         out["cross_site"] = {k: v for k, v in matrix.items() if k not in ("files", "runs")}
@@ -116,7 +116,6 @@ def _p(x: float | None) -> str:
 
 def render(raw: dict) -> None:
     fa, fc = raw["codasca"]["federated"]["labels"]["score"], raw["ce"]["federated"]["labels"]["score"]
-    names = dict(zip([f"client {k}" for k in range(4)], HOSPITALS))
     lines = [
         f"Data: {raw['data']}; both models trained {raw['rounds']} rounds (default settings, `partition = "
         '"source"`, 20 % of each hospital\'s training rows held out for validation). AUROC [DeLong 95% CI].',
@@ -125,9 +124,7 @@ def render(raw: dict) -> None:
         "|---|---:|---|---|",
     ]
     for site, s in fa["sites"].items():
-        lines.append(
-            f"| {names.get(site, site)} | {s['positives']}/{s['negatives']} | {_ci(fc['sites'][site])} | {_ci(s)} |"
-        )
+        lines.append(f"| {site} | {s['positives']}/{s['negatives']} | {_ci(fc['sites'][site])} | {_ci(s)} |")
     for way in ("exact", "federated"):
         label = (
             "pooled, exact (all scores in one place)"

@@ -54,7 +54,7 @@ from fedxrisk.engines.simulation import CompiledEngine, LoopEngine, VmapEngine
 from fedxrisk.models import MLP, SmallCNN
 from fedxrisk.models.resnet import resnet20
 from fedxrisk.problem import Problem
-from fedxrisk.tree import index, numel_bytes, stack
+from fedxrisk.tree import index, numel_bytes, stack, tmap
 
 MODELS: dict[str, tuple[Callable[..., torch.nn.Module], tuple[int, ...]]] = {
     "mlp": (MLP, (64,)),  # 64 → 64 → 64 → 1 (digits-sized inputs)
@@ -126,17 +126,19 @@ class Case:
     def __init__(self, model: str, algorithm: str, clients: int, batch: int, args: argparse.Namespace):
         cls, shape = MODELS[model]
         torch.manual_seed(0)
-        net = cls(shape)
+        self.device = torch.device(args.device)
+        net = cls(shape).to(self.device)
         self.data = synthetic_data(shape, clients, max(4 * batch, 64))
         problem = Problem(net, float(self.data.data.y_train.mean()))
         self.alg = ALGORITHMS[algorithm](problem)
         infos = [ClientInfo(k, n, self.data.client_pos_ratio(k)) for k, n in enumerate(self.data.shard_sizes)]
-        self.states = stack([self.alg.init(c) for c in infos])
+        on_device = lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        self.states = tmap(on_device, stack([self.alg.init(c) for c in infos]))  # kept on the device
         positions = np.stack([np.arange(batch) for _ in range(clients)])
-        self.batch = self.data.batch(positions)
+        self.batch = self.data.batch(positions, self.device)  # one batch, resident: no host copy per step
         extra = getattr(self.alg, "uniforms_per_step", 0)
         if extra:
-            self.batch["uniform"] = torch.rand(clients, extra)
+            self.batch["uniform"] = torch.rand(clients, extra, device=self.device)
         self.flat = {k: v.reshape(clients * batch, *v.shape[2:]) for k, v in self.batch.items()}
         self.one = index(self.states, 0)
         self.ctx = StepContext(0, 0, 0, 0, self.alg.default_lr, args.window)
@@ -161,21 +163,31 @@ class Case:
     def round_time(self, engine_name: str, reps: int) -> float:
         """Median seconds of one whole Simulation round with an already warmed engine."""
         sched = Schedule.build(reps + 1, self.window, self.alg.default_lr, 1)
-        sim = Simulation(self.alg, self.data, sched, self.batch_size, seed=0, engine="vmap")
+        sim = Simulation(
+            self.alg, self.data, sched, self.batch_size, seed=0, engine="vmap", device=self.device
+        )
         sim.engine = self.engines[engine_name]
         sim.run_round()  # warm-up
         times = []
         for _ in range(reps):
+            synchronize(self.device)
             t = time.perf_counter()
             sim.run_round()
+            synchronize(self.device)
             times.append(time.perf_counter() - t)
         return statistics.median(times)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA runs asynchronously: a timer must not stop early)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def measure(
     case: Case, names: list[str], reps: int, round_reps: int, loop_round_max: int, clock: str
 ) -> list[dict]:
-    fns = case.variants(names)
+    fns = {name: _synchronized(fn, case.device) for name, fn in case.variants(names).items()}
     first, rows = {}, {}
     for name, fn in fns.items():  # first call: compiles where compiling
         t = time.perf_counter()
@@ -213,6 +225,20 @@ def measure(
             row["rounds_per_s"] = 1.0 / row["round_s"]
         rows[name] = row
     return list(rows.values())
+
+
+def _synchronized(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """``fn`` timed whole on an asynchronous device: the queue is drained before and after it."""
+    if device.type != "cuda":
+        return fn
+
+    def call() -> Any:
+        synchronize(device)
+        out = fn()
+        synchronize(device)
+        return out
+
+    return call
 
 
 def profile_table(case: Case, names: list[str], steps: int = 5, top: int = 12) -> str:
@@ -291,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--loop-max", type=int, default=256, help="largest K for the loop engine")
     p.add_argument("--loop-round-max", type=int, default=16, help="largest K for loop rounds/s")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="cpu", help="cpu or cuda: model, stacked states and batch live there")
     p.add_argument("--window", type=int, default=8, help="local steps per round (rounds/s)")
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--round-reps", type=int, default=3)
@@ -308,6 +335,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--flower-timeout", type=int, default=900)
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
+    hardware = platform.processor() or platform.machine()
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            sys.exit(f"--device {args.device}: no CUDA device here (torch {torch.__version__})")
+        args.clock = "wall"  # the host's CPU clock does not see the device's work
+        hardware = f"{torch.cuda.get_device_name(torch.device(args.device))} (CUDA {torch.version.cuda}); host {hardware}"
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -352,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     header = (
         f"# Simulation speed report\n\nCommand: `{' '.join(sys.argv)}`  \n"
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-        f"{platform.processor() or platform.machine()}; B = {args.batch_size}, I = {args.window}, "
+        f"{hardware}, device {args.device}; B = {args.batch_size}, I = {args.window}, "
         f"{args.reps} interleaved repetitions (medians); took {time.time() - started:.0f} s; "
         f"load average at start {load0[0]:.1f}, at end {load1[0]:.1f}.\n\n"
         f"Ratios use the {args.clock} clock. "

@@ -55,7 +55,7 @@ DATA_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("types and decoders", (
         "fedxrisk.data.types", "fedxrisk.data.stream_choice", "fedxrisk.data.decode", "fedxrisk.data.preprocessing",
     )),
-    ("checks", ("fedxrisk.data.checks",)),
+    ("checks", ("fedxrisk.data.checks", "fedxrisk.data.missing")),
     ("lazy samples", ("fedxrisk.data.lazy", "fedxrisk.data.cache")),
     ("registry", ("fedxrisk.data.registry",)),
     ("datasets and readers", ("fedxrisk.data.bundled", "fedxrisk.data.mnist1d", "fedxrisk.data.readers")),

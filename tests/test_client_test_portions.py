@@ -57,7 +57,7 @@ def test_each_client_is_scored_on_its_own_sites_test_rows(site_run, tmp_path):
     for k, site in enumerate(np.unique(fed.data.groups_train["source"])):
         own = fed.data.groups_test["source"] == site
         expected = label_metrics(y[own], scores[own], 20, [0, 1 + k, 0])
-        got = result["groups"][f"client {k}"]["score"]
+        got = result["groups"][fed.data.source_names[site]]["score"]  # named by the CSV's source column
         assert got["n"] == int(own.sum()) and got["positives"] == int(y[own].sum())
         assert got["auroc"] == pytest.approx(expected["auroc"], abs=1e-12)
         assert got["ap"] == pytest.approx(expected["ap"], abs=1e-12)

@@ -146,3 +146,63 @@ def test_against_on_a_dataset_scores_both_models_on_its_rows(runs, tmp_path):  #
     bad = CliRunner().invoke(main, ["evaluate", str(runs / "codasca"), "--against", str(runs / "localsgdm"),
                                     "--manifest", str(tmp_path / "m.csv"), "--out", str(tmp_path / "x")])  # fmt: skip
     assert bad.exit_code == 2 and "not a --manifest" in bad.output
+
+
+def test_a_threshold_chosen_on_validation_is_applied_to_the_test_patients():
+    rng = np.random.default_rng(5)
+    vy, ty = rng.random(300) < 0.3, rng.random(400) < 0.3
+    vs, ts = rng.normal(size=300) + 1.2 * vy, rng.normal(size=400) + 1.2 * ty
+    out = operating_points(ty, ts, 0.9, None, 200, 0, validation=(vy, vs))["sensitivity_at"]
+    c = out["threshold"]
+    feasible = [t for t in np.unique(vs) if np.mean(vs[~vy] < t) >= 0.9]  # brute force over thresholds
+    assert np.mean(vs[~vy] < c) >= 0.9 and np.mean(vs[vy] >= c) == max(np.mean(vs[vy] >= t) for t in feasible)
+    assert out["chosen_on"] == "validation"
+    assert out["value"] == pytest.approx(np.mean(ts[ty] >= c), abs=1e-12)  # the test's, at c
+    assert out["achieved"]["specificity"] == pytest.approx(np.mean(ts[~ty] < c), abs=1e-12)
+    assert out["validation_value"] == pytest.approx(np.mean(vs[vy] >= c), abs=1e-12)
+    lo, hi = out["achieved"]["specificity_ci"]
+    assert lo <= out["achieved"]["specificity"] <= hi and hi > lo
+    in_sample = operating_points(ty, ts, 0.9, None, 200, 0)["sensitivity_at"]
+    assert in_sample["chosen_on"] == "test (in-sample)" and in_sample["threshold"] != c
+
+
+def test_cli_threshold_from_validation(runs, tmp_path):  # noqa: F811
+    out = tmp_path / "ev"
+    args = ["evaluate", str(runs / "localsgdm"), "--at-specificity", "0.8", "--threshold-from", "validation",
+            "--bootstrap", "50", "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "threshold chosen on the validation data" in res.output
+    op = json.loads((out / "evaluation.json").read_text())["operating_points"]["score"]["sensitivity_at"]
+    cfg = RunConfig(**json.loads((runs / "localsgdm" / "summary.json").read_text())["config"])
+    fed, _ = build_data(cfg)
+    with torch.no_grad():
+        vs = load_model(runs / "localsgdm")(fed.data.x_val).reshape(-1).numpy().astype(np.float64)
+    vy = fed.data.y_val.numpy().reshape(-1).astype(bool)
+    from fedxrisk.evaluation_clinic import _threshold
+
+    assert op["threshold"] == pytest.approx(_threshold(vy, vs, "sensitivity", 0.8), rel=1e-6)
+    y, s = _scores(runs / "localsgdm")
+    assert op["value"] == pytest.approx(np.mean(s[y] >= op["threshold"]), abs=1e-9)
+
+
+def test_threshold_from_validation_without_validation_data_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    run_experiment(RunConfig(algorithm="localsgdm", rounds=1, stages=1, clients=2, tensorboard=False), run)
+    res = CliRunner().invoke(
+        main,
+        [
+            "evaluate",
+            str(run),
+            "--at-specificity",
+            "0.9",
+            "--threshold-from",
+            "validation",
+            "--out",
+            str(tmp_path / "e"),
+        ],
+    )
+    assert res.exit_code == 2 and "has no validation data (train with data.validation)" in res.output, (
+        res.output
+    )
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "e").exists()

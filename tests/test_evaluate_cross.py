@@ -15,7 +15,7 @@ from fedxrisk.evaluation_cross import cross_site
 from fedxrisk.experiment import RunConfig, build_data, load_model, run_experiment
 from fedxrisk.inference import feature_standardization
 from fedxrisk.stats import delong
-from test_evaluate_federated import TINY, runs  # noqa: F401  (the module fixture: two runs on four sites)
+from test_evaluate_federated import SITES, TINY, runs  # noqa: F401  (the module fixture: two runs on four sites)
 
 
 def _config(run) -> RunConfig:
@@ -56,11 +56,11 @@ def test_every_cell_is_delong_of_that_model_at_that_site(runs, local_run, tmp_pa
         lmean, lstd = feature_standardization(_config(local))
         x_local = torch.from_numpy(((raw_test - lmean) / lstd).astype(np.float32))
         s_local = load_model(local)(x_local).reshape(-1).numpy().astype(np.float64)
-    assert result["sites"] == ["site 0", "site 1", "site 2", "site 3", "pooled"]
+    assert result["sites"] == [*sorted(SITES), "pooled"]  # the CSV's source names
     for name, s in (("codasca", s_fed), ("local0", s_local)):
         for k in range(4):
             expected = delong(y[source == k], s[source == k])
-            got = result["matrix"][name][f"site {k}"]
+            got = result["matrix"][name][sorted(SITES)[k]]
             assert got["auroc"] == pytest.approx(expected.auroc, abs=1e-6)
             assert (got["low"], got["high"]) == pytest.approx((expected.low, expected.high), abs=1e-6)
         assert result["matrix"][name]["pooled"]["auroc"] == pytest.approx(delong(y, s).auroc, abs=1e-6)
@@ -75,6 +75,7 @@ def test_cli_cross_site_and_its_refusals(runs, tmp_path):  # noqa: F811
     )
     assert res.exit_code == 0, res.output
     assert "| localsgdm |" in res.output and (out / "cross_site.json").exists()
+    assert "\\x0a" not in res.output and res.output.count("\n| ") >= 3  # the table line by line
     again = CliRunner().invoke(main, ["cross-site", str(runs / "codasca"), "--out", str(out)])
     assert again.exit_code == 2 and "already holds cross_site.json" in again.output
     none = CliRunner().invoke(main, ["cross-site", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")])

@@ -155,7 +155,9 @@ def test_manifest_evaluation_per_site_equals_direct_computation(runs, tmp_path):
     m = result["overall"]["score"]
     assert m["auroc"] == pytest.approx(auroc(y, s), abs=1e-12)
     assert m["auroc_se"] ** 2 == pytest.approx(delong(y, s).variance, rel=1e-9)
-    assert list(result["groups"]) == ["site h0", "site h1"] and result["groups"]["site h1"]["score"]["n"] == 6
+    assert (
+        list(result["groups"]) == ["h0", "h1"] and result["groups"]["h1"]["score"]["n"] == 6
+    )  # the column's names
 
 
 def test_predict_npz_equals_model_outputs(runs, tmp_path):

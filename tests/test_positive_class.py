@@ -18,7 +18,7 @@ from fedxrisk.cli import main
 from fedxrisk.data.datasets import binarize, load_dataset
 from fedxrisk.data.federated import make_federated
 from fedxrisk.errors import ConfigError
-from fedxrisk.evaluation import inversion_warnings
+from fedxrisk.evaluation import metric_warnings
 from fedxrisk.experiment import RunConfig, run_experiment
 from fedxrisk.run.checks import checked
 from helpers import write_image_folder
@@ -119,11 +119,11 @@ def test_inverted_labels_warned_and_training_shards_apart(tmp_path):
 
 
 def test_inversion_warning_rule():
-    row = lambda auc, lo, hi: {"auroc": auc, "auroc_ci": [lo, hi]}
-    assert inversion_warnings({"score": row(0.45, 0.30, 0.60)}) == []  # not clearly below 0.5
-    assert len(inversion_warnings({"score": row(0.35, 0.20, 0.49)})) == 1
-    assert len(inversion_warnings({"score": row(0.2, float("nan"), float("nan"))})) == 1
-    assert inversion_warnings({"score": row(0.4, float("nan"), float("nan"))}) == []
+    row = lambda auc, lo, hi: {"auroc": auc, "auroc_ci": [lo, hi], "n": 10, "positives": 5, "negatives": 5}
+    assert metric_warnings({"score": row(0.45, 0.30, 0.60)}) == []  # not clearly below 0.5
+    assert len(metric_warnings({"score": row(0.35, 0.20, 0.49)})) == 1
+    assert len(metric_warnings({"score": row(0.2, float("nan"), float("nan"))})) == 1
+    assert metric_warnings({"score": row(0.4, float("nan"), float("nan"))}) == []
 
 
 def test_test_imratio_thins_the_test_set_the_same_for_every_seed():

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from fedxrisk.cli import main
 from fedxrisk.errors import ConfigError
+from fedxrisk.run.spec import RunConfig
 from fedxrisk.run.tunespace import Param, apply_params, default_params, parse_space, space_for
 
 optuna = pytest.importorskip("optuna")
@@ -228,3 +229,91 @@ def test_several_algorithms_get_the_same_number_of_trials(tmp_path):
     for name in ("codasca", "localsgdm"):  # the paper spelling resolves to the registry key
         assert [r.state for r in _records(out / name)] == ["complete"]
         assert (out / name / "best_config.toml").exists()
+
+
+# ---- any setting, sectioned keys and choices (issue 42) ------------------------------------------
+
+
+def test_sectioned_keys_and_choices_parse_and_apply():
+    server_lr = parse_space("server.lr=0.003:0.3:log", "localsgdm")
+    assert (server_lr.low, server_lr.high, server_lr.log, server_lr.choices) == (0.003, 0.3, True, None)
+    optimizer = parse_space("server.optimizer=adam,yogi", "localsgdm")
+    assert optimizer.choices == ("adam", "yogi") and optimizer.grid(4) == ["adam", "yogi"]
+    ppb = parse_space("data.positives_per_batch=2:8", "localsgdm")
+    assert ppb.integer and (ppb.low, ppb.high) == (2, 8)
+    assert parse_space("model.personal=none,head", "localsgdm").choices == ("none", "head")
+    assert parse_space("algorithm.lam=0.01:1:log", "ditto").log
+    cfg = apply_params(
+        RunConfig(algorithm="ditto", server={"optimizer": "adam"}),
+        {"server.lr": 0.05, "data.positives_per_batch": 4, "model.personal": "head", "algorithm.lam": 0.2,
+         "model.finetune_steps": 3, "local_steps": 2},
+    )  # fmt: skip
+    assert cfg.server == {"optimizer": "adam", "lr": 0.05}
+    assert (cfg.positives_per_batch, cfg.personal, cfg.finetune_steps, cfg.local_steps) == (4, "head", 3, 2)
+    assert cfg.options == {"lam": 0.2}
+    space = {"server.optimizer": optimizer, "server.lr": server_lr}
+    assert default_params(RunConfig(server={"optimizer": "adam", "lr": 1.0}), space) == {
+        "server.optimizer": "adam", "server.lr": 0.3
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("server.momentum=0:1", "'momentum' is not a key of [server]"),
+        ("privacy.noise_multiplier=1:2", "tune is refused under [privacy]"),
+        ("model.personal=0:1", "personal is not a number; search its choices as model.personal=A,B"),
+        ("data.positives_per_batch=a,b", "data.positives_per_batch takes numbers"),
+        ("server.optimizer=adam,adam", "a choice is listed twice"),
+        ("nosuch.key=1:2", "unknown section 'nosuch'"),
+    ],
+)
+def test_bad_sectioned_space_is_one_line(tmp_path, spec, message):
+    result = CliRunner().invoke(
+        main, ["tune", "-a", "localsgdm", "--space", spec, "--out", str(tmp_path / "t")]
+    )
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "t").exists()
+
+
+def test_a_refused_choice_is_named_before_any_trial(tmp_path):
+    args = [
+        "tune",
+        "-a",
+        "localsgdm",
+        *TINY,
+        "--space",
+        "server.optimizer=adam,adamm",
+        "--out",
+        str(tmp_path / "t"),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "server.optimizer must be one of" in result.output, result.output
+    assert "'adamm'" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "t").exists()
+
+
+def test_tune_searches_the_server_lr_and_shows_each_warning_once(tmp_path, recwarn):
+    out = tmp_path / "t"
+    skewed = ["--clients", "8", "--set", "data.partition=dirichlet", "--set", "data.dirichlet_alpha=0.05"]
+    args = ["tune", "-a", "localsgdm", *TINY, *skewed, "--set", "server.optimizer=adam",
+            "--space", "server.lr=0.003:0.3:log", "--trials", "3", "--no-prune", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    assert [r.state for r in records] == ["complete"] * 3
+    lrs = [r.params["server.lr"] for r in records]
+    assert all(0.003 <= v <= 0.3 for v in lrs) and len(set(lrs)) == 3
+    from fedxrisk.run.configfile import load_config
+
+    for r in records:  # each trial ran with its own server lr
+        assert load_config(out / r.folder / "config.toml").server == {
+            "optimizer": "adam",
+            "lr": r.params["server.lr"],
+        }
+    shown = [str(w.message) for w in recwarn]  # what reached the display (pytest records it)
+    assert any("exceeds the data of" in w for w in shown), shown  # raised by every trial
+    assert len(shown) == len(set(shown)), shown  # each shown once, not once per trial
+    recwarn.clear()
+    quiet = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "q"), "-q"])
+    assert quiet.exit_code == 0 and not [w for w in recwarn if "exceeds" in str(w.message)]

@@ -38,14 +38,9 @@ Cross-entropy under class-aware batches is oversampled (balanced) CE.
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import replace
 
 from fedxrisk.algorithms.base import Algorithm, with_hooks
-
-
-def owns_positives(cls: type[Algorithm]) -> bool:
-    """True when ``positives_per_batch`` is the algorithm's own hyperparameter (FeDXL's B1)."""
-    return is_dataclass(cls) and any(f.name == "positives_per_batch" for f in fields(cls))
 
 
 def sampled_pos_ratio(positives: int, batch_size: int) -> float:

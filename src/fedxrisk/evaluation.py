@@ -32,7 +32,7 @@ import numpy as np
 
 from fedxrisk.evaluation_against import against_report, check_comparable, check_same_test_set
 from fedxrisk.evaluation_clinic import calibration_report, operating_points
-from fedxrisk.evaluation_data import Progress, Scored, _columns, _manifest_data
+from fedxrisk.evaluation_data import Progress, Scored, _manifest_data, dataset_data, run_data
 from fedxrisk.evaluation_federated import federated_report
 from fedxrisk.evaluation_report import FILES, PAUC_FPR, console_tables, markdown, write_files
 from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
@@ -72,6 +72,7 @@ def evaluate(
     at_specificity: float | None = None,
     at_sensitivity: float | None = None,
     calibration: bool = False,
+    threshold_from: str = "test",
     dp_epsilon: float | None = None,
     dp_delta: float = 1e-5,
 ) -> dict[str, Any]:
@@ -79,7 +80,8 @@ def evaluate(
 
     ``against``: a second run scored on the same patients (paired tests,
     :mod:`fedxrisk.evaluation_against`); ``at_specificity``/``at_sensitivity``: operating points
-    with CIs; ``calibration``: Brier, ECE, temperature scaling and reliability.png
+    with CIs, their threshold chosen on the evaluated data (``threshold_from = "test"``, in-sample)
+    or on the run's validation data (``"validation"``); ``calibration``: Brier, ECE, temperature scaling and reliability.png
     (:mod:`fedxrisk.evaluation_clinic`). On data with sites the pooled AUROC [CI] is also computed
     federated (:mod:`fedxrisk.evaluation_federated`), and with ``dp_epsilon`` from one
     differentially private release (:mod:`fedxrisk.stats.dp_eval`).
@@ -106,6 +108,8 @@ def evaluate(
     for name, v in (("--at-specificity", at_specificity), ("--at-sensitivity", at_sensitivity)):
         if v is not None and not 0 < v < 1:
             raise InputError(f"{name} must lie strictly between 0 and 1, got {v}")
+    if threshold_from not in ("test", "validation"):
+        raise InputError(f"--threshold-from must be test or validation, got {threshold_from!r}")
     if dp_epsilon is not None and not (0 < dp_epsilon < math.inf and 0 < dp_delta < 1):
         raise InputError(
             f"--dp-epsilon must be a finite number > 0 and --dp-delta in (0, 1), got {dp_epsilon}, {dp_delta}"
@@ -132,16 +136,16 @@ def evaluate(
     if manifest is not None:
         data = _manifest_data(trained, manifest, batch_size, workers, progress)
     elif dataset is not None:
-        data = _dataset_data(trained, dataset, data_dir, split, workers)
+        data = dataset_data(trained, dataset, data_dir, split, workers)
     else:
-        data = _run_data(trained)
+        data = run_data(trained)
     result = _report(trained, data, bootstrap, seed)
     data_b = None
     if other is not None:
         data_b = (
-            _run_data(trained, other)
+            run_data(trained, other)
             if dataset is None
-            else _dataset_data(trained, dataset, data_dir, split, workers, other)
+            else dataset_data(trained, dataset, data_dir, split, workers, other)
         )
         result["against"] = against_report(
             data.y, data.scores, data_b.scores, trained.label_names, str(against), bootstrap, seed
@@ -152,115 +156,51 @@ def evaluate(
         raise InputError(
             "--dp-epsilon privatizes the federated evaluation: the data needs sites (a source column)"
         )
-    clinic(result, trained, data, at_specificity, at_sensitivity, calibration, bootstrap, seed)
+    asks = (at_specificity, at_sensitivity, threshold_from)
+    clinic(result, trained, data, asks, calibration, bootstrap, seed)
     write_files(result, data, trained.label_names, folder)
     return result
 
 
-def clinic(result: dict[str, Any], trained: TrainedModel, data: Scored, at_specificity: float | None,
-           at_sensitivity: float | None, calibration: bool, resamples: int, seed: int) -> None:  # fmt: skip
-    """Operating points and calibration per label, into ``result`` (the validation data: the run's)."""
+def clinic(result: dict[str, Any], trained: TrainedModel, data: Scored, asks: tuple[float | None, float | None, str],
+           calibration: bool, resamples: int, seed: int) -> None:  # fmt: skip
+    """Operating points (``asks`` = at_specificity, at_sensitivity, where the threshold is chosen) and
+    calibration per label, into ``result`` (the validation data: the run's)."""
     from fedxrisk.metrics import _rankable
 
+    at_specificity, at_sensitivity, threshold_from = asks
     names = trained.label_names
+    validation = None
+    if calibration or (threshold_from == "validation" and asks[:2] != (None, None)):
+        validation = data.validation if data.shards is not None else run_data(trained).validation
     if at_specificity is not None or at_sensitivity is not None:
+        if threshold_from == "validation" and validation is None:
+            raise InputError(
+                f"--threshold-from validation: {trained.run_dir} has no validation data (train with data.validation)"
+            )
         ops = {}
         for j, name in enumerate(names):
             known = ~np.isnan(data.y[:, j])
             s = _rankable(data.scores[known, j])
+            chosen = None
+            if threshold_from == "validation":
+                vy, vs = validation[0][:, j], validation[1][:, j]  # type: ignore[index]
+                chosen = (vy[~np.isnan(vy)], vs[~np.isnan(vy)])
             ops[name] = (
                 {}
                 if s is None
-                else operating_points(data.y[known, j], s, at_specificity, at_sensitivity, resamples, seed)
+                else operating_points(
+                    data.y[known, j], s, at_specificity, at_sensitivity, resamples, seed, chosen
+                )
             )
         result["operating_points"] = ops
     if calibration:
-        validation = data.validation if data.shards is not None else _run_data(trained).validation
         result["calibration"] = {
             name: calibration_report(data.y[:, j], data.scores[:, j],
                                      None if validation is None else (validation[0][:, j], validation[1][:, j]),
                                      trained.config.algorithm)
             for j, name in enumerate(names)
         }  # fmt: skip
-
-
-# ---- data ---------------------------------------------------------------------------------------
-
-
-def _run_data(trained: TrainedModel, model: TrainedModel | None = None) -> Scored:
-    """The run's own test set and client shards, rebuilt from its config (as training built them),
-    scored by ``model`` (default: the run's own; ``--against``: the other run's), with the
-    validation data's labels and scores when the data has a validation split."""
-    from fedxrisk.run.build import build_data
-
-    model = model or trained
-    try:
-        fed, _ = build_data(trained.config)
-    except ValueError as e:
-        raise InputError(f"{trained.run_dir}: cannot rebuild the run's data ({e})") from e
-    y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(model.model_logits(fed.data.x_train))
-    shards = [(y_train[s], s_train[s]) for s in fed.shards]
-    y_test, s_test = _columns(fed.data.y_test.numpy()), _columns(model.model_logits(fed.data.x_test))
-    x_val, y_val = fed.data.x_val, fed.data.y_val
-    validation = (
-        None
-        if x_val is None or y_val is None
-        else (_columns(y_val.numpy()), _columns(model.model_logits(x_val)))
-    )
-    portions = client_test_portions(trained.config.partition, fed.data, fed.shards)
-    if portions is None:  # no test rows of its own: the training shard, labelled as such
-        clients, split = [(f"client {k}", y, s) for k, (y, s) in enumerate(shards)], "train"
-    else:
-        clients, split = [(f"client {k}", y_test[m], s_test[m]) for k, m in enumerate(portions)], "test"
-    where = f"the run's test set ({trained.config.dataset})"
-    return Scored(y_test, s_test, where, "client", clients, split, shards, validation)
-
-
-def client_test_portions(partition: str, data: Any, shards: Sequence[Any]) -> list[np.ndarray] | None:
-    """Each client's own test rows (boolean masks over the test set): with ``partition = 'source'``
-    a client is one site, and its test rows are that site's, when the reader kept the test rows'
-    sites (``groups_test['source']``); None otherwise (a client is not a site, or the test rows'
-    sites are unknown)."""
-    train, test = data.groups_train.get("source"), data.groups_test.get("source")
-    if partition != "source" or train is None or test is None:
-        return None
-    masks = []
-    for shard in shards:
-        site = np.unique(np.asarray(train)[np.asarray(shard)])
-        if len(site) != 1:
-            return None
-        masks.append(np.asarray(test) == site[0])
-    return masks
-
-
-def _dataset_data(
-    trained: TrainedModel, dataset: str, data_dir: str | None, split: str, workers: int,
-    model: TrainedModel | None = None,
-) -> Scored:  # fmt: skip
-    """A registered reader's split, read lazily (file datasets) and decoded chunk by chunk."""
-    from fedxrisk.data import DATASETS
-    from fedxrisk.data.datasets import binarize, load_dataset
-    from fedxrisk.data.lazy import is_lazy
-
-    if dataset not in DATASETS:
-        raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
-    try:
-        data = binarize(load_dataset(dataset, data_dir, lazy=True), trained.config.positive_classes)
-    except ValueError as e:
-        raise InputError(str(e)) from e
-    if data.input_shape != trained.input_shape or data.num_labels != trained.num_labels:
-        raise InputError(
-            f"{dataset}: inputs {list(data.input_shape)} with {data.num_labels} label(s); the model takes "
-            f"{list(trained.input_shape)} with {trained.num_labels}"
-        )
-    x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
-    if is_lazy(x):
-        x.attach(workers=workers)
-    y, s = _columns(y.numpy()), _columns((model or trained).model_logits(x))
-    sites = (data.groups_train if split == "train" else data.groups_test).get("source")
-    groups = [] if sites is None else [(f"site {v}", y[sites == v], s[sites == v]) for v in np.unique(sites)]
-    where = f" in {data_dir}" if data_dir else ""
-    return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups, split)
 
 
 # ---- metrics ------------------------------------------------------------------------------------
@@ -298,11 +238,19 @@ def label_metrics(y: np.ndarray, scores: np.ndarray, resamples: int, seed: Seque
     }
 
 
-def inversion_warnings(overall: dict[str, dict[str, Any]]) -> list[str]:
-    """A warning per label whose AUROC lies clearly below 0.5 (the whole DeLong interval, or < 0.3
-    without one): the scores rank negatives first, as when the positive class is inverted."""
+def metric_warnings(overall: dict[str, dict[str, Any]]) -> list[str]:
+    """A warning per label with one class only (no AUROC, AP or pAUC exists), and per label whose
+    AUROC lies clearly below 0.5 (the whole DeLong interval, or < 0.3 without one): the scores rank
+    negatives first, as when the positive class is inverted."""
     out = []
     for name, m in overall.items():
+        if m["positives"] == 0 or m["negatives"] == 0:
+            where = "the evaluated rows" if name == "score" else f"label {name!r}"
+            missing = "positive" if m["positives"] == 0 else "negative"
+            out.append(
+                f"{where}: {m['n']} row(s), no {missing} one: AUROC, AP and pAUC are undefined (null); "
+                "evaluate on data holding both classes"
+            )
         hi = m["auroc_ci"][1]
         low = hi < 0.5 if hi is not None and not math.isnan(hi) else m["auroc"] < 0.3
         if low and not math.isnan(m["auroc"]):
@@ -342,7 +290,7 @@ def _report(trained: TrainedModel, data: Scored, resamples: int, seed: int) -> d
         "run": str(trained.run_dir),
         "data": data.description,
         "positive_class": trained.positive,
-        "warnings": inversion_warnings(overall),
+        "warnings": metric_warnings(overall),
         "samples": int(len(data.y)),
         "labels": names,
         "level": LEVEL,

@@ -58,6 +58,32 @@ def _threshold(y: np.ndarray, s: np.ndarray, kind: str, target: float) -> float:
     return float(distinct[int(np.argmax(value))]) if ok.any() else math.inf
 
 
+def rates_at(y: np.ndarray, s: np.ndarray, threshold: float, resamples: int, seed: int) -> dict[str, Any]:
+    """Sensitivity and specificity [bootstrap CIs] of "positive when logit ≥ ``threshold``", a
+    threshold chosen elsewhere (held fixed in every resample: the intervals are the test patients')."""
+    from fedxrisk.stats import bootstrap_intervals
+
+    y = y.astype(bool)
+    called = s >= threshold
+
+    def sensitivity(y_: np.ndarray, s_: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return (c * (y_ & (s_ >= threshold))).sum(1) / (c * y_).sum(1)
+
+    def specificity(y_: np.ndarray, s_: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return (c * (~y_ & (s_ < threshold))).sum(1) / (c * ~y_).sum(1)
+
+    ci = bootstrap_intervals(
+        y, s, {"sensitivity": sensitivity, "specificity": specificity}, resamples, [seed, 8]
+    )
+    both = 0 < y.sum() < len(y)
+    return {
+        "sensitivity": float((called & y).sum() / y.sum()) if both else math.nan,
+        "sensitivity_ci": list(ci["sensitivity"]),
+        "specificity": float((~called & ~y).sum() / (~y).sum()) if both else math.nan,
+        "specificity_ci": list(ci["specificity"]),
+    }
+
+
 def operating_points(
     y: np.ndarray,
     s: np.ndarray,
@@ -65,8 +91,13 @@ def operating_points(
     at_sensitivity: float | None,
     resamples: int,
     seed: int,
+    validation: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """Sensitivity at the given specificity and/or specificity at the given sensitivity, with CIs."""
+    """Sensitivity at the given specificity and/or specificity at the given sensitivity, with CIs.
+
+    ``validation`` (labels, logits): the threshold is chosen there and the test's sensitivity and
+    specificity at it are reported (out of sample); without it the threshold is chosen on the
+    evaluated data itself (in-sample: optimistic on small sets)."""
     from fedxrisk.stats import bootstrap_intervals
 
     y = y.astype(bool)
@@ -74,6 +105,17 @@ def operating_points(
     asks = [("sensitivity", at_specificity, sensitivity_at), ("specificity", at_sensitivity, specificity_at)]
     for kind, target, fn in asks:
         if target is None:
+            continue
+        if validation is not None:
+            vy, vs = validation
+            threshold = _threshold(vy.astype(bool), vs, kind, target)
+            test = rates_at(y, s, threshold, resamples, seed)
+            out[f"{kind}_at"] = {
+                "target": target, "chosen_on": "validation", "threshold": threshold,
+                "value": test[kind], "ci": test[f"{kind}_ci"],
+                "validation_value": float(fn(vy.astype(bool), vs, np.ones((1, len(vy))), target)[0]),
+                "achieved": test,  # both rates on the test patients at the validation's threshold
+            }  # fmt: skip
             continue
         if not 0 < y.sum() < len(y):
             out[f"{kind}_at"] = {
@@ -89,6 +131,7 @@ def operating_points(
         )
         out[f"{kind}_at"] = {
             "target": target,
+            "chosen_on": "test (in-sample)",
             "value": value,
             "ci": list(ci[kind]),
             "threshold": _threshold(y, s, kind, target),
@@ -216,10 +259,20 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
     for label, ops in (result.get("operating_points") or {}).items():
         for kind, m in ops.items():
             other = "specificity" if kind.startswith("sensitivity") else "sensitivity"
-            lines.append(
+            line = (
                 f"- {label}: {kind.removesuffix('_at')} {m['value']:.4f} [{m['ci'][0]:.4f}, {m['ci'][1]:.4f}] at "
                 f"{other} ≥ {m['target']:g} (positive when logit ≥ {m['threshold']:.4g}; bootstrap CI)"
             )
+            if m.get("chosen_on") == "validation":
+                got = m["achieved"][other]
+                line = (
+                    f"{line[:-1]}; threshold chosen on the validation data, where {other} ≥ {m['target']:g} gave "
+                    f"{kind.removesuffix('_at')} {m['validation_value']:.4f}; on the test patients {other} is "
+                    f"{got:.4f} [{m['achieved'][other + '_ci'][0]:.4f}, {m['achieved'][other + '_ci'][1]:.4f}])"
+                )
+            elif m.get("chosen_on"):
+                line = f"{line[:-1]}; threshold chosen on these patients: in-sample)"
+            lines.append(line)
     if lines:
         lines = ["## Operating points", "", *lines, ""]
     for label, cal in (result.get("calibration") or {}).items():

@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.data.types import site_name
 from fedxrisk.inference import InputError, TrainedModel, load_trained
 
 FILES = ("cross_site.json", "cross_site.md", "cross_site.png")
 
 
 def _sites_of_run(first: TrainedModel) -> tuple[Any, np.ndarray, list[tuple[str, np.ndarray]]]:
-    from fedxrisk.evaluation import client_test_portions
+    from fedxrisk.evaluation_data import client_test_portions
     from fedxrisk.run.build import build_data
 
     try:
@@ -36,20 +37,26 @@ def _sites_of_run(first: TrainedModel) -> tuple[Any, np.ndarray, list[tuple[str,
     d = fed.data
     portions = client_test_portions(first.config.partition, d, fed.shards)
     if portions is not None:
-        return d.x_test, d.y_test.numpy(), [(f"site {k}", m) for k, m in enumerate(portions)]
-    return d.x_test, d.y_test.numpy(), _source_groups(d.groups_test.get("source"), first.run_dir)
+        return d.x_test, d.y_test.numpy(), [(site_name(d.source_names, site), m) for site, m in portions]
+    return (
+        d.x_test,
+        d.y_test.numpy(),
+        _source_groups(d.groups_test.get("source"), first.run_dir, d.source_names),
+    )
 
 
-def _source_groups(source: Any, where: Any) -> list[tuple[str, np.ndarray]]:
+def _source_groups(source: Any, where: Any, names: Sequence[str] = ()) -> list[tuple[str, np.ndarray]]:
+    """(site name, its rows) of every site among the evaluated rows (``site K`` where unnamed)."""
     if source is None:
         raise InputError(f"{where}: the evaluation data has no sites (a 'source' column); nothing to cross")
     source = np.asarray(source)
-    return [(f"site {v}", source == v) for v in np.unique(source)]
+    return [(site_name(names, v), source == v) for v in np.unique(source)]
 
 
 def _sites_of_dataset(first: TrainedModel, dataset: str, data_dir: str | None, split: str):
     from fedxrisk.data import DATASETS
-    from fedxrisk.data.datasets import binarize, load_dataset
+    from fedxrisk.data.loading import load_dataset
+    from fedxrisk.data.types import binarize
 
     if dataset not in DATASETS:
         raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
@@ -59,7 +66,7 @@ def _sites_of_dataset(first: TrainedModel, dataset: str, data_dir: str | None, s
         raise InputError(str(e)) from e
     x, y = (d.x_test, d.y_test) if split == "test" else (d.x_train, d.y_train)
     groups = (d.groups_test if split == "test" else d.groups_train).get("source")
-    return torch.as_tensor(x), np.asarray(y), _source_groups(groups, dataset)
+    return torch.as_tensor(x), np.asarray(y), _source_groups(groups, dataset, d.source_names)
 
 
 def _raw(first: TrainedModel, x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""The data ``fedxrisk evaluate`` scores: :class:`Scored`, and labelled manifests read in streamed batches.
+"""The data ``fedxrisk evaluate`` scores: :class:`Scored`, labelled manifests read in streamed batches.
 
-Split from :mod:`fedxrisk.evaluation` (which rebuilds a run's test set or reads a registered dataset).
+Also the other two sources of scored rows: a run's own test set and client shards rebuilt from its
+config (:func:`run_data`), and a registered reader's split (:func:`dataset_data`).
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from fedxrisk.data.types import site_name
 from fedxrisk.inference import InputError, TrainedModel
 
 Progress = Callable[[int, int], None]
@@ -58,7 +61,7 @@ def _manifest_data(
     groups = []
     if "source" in source.rows[0]:
         sites = np.array([r["source"] for r in source.rows])
-        groups = [(f"site {v}", y[sites == v], s[sites == v]) for v in sorted(set(sites))]
+        groups = [(str(v), y[sites == v], s[sites == v]) for v in sorted(set(sites))]  # the column's names
     return Scored(y, s, f"manifest {manifest}", "site" if groups else None, groups)
 
 
@@ -146,3 +149,95 @@ def _class_labels(path: Path, texts: list[str], column: str, trained: TrainedMod
 
 def _int_ids(classes: Sequence[int | str] | None) -> list[int]:
     return [int(c) for c in classes or () if isinstance(c, int) or str(c).isdigit()]
+
+
+def run_data(trained: TrainedModel, model: TrainedModel | None = None) -> Scored:
+    """The run's own test set and client shards, rebuilt from its config (as training built them),
+    scored by ``model`` (default: the run's own; ``--against``: the other run's), with the
+    validation data's labels and scores when the data has a validation split."""
+    from fedxrisk.run.build import build_data
+
+    model = model or trained
+    try:
+        fed, _ = build_data(trained.config)
+    except ValueError as e:
+        raise InputError(f"{trained.run_dir}: cannot rebuild the run's data ({e})") from e
+    y_train, s_train = _columns(fed.data.y_train.numpy()), _columns(model.model_logits(fed.data.x_train))
+    shards = [(y_train[s], s_train[s]) for s in fed.shards]
+    y_test, s_test = _columns(fed.data.y_test.numpy()), _columns(model.model_logits(fed.data.x_test))
+    x_val, y_val = fed.data.x_val, fed.data.y_val
+    validation = (
+        None
+        if x_val is None or y_val is None
+        else (_columns(y_val.numpy()), _columns(model.model_logits(x_val)))
+    )
+    portions = client_test_portions(trained.config.partition, fed.data, fed.shards)
+    if portions is None:  # no test rows of its own: the training shard, labelled as such
+        clients, split = [(f"client {k}", y, s) for k, (y, s) in enumerate(shards)], "train"
+    else:  # a client is a site: named as the reader names it (a hospital, a source value)
+        names = fed.data.source_names
+        clients = [
+            (site_name(names, site) if names else f"client {k}", y_test[m], s_test[m])
+            for k, (site, m) in enumerate(portions)
+        ]
+        split = "test"
+    where = f"the run's test set ({trained.config.dataset})"
+    return Scored(y_test, s_test, where, "client", clients, split, shards, validation)
+
+
+def client_test_portions(
+    partition: str, data: Any, shards: Sequence[Any]
+) -> list[tuple[int, np.ndarray]] | None:
+    """Each client's site id and own test rows (a boolean mask over the test set): with
+    ``partition = 'source'`` a client is one site, and its test rows are that site's, when the reader
+    kept the test rows' sites (``groups_test['source']``); None otherwise (a client is not a site,
+    or the test rows' sites are unknown)."""
+    train, test = data.groups_train.get("source"), data.groups_test.get("source")
+    if partition != "source" or train is None or test is None:
+        return None
+    masks = []
+    for shard in shards:
+        site = np.unique(np.asarray(train)[np.asarray(shard)])
+        if len(site) != 1:
+            return None
+        masks.append((int(site[0]), np.asarray(test) == site[0]))
+    return masks
+
+
+def dataset_data(
+    trained: TrainedModel, dataset: str, data_dir: str | None, split: str, workers: int,
+    model: TrainedModel | None = None,
+) -> Scored:  # fmt: skip
+    """A registered reader's split, read lazily (file datasets) and decoded chunk by chunk."""
+    from fedxrisk.data import DATASETS
+    from fedxrisk.data.lazy import is_lazy
+    from fedxrisk.data.loading import load_dataset
+    from fedxrisk.data.types import binarize
+
+    if dataset not in DATASETS:
+        raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
+    try:
+        data = binarize(
+            load_dataset(dataset, data_dir, lazy=True, on_missing=trained.config.on_missing),
+            trained.config.positive_classes,
+        )
+    except ValueError as e:
+        raise InputError(str(e)) from e
+    if data.input_shape != trained.input_shape or data.num_labels != trained.num_labels:
+        raise InputError(
+            f"{dataset}: inputs {list(data.input_shape)} with {data.num_labels} label(s); the model takes "
+            f"{list(trained.input_shape)} with {trained.num_labels}"
+        )
+    x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
+    if is_lazy(x):
+        x.attach(workers=workers)
+    y, s = _columns(y.numpy()), _columns((model or trained).model_logits(x))
+    sites = (data.groups_train if split == "train" else data.groups_test).get("source")
+    names = data.source_names
+    groups = (
+        []
+        if sites is None
+        else [(site_name(names, v), y[sites == v], s[sites == v]) for v in np.unique(sites)]
+    )
+    where = f" in {data_dir}" if data_dir else ""
+    return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups, split)

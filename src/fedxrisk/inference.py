@@ -205,15 +205,15 @@ def feature_standardization(cfg: RunConfig) -> tuple[np.ndarray, np.ndarray] | N
     """(mean, std) the run's reader applied to its features, or None when it applied none.
 
     ``tabular`` and ``breast_cancer`` standardize with the mean and std (+1e-8) of
-    their raw training split (data/readers/arrays.py, data/datasets.py).
+    their raw training split (data/readers/arrays.py, data/bundled.py).
     """
     if cfg.dataset == "breast_cancer":
         from sklearn.datasets import load_breast_cancer
 
-        from fedxrisk.data.datasets import _split
+        from fedxrisk.data.types import split
 
         d = load_breast_cancer()
-        raw = _split("breast_cancer", d.data.astype(np.float32), d.target.astype(np.int64), 2).x_train
+        raw = split("breast_cancer", d.data.astype(np.float32), d.target.astype(np.int64), 2).x_train
     elif cfg.dataset == "tabular":
         raw = _raw_tabular_train(cfg.data_dir)
     else:

@@ -149,7 +149,13 @@ def _text_lines(path: Path) -> list[str]:
 
 
 def _manifest(path: Path, input_shape: tuple[int, ...], workers: int) -> Input:
-    rows = list(csv.DictReader(_text_lines(path)))
+    from fedxrisk.data.checks import outside
+
+    reader = csv.DictReader(_text_lines(path))
+    rows = list(reader)
+    for i, r in enumerate(rows, 2):
+        if None in r or None in r.values():  # more fields than the header names / fewer
+            raise InputError(f"{path} row {i}: the fields do not match the header's {len(reader.fieldnames)}")
     column = next((c for c in PATH_COLUMNS if rows and c in rows[0]), None)
     if column is None:
         raise InputError(f"{path}: no 'path' column or no rows")
@@ -157,6 +163,12 @@ def _manifest(path: Path, input_shape: tuple[int, ...], workers: int) -> Input:
     if not (base / rows[0][column]).is_file() and (base.parent / rows[0][column]).is_file():
         base = base.parent  # CheXpert: paths start with the data folder's own name
     files = [base / r[column] for r in rows]
+    strays = outside(base, files)
+    if strays:
+        raise InputError(
+            f"{path}: {len(strays)} image path(s) outside the folder {str(base)!r} (first: "
+            f"{str(strays[0])!r}); a manifest names images inside its data folder"
+        )
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise InputError(f"{path}: {len(missing)} image(s) not found: {', '.join(missing[:20])}")

@@ -290,12 +290,6 @@ def render_groups(groups: Sequence[Group], metric: str = "test_auroc") -> dict[s
     return images
 
 
-def write_curves(groups: Sequence[Group], path: Path) -> Path:
-    """``curves.csv`` alone (atomically)."""
-    write_together({path: text_writer(curves_text(groups))})
-    return path
-
-
 def curves_text(groups: Sequence[Group]) -> str:
     """The per-run numbers behind the plots, one row per run and evaluated round."""
     with io.StringIO(newline="") as f:
@@ -339,4 +333,19 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path) -> list[Path]:
     check_folder(out, is_plot_folder, "fedxrisk run, comparison or plots")
     sources = find_runs(paths)
     runs = [load_run(p) for p in sources]
+    check_one_dataset(runs, sources)
     return plot_groups(group_runs(runs), out)
+
+
+def check_one_dataset(runs: Sequence[RunResult], sources: Sequence[Path]) -> None:
+    """One line when the runs were tested on different data: their curves share no test set."""
+    seen: dict[tuple[Any, Any], Path] = {}
+    for run, path in zip(runs, sources):
+        config = run.summary["config"]
+        seen.setdefault((config.get("dataset"), config.get("data_dir")), path)
+    if len(seen) > 1:
+        shown = "; ".join(f"{path}: {name} ({where or 'bundled'})" for (name, where), path in seen.items())
+        raise ConfigError(
+            f"the runs were tested on different data ({shown}); their curves are not comparable, "
+            "plot each dataset's runs separately"
+        )

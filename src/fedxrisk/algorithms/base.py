@@ -146,6 +146,11 @@ class Algorithm:
             Instance-level DP refuses an algorithm that says so (engines/privacy/instance.py).
         uses_pos_ratio: the objective weighs the classes by a prior p (AUC losses); at
             instance level p must then be public (docs/privacy.md).
+        touches_labels: the computations of a step, outside :meth:`sample_loss`, that read the
+            batch's labels (name → the label-free form they take when ``label_free`` is set, or
+            None when they have none: instance-level DP then refuses the algorithm).
+        label_free: every computation in ``touches_labels`` takes its label-free form (DP-SGD
+            sets it: at instance level a label may reach a step only through the noised gradient).
         gradient_estimator: how :meth:`gradient` turns :meth:`sample_loss` into a gradient:
             :class:`MeanGradient` (autograd of the batch mean); DP-SGD supplies another.
         poisson_batches: the engine draws each record into a batch independently
@@ -169,6 +174,8 @@ class Algorithm:
     restarts_w: ClassVar[tuple[str, Any] | None] = None
     couples_samples: ClassVar[str | None] = None
     uses_pos_ratio: ClassVar[bool] = False
+    touches_labels: ClassVar[dict[str, str | None]] = {}
+    label_free: bool = False
     gradient_estimator: GradientEstimator = MeanGradient()
     poisson_batches: bool = False
     noise_per_step: int = 0
@@ -270,7 +277,9 @@ class Algorithm:
         return {f.name: f.default for f in fields(cls) if f.name != "problem"}  # type: ignore[arg-type]
 
 
-HOOKS = ("gradient_estimator", "poisson_batches", "noise_per_step", "positives_per_batch", "problem")
+HOOKS = (
+    "gradient_estimator", "poisson_batches", "noise_per_step", "positives_per_batch", "problem", "label_free",
+)  # fmt: skip
 
 
 def with_hooks(algorithm: Algorithm, **hooks: Any) -> Algorithm:

@@ -25,7 +25,8 @@ A restart from the stage average also restarts the float buffers (BatchNorm runn
 their stage average, averaged over clients under ``average`` and per client under ``local``.
 
 ``stabilize`` (on in ``"paper"``, off in ``"code"``): Lemma 1's η ≤ 1/(4ℓ) held for a, b, α
-by scaling their steps to min(η, 1/ℓ) with ℓ their exact curvature on the batch, and a, b, α
+by scaling their steps to min(η, 1/ℓ) with ℓ their exact curvature on the batch (under
+instance-level DP its bound over every batch, from the public p: no label read), and a, b, α
 projected onto the intervals holding the saddle point (a, b ∈ [0, 1], α ∈ [−1, 1]); the
 network's step is the paper's. Why, and the NaN it prevents: :mod:`fedxrisk.objectives.auc`.
 
@@ -52,12 +53,7 @@ from fedxrisk.algorithms.base import (
     register,
     with_model,
 )
-from fedxrisk.objectives import (
-    AUC_LOSSES,
-    alpha_bounds,
-    aucm_alpha_direction,
-    auxiliary_scales,
-)
+from fedxrisk.objectives import AUC_LOSSES, alpha_bounds, aucm_alpha_direction, auxiliary_scales
 from fedxrisk.problem import Problem
 from fedxrisk.tree import tmap, zeros_like
 
@@ -88,6 +84,7 @@ class CODAPlus(Algorithm):
     name = "codaplus"
     communicates = ("w", "a", "b", "alpha")
     uses_pos_ratio = True  # the AUC losses weigh the classes by p
+    touches_labels = {"aux_scales": "curvature_bounds(p): the curvatures' bounds over any batch"}
     acts_at_stage_end, restarts_w = True, ("restart", "average")  # the stage restart (CoDA, NPA too)
     default_lr = (
         3.0  # sigmoid scores make the square loss gradients small (factor p(1 − p)); see docs/benchmarks.md
@@ -190,12 +187,14 @@ class CODAPlus(Algorithm):
         return g["v"], g["alpha"], f, buffers
 
     def aux_scales(self, state: State, batch: Batch, lr: float) -> dict[str, Any] | None:
-        """min(1, 1/(η·ℓ)) for a, b and α on this batch (``stabilize``), else None."""
+        """min(1, 1/(η·ℓ)) for a, b and α on this batch (``stabilize``), else None; ``label_free``
+        (instance-level DP): ℓ's bound over every batch, from the public p, no label read."""
         if not self.stabilize:
             return None
-        p = self.problem.batch_p(state["p"], batch["y"])
+        y = None if self.label_free else batch["y"]
+        p = state["p"] if self.label_free else self.problem.batch_p(state["p"], batch["y"])
         extra = self.prox + self.weight_decay  # the prox and decay terms add to a's and b's curvature
-        return auxiliary_scales(batch["y"], p, lr, extra, self.dual_step == "closed_form")
+        return auxiliary_scales(y, p, lr, extra, self.dual_step == "closed_form")
 
     def primal_direction(self, state: State, gv, scales: dict[str, Any] | None = None) -> dict[str, Any]:
         """clip(∇_v F) + wd·v + γ(v − v0): the primal descent direction of stage s

@@ -17,6 +17,9 @@ site alone; λ → ∞ gives v = w^t, the FedAvg global model. A site is evaluat
 Ditto is provided for cross-entropy only: for CODA+/CODASCA the personal problem would be a
 min-max problem of its own (v with personal a, b, α), which the paper does not analyse;
 ``model.personal = 'head'`` or ``'bn'`` personalizes those instead (algorithms/personal.py).
+
+Instance-level DP refuses Ditto (``touches_labels``): v's step is the plain gradient of the batch
+mean, outside DP-SGD's clipped, noised sum, and a site's v is evaluated and released.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Ditto(LocalSGDM):
     """FedAvg (local momentum SGD) for w, plus a λ-proximal personal model v per site (eq. 2)."""
 
     name = "ditto"
+    touches_labels = {"personal model's step (v)": None}  # autograd of the batch mean: no DP form
     lam: float = 1.0  # λ of eq. (2): the pull of the personal model towards the global one
 
     def __post_init__(self) -> None:

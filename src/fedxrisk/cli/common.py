@@ -153,6 +153,27 @@ def main() -> None:
     click.get_current_context().call_on_close(lambda: setattr(warnings, "formatwarning", previous))
 
 
+@contextmanager
+def warnings_once(quiet: bool = False) -> Iterator[None]:
+    """Each warning shown once however many runs raise it (a tune's trials, a comparison's runs);
+    none at all with ``quiet``."""
+    import warnings
+
+    seen: set[str] = set()
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        if not quiet and str(message) not in seen:
+            seen.add(str(message))
+            previous(message, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
 def one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
     """A warning as one ``warning: …`` line, without Python's file, line number and source text."""
     from fedxrisk.textsafe import printable
@@ -160,10 +181,14 @@ def one_line_warning(message: Warning | str, category: type[Warning], *_: Any, *
     return f"warning: {printable(' '.join(str(message).split()))}\n"
 
 
-def comma_list(text: str | None, cast: type) -> list[Any] | None:
+def comma_list(text: str | None, cast: type, option: str = "the option") -> list[Any] | None:
+    """``a,b,c`` as a list of ``cast`` values; None when not given; one line for no value or a bad one."""
     if text is None:
         return None
     try:
-        return [cast(x.strip()) for x in text.split(",") if x.strip()]
+        values = [cast(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError as e:
-        raise ConfigError(f"expected a comma-separated list, got {text!r} ({e})") from None
+        raise ConfigError(f"{option}: expected a comma-separated list, got {text!r} ({e})") from None
+    if not values:
+        raise ConfigError(f"{option}: expected a comma-separated list of at least one value, got {text!r}")
+    return values

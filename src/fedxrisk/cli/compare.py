@@ -49,7 +49,9 @@ def compare(
     with config_errors():
         base = resolve(config_file, {}, (), overrides)
         varied = dict(parse_vary(v) for v in vary)
-        variants = build_variants(base, comma_list(algorithms, str), varied, comma_list(seeds, int))
+        variants = build_variants(
+            base, comma_list(algorithms, str, "--algorithms"), varied, comma_list(seeds, int, "--seeds")
+        )
         folder = Path(out) if out else Path("runs") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
         if quiet:
             result = run_comparison(variants, folder)

@@ -47,6 +47,14 @@ from fedxrisk.textsafe import printable
     "--at-sensitivity", type=float, default=None, help="report specificity [CI] at this sensitivity"
 )
 @click.option(
+    "--threshold-from",
+    type=click.Choice(["test", "validation"]),
+    default="test",
+    show_default=True,
+    help="operating points: choose the threshold on the evaluated data (in-sample) or on the run's "
+    "validation data (then the test's sensitivity and specificity at it)",
+)
+@click.option(
     "--calibration",
     is_flag=True,
     help="Brier, ECE, reliability.png, temperature scaling fitted on the run's validation data",
@@ -119,5 +127,6 @@ def cross_site_(runs: tuple[str, ...], **options: Any) -> None:
             raise BadConfig(str(e)) from None
     from fedxrisk.evaluation_cross import markdown
 
-    click.echo(printable(markdown(result)))
+    for line in markdown(result).splitlines():  # printable() escapes a newline: the table line by line
+        click.echo(printable(line))
     click.echo(printable(f"written: {', '.join(result['files'])}"))

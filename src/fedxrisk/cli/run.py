@@ -28,9 +28,6 @@ if TYPE_CHECKING:
     from fedxrisk.engines import NonFiniteLoss
 
 
-SMALL_MODELS = ("linear", "mlp", "cnn", "cnn28", "cnn1d")  # a second thread costs more CPU than it saves
-
-
 def set_threads(threads: int | None, model: str | None) -> int:
     """:func:`fedxrisk.run.threads.set_threads` (imported when a run starts: it imports torch)."""
     from fedxrisk.run.threads import set_threads as set_run_threads

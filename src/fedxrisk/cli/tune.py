@@ -19,6 +19,7 @@ from fedxrisk.cli.common import (
     main,
     resolve,
     typed_flags,
+    warnings_once,
     with_config_options,
 )
 
@@ -62,8 +63,9 @@ def _imratio(text: str) -> float | str:
     "--space",
     "spaces",
     multiple=True,
-    metavar="KEY=LOW:HIGH[:log]",
-    help="search KEY over LOW..HIGH (log-uniform with :log); replaces the default range (repeatable)",
+    metavar="KEY=LOW:HIGH[:log]|KEY=A,B",
+    help="search KEY (bare, or SECTION.KEY as --set takes it: server.lr, model.personal, …) over "
+    "LOW..HIGH (log-uniform with :log) or the choices A,B; replaces the default range (repeatable)",
 )
 @click.option("--storage", default=None, help="Optuna storage URL (default: TUNE/study.journal)")
 @click.option("--study-name", default=None, help="study name in the storage (default fedxrisk-ALG-DATASET)")
@@ -110,7 +112,7 @@ def tune(
             raise ConfigError(f"--grid-points must be ≥ 1, got {grid_points}")
         if study_name is not None and not study_name.strip():
             raise ConfigError("--study-name is empty; name the study, or drop --study-name for the default")
-        seeds = comma_list(confirm_seeds, int)
+        seeds = comma_list(confirm_seeds, int, "--confirm-seeds")
         check_seeds(seeds)
         jobs = []
         for name in names:
@@ -139,13 +141,14 @@ def tune(
         shown = None if quiet else TrialProgress(sys.stderr)
         report = (lambda s: None) if quiet else (lambda s: (shown.end(), console.print(escape(s))))
         try:
-            for cfg, extra in jobs:
-                folder = root / cfg.algorithm if len(jobs) > 1 else root
-                space = space_for(cfg.algorithm, extra)
-                records = run_tune(cfg, folder, space, settings, report, progress=shown)
-                _show(folder, records, quiet)
-                if seeds and (folder / "best_config.toml").exists():
-                    _confirmed(cfg.algorithm, confirm(folder / "best_config.toml", folder, seeds))
+            with warnings_once(quiet):  # a trial's warnings once per study, not once per trial
+                for cfg, extra in jobs:
+                    folder = root / cfg.algorithm if len(jobs) > 1 else root
+                    space = space_for(cfg.algorithm, extra)
+                    records = run_tune(cfg, folder, space, settings, report, progress=shown)
+                    _show(folder, records, quiet)
+                    if seeds and (folder / "best_config.toml").exists():
+                        _confirmed(cfg.algorithm, confirm(folder / "best_config.toml", folder, seeds))
         except KeyboardInterrupt:
             console.print(f"interrupted; rerun the same command to resume the study in {out}")
             sys.exit(130)

@@ -36,6 +36,13 @@ def read_text(path: Path) -> str:
         ) from None
 
 
+def outside(base: Path, files: list[Path]) -> list[Path]:
+    """The ``files`` that resolve (links and ``..`` followed) to a place outside the folder ``base``:
+    a manifest names images inside its data folder, never ``/etc/…`` or ``../other-study/…``."""
+    root = base.resolve()
+    return [f for f in files if not f.resolve().is_relative_to(root)]
+
+
 def check_features(x: np.ndarray, where: str, base: int = 0, scan: bool = True) -> None:
     """Numbers, one row per sample with at least one feature, all finite (``scan``: read every
     value; a streamed dataset skips it rather than read the whole file at start-up)."""

@@ -22,8 +22,6 @@ from fedxrisk.data.types import (
     split,
 )
 
-_split = split  # the old private name (fedxrisk.inference uses it)
-
 __all__ = [
     "DATASETS",
     "FILE_DATASETS",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from fedxrisk.data.imbalance import make_imbalanced
 from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.partition import partition
 from fedxrisk.data.shift import feature_shift as shift_features
-from fedxrisk.data.types import BinaryData, binarize
+from fedxrisk.data.types import BinaryData, binarize, site_name
 
 
 @dataclass
@@ -61,6 +62,17 @@ class FederatedData:
             pos = int(ys.sum())
             out.append((pos, len(s) - pos))
         return out
+
+    def client_sites(self) -> list[str] | None:
+        """The site each client is (its reader's name for it), when every client holds one site's
+        rows (``partition = 'source'``, a ``data.sources`` subset); None otherwise."""
+        source = self.data.groups_train.get("source")
+        if source is None:
+            return None
+        sites = [np.unique(source[s]) for s in self.shards]
+        if any(len(site) != 1 for site in sites):
+            return None
+        return [site_name(self.data.source_names, site[0]) for site in sites]
 
     def batch(self, positions: np.ndarray, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index, and
@@ -128,6 +140,27 @@ def check_client_classes(
     return lacking
 
 
+def keep_sources(data: BinaryData, sources: Sequence[str]) -> BinaryData:
+    """``data`` with the training rows of the named sources only (``data.sources``: a local-only
+    baseline, or a subset of the sites). The test set stays whole, so that runs trained on
+    different sites are scored on the same patients; each site's share is still told apart."""
+    train = data.groups_train.get("source")
+    if train is None:
+        raise ValueError(f"data.sources: {data.name} has no sites (no 'source' column or site folders)")
+    names = list(data.source_names) or [f"site {k}" for k in range(int(np.max(train)) + 1)]
+    unknown = [s for s in sources if s not in names]
+    if unknown or not sources:
+        raise ValueError(f"data.sources: {unknown or 'none'} not among {data.name}'s sites {names}")
+    if len(set(sources)) < len(sources):
+        raise ValueError(f"data.sources names a site twice: {list(sources)}")
+    keep = np.flatnonzero(np.isin(train, [names.index(s) for s in sources]))
+    rows = torch.from_numpy(keep)
+    return dataclasses.replace(
+        data, x_train=data.x_train[rows], y_train=data.y_train[rows], classes_train=data.classes_train[keep],
+        groups_train={k: v[keep] for k, v in data.groups_train.items()},
+    )  # fmt: skip
+
+
 def make_federated(
     dataset: str | BinaryData,
     num_clients: int,
@@ -143,6 +176,8 @@ def make_federated(
     num_samples: int | None = None,
     test_imratio: float | None = None,
     image_size: int | None = None,
+    sources: Sequence[str] | None = None,
+    on_missing: str = "error",
 ) -> FederatedData:
     """Load, binarize, imbalance (train only) and partition a dataset, reproducibly from ``seed``.
 
@@ -152,12 +187,15 @@ def make_federated(
     ``num_samples`` sizes a generated dataset (mnist1d, synthetic) before its split;
     ``image_size`` resizes an image dataset's images (:func:`~fedxrisk.data.loading.load_dataset`).
     ``test_imratio``: thin the test set to this positive ratio too (by a fixed draw, the same
-    for every seed); None keeps the test set's own prevalence.
+    for every seed); None keeps the test set's own prevalence. ``sources``: train on the named
+    sources' rows only (:func:`keep_sources`).
     """
     if isinstance(dataset, BinaryData):
         data = dataset
     else:
-        labeled = load_dataset(dataset, data_dir, num_samples=num_samples, image_size=image_size)
+        labeled = load_dataset(
+            dataset, data_dir, num_samples=num_samples, image_size=image_size, on_missing=on_missing
+        )
         check_labeled(labeled, data_dir or dataset)
         data = binarize(labeled, positive_classes)
         check_test_classes(data, data_dir or dataset)
@@ -167,6 +205,8 @@ def make_federated(
         )
     if data.y_test.dim() == 2 and test_imratio is not None:
         raise ValueError(f"{data.name} is multi-label: test_imratio applies to one binary label")
+    if sources is not None:
+        data = keep_sources(data, sources)
     rng = np.random.default_rng([seed, 1])
     kept = make_imbalanced(data.y_train.numpy(), imratio, rng)
     tested = torch.from_numpy(
@@ -186,6 +226,7 @@ def make_federated(
         y_val=data.y_val,
         groups_test={k: v[tested.numpy()] for k, v in data.groups_test.items()},
         preprocessing=data.preprocessing,
+        source_names=data.source_names,
     )
     shards = partition(
         partition_kind, data.y_train.numpy(), data.classes_train, num_clients, rng, dirichlet_alpha,

@@ -239,7 +239,9 @@ class PoissonSampler:
 
 
 def unpad(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(positions with empty slots pointing at record 0, the float 0/1 mask of real records)."""
+    """(positions with empty slots pointing at record 0, the float 0/1 mask of real records).
+    Record 0 is only a valid place to gather from: DP-SGD zeroes those slots before any step sees
+    them (``engines.privacy.instance.masked_dummies``)."""
     mask = positions != PADDING
     return np.where(mask, positions, 0), mask.astype(np.float32)
 

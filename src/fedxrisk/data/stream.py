@@ -48,7 +48,9 @@ def open_training_data(cfg: Any) -> tuple[Any, StreamChoice]:
         return cfg.dataset, StreamChoice(False, "a bundled dataset, held in memory")
     if cfg.stream is False:
         return cfg.dataset, StreamChoice(False, "data.stream = false: the files are decoded into memory")
-    lazy = load_dataset(cfg.dataset, cfg.data_dir, lazy=True, image_size=cfg.image_size)
+    lazy = load_dataset(
+        cfg.dataset, cfg.data_dir, lazy=True, image_size=cfg.image_size, on_missing=cfg.on_missing
+    )
     workers = default_workers() if cfg.workers is None else cfg.workers
     budget = parse_bytes(cfg.memory_budget)
     choice = choose(cfg.stream, int(lazy.x_train.nbytes), budget, workers)

@@ -45,6 +45,9 @@ class LabeledData:
     groups_test: dict[str, np.ndarray] = field(default_factory=dict)
     default_positive: tuple[int, ...] | None = None  # the reader knows the positive class(es)
     preprocessing: dict[str, Any] = field(default_factory=dict)  # data/preprocessing.py, kept with the model
+    source_names: tuple[
+        str, ...
+    ] = ()  # the name of each source id (groups['source']), where the reader knows it
 
     @property
     def multilabel(self) -> bool:
@@ -73,6 +76,7 @@ class BinaryData:
     y_val: torch.Tensor | None = None
     groups_test: dict[str, np.ndarray] = field(default_factory=dict)
     preprocessing: dict[str, Any] = field(default_factory=dict)
+    source_names: tuple[str, ...] = ()  # the name of each source id, where the reader knows it
 
     def __post_init__(self) -> None:
         for split in ("train", "test", "val"):
@@ -210,6 +214,7 @@ def binarize(data: LabeledData, positive_classes: Sequence[int | str] | None = N
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
         preprocessing=dict(data.preprocessing),
+        source_names=tuple(data.source_names),
         **_validation(data, to01),
     )
 
@@ -250,5 +255,13 @@ def _multilabel_binary(data: LabeledData, positive_classes: Sequence[int | str] 
         groups_train=dict(data.groups_train),
         label_names=data.label_names,
         preprocessing=dict(data.preprocessing),
+        source_names=tuple(data.source_names),
         **_validation(data, tensor),
     )
+
+
+def site_name(source_names: Sequence[str], source: int) -> str:
+    """The name of source id ``source`` (a hospital, a CSV ``source`` value, a site folder), else
+    ``site K``."""
+    source = int(source)
+    return str(source_names[source]) if 0 <= source < len(source_names) else f"site {source}"

@@ -114,6 +114,10 @@ class ServerData:
     def client_counts(self) -> list[tuple[int, int]]:
         return self.counts
 
+    def client_sites(self) -> None:
+        """The server does not know which site a node is (summary.json lists the nodes)."""
+        return None
+
 
 def server_data(federation: Federation) -> ServerData:
     shape = federation.sites[0].input_shape

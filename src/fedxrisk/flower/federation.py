@@ -206,6 +206,7 @@ class Federation:
                 "train_pos_ratio": self.pos_ratio,
                 "test_samples": 0 if self.holdout is None else len(self.holdout[1]),
                 "client_counts": counts,
+                "client_sites": None,  # the nodes are listed under "sites"
                 "stream": None,
             },
             "sites": [

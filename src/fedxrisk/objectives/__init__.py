@@ -7,6 +7,7 @@ from fedxrisk.objectives.auc import (
     aucm_loss,
     auxiliary_curvatures,
     auxiliary_scales,
+    curvature_bounds,
     stable_scale,
 )
 from fedxrisk.objectives.ce import bce_loss
@@ -22,5 +23,6 @@ __all__ = [
     "auxiliary_curvatures",
     "auxiliary_scales",
     "bce_loss",
+    "curvature_bounds",
     "stable_scale",
 ]

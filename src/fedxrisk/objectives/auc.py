@@ -20,6 +20,8 @@ the paper's update and step wherever it is stable: the gradients of a, b, α are
 min(1, 1/(η·ℓ)) (:func:`auxiliary_scales`; identical to the paper where η ≤ 1/ℓ, the block's
 exact minimizing step otherwise), and a, b, α are projected onto [0, 1], [0, 1] and
 :func:`alpha_bounds` (a projection onto a set holding the saddle point leaves it unchanged).
+Under instance-level DP the batch's label share is private: ℓ is then :func:`curvature_bounds`,
+its maximum over every batch, from the public p (docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -86,6 +88,14 @@ def auxiliary_curvatures(
     return 2 * (1 - p) * share, 2 * p * (1 - share), 2 * p * (1 - p) + 0 * share
 
 
+def curvature_bounds(p: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The largest ℓ_a, ℓ_b, ℓ_α of :func:`auxiliary_curvatures` over every batch (positive share
+    in [0, 1]): 2(1−p), 2p, 2p(1−p). Label-free: instance-level DP's stabilizer uses them, so
+    the step ≤ 1/ℓ holds on any batch without reading a label (p public)."""
+    p = torch.as_tensor(p)
+    return 2 * (1 - p), 2 * p, 2 * p * (1 - p)
+
+
 def stable_scale(lr: float, curvature: torch.Tensor) -> torch.Tensor:
     """min(1, 1/(η·ℓ)): scaling a block's gradient by it makes the step η·scale ≤ 1/ℓ, so a step on
     a quadratic of curvature ℓ contracts (|1 − η·scale·ℓ| < 1) instead of overshooting; 1 where
@@ -94,11 +104,16 @@ def stable_scale(lr: float, curvature: torch.Tensor) -> torch.Tensor:
 
 
 def auxiliary_scales(
-    y: torch.Tensor, p: torch.Tensor | float, lr: float, extra: float = 0.0, closed_form: bool = False
+    y: torch.Tensor | None,
+    p: torch.Tensor | float,
+    lr: float,
+    extra: float = 0.0,
+    closed_form: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """:func:`stable_scale` of a, b and α on this batch; ``extra``: curvature added to a's and b's
-    (prox γ, weight decay); ``closed_form``: α's step is AUCM's 2(m + b − a) − 2α (curvature 2)."""
-    l_a, l_b, l_alpha = auxiliary_curvatures(y, p)
+    """:func:`stable_scale` of a, b and α on this batch (labels ``y``; None: the label-free
+    :func:`curvature_bounds`); ``extra``: curvature added to a's and b's (prox γ, weight decay);
+    ``closed_form``: α's step is AUCM's 2(m + b − a) − 2α (curvature 2)."""
+    l_a, l_b, l_alpha = auxiliary_curvatures(y, p) if y is not None else curvature_bounds(p)
     if closed_form:
         l_alpha = torch.full_like(l_alpha, 2.0)
     return {

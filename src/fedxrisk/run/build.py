@@ -58,6 +58,7 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
         cfg.positive_classes, cfg.dirichlet_alpha, cfg.allow_missing_class, cfg.data_dir,
         cfg.feature_shift, one_class_ok=not ALGORITHMS[cfg.algorithm].needs_both_classes,
         num_samples=cfg.num_samples, test_imratio=cfg.test_imratio, image_size=cfg.image_size,
+        sources=cfg.sources, on_missing=cfg.on_missing,
     )  # fmt: skip
     return with_validation(data, cfg.validation, cfg.seed), choice
 

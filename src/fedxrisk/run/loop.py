@@ -288,6 +288,7 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
                 "train_pos_ratio": setup.data.data.pos_ratio,
                 "test_samples": len(setup.data.data.y_test),
                 "client_counts": setup.data.client_counts(),
+                "client_sites": setup.data.client_sites(),  # client k is this site (None: not one site each)
                 "stream": setup.stream.summary() if setup.stream is not None else None,
             },
             "hyperparameters": _hparams(setup.algorithm),

@@ -92,6 +92,17 @@ def _stream(cfg: RunConfig) -> None:
             f"data.workers must be between 0 (decode in the training process) and {MAX_WORKERS}, got {cfg.workers}"
         )
     _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
+    _missing(cfg)
+
+
+def _missing(cfg: RunConfig) -> None:
+    from fedxrisk.data.missing import MISSING_DATASETS, POLICIES
+
+    _choice("data.on_missing", cfg.on_missing, POLICIES)
+    if cfg.on_missing != "error" and cfg.dataset not in MISSING_DATASETS:
+        raise ConfigError(
+            f"data.on_missing applies to {', '.join(MISSING_DATASETS)} CSVs, not {cfg.dataset!r}; drop it"
+        )
 
 
 def _reading(cfg: RunConfig) -> None:

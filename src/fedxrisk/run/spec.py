@@ -89,6 +89,12 @@ class RunConfig:
     positive_classes: list[int | str] | None = setting(
         None, section="data", help="class ids or names of the positive class; none: the upper half"
     )
+    sources: list[str] | None = setting(
+        None,
+        section="data",
+        help="train on these sites only (names as the reader gives them, e.g. "
+        '["cleveland"]: a local-only baseline); the test set stays whole; none: every site',
+    )
     test_imratio: float | None = setting(
         None, section="data", help="positive ratio of the test set; none: the test set's own prevalence"
     )
@@ -117,6 +123,12 @@ class RunConfig:
     )
     eval_batch_size: int | None = setting(
         None, section="data", help="samples per evaluation forward pass; none: from memory_budget"
+    )
+    on_missing: str = setting(
+        "error",
+        section="data",
+        help='a tabular CSV\'s missing cells: "error", "drop_rows", "drop_columns" '
+        'or "impute" (each site its own training mean); docs/data.md',
     )
     on_bad_file: str = setting(
         "error", section="data", help='an undecodable file met while streaming: "error" or "skip"'

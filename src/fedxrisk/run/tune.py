@@ -263,12 +263,7 @@ def tune(
             raise optuna.TrialPruned()
         trial.set_user_attr("host", HOST)
         trial.set_user_attr("pid", os.getpid())
-        params = {}
-        for p in space.values():
-            if p.integer:
-                params[p.name] = trial.suggest_int(p.name, int(p.low), int(p.high), log=p.log)
-            else:
-                params[p.name] = trial.suggest_float(p.name, p.low, p.high, log=p.log)
+        params = {p.name: p.suggest(trial) for p in space.values()}
         folder = out / "trials" / f"{trial.number:04d}"
         refuse_symlink(folder)  # a planted link would send the trial's run outside the tune folder
         trial.set_user_attr("folder", str(folder.relative_to(out)))

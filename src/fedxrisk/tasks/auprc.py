@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedxrisk.data.datasets import binarize, load_dataset
 from fedxrisk.data.federated import FederatedData, make_federated
+from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.sampler import ClientSampler
+from fedxrisk.data.types import binarize
 from fedxrisk.objectives.conditional import check_sample
 
 

@@ -13,6 +13,7 @@ from fedxrisk.data import preprocessing
 from fedxrisk.data.checks import check_class_ids, check_features, check_integer_labels, read_text
 from fedxrisk.data.decode import npz_member
 from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
+from fedxrisk.data.missing import apply_missing, is_missing
 from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
 from fedxrisk.data.registry import register
 from fedxrisk.data.types import LabeledData
@@ -146,20 +147,27 @@ def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, l
     for r, row in enumerate(body):
         if len(row) != len(header):
             raise DataFileError(f"{path} row {r + 2}: {len(row)} fields, header has {len(header)}")
+        for j, i in enumerate(feats):
+            try:
+                x[r, j] = np.nan if is_missing(row[i]) else float(row[i])
+            except ValueError:
+                raise DataFileError(
+                    f"{path} row {r + 2}, column {header[i]!r}: {row[i]!r} is not a number"
+                ) from None
         try:
-            x[r] = [float(row[i]) for i in feats]
             y[r] = int(row[li])
-        except ValueError as e:
-            raise DataFileError(f"{path} row {r + 2}: {e}") from None
-    check_features(x, str(path), base=2)
+        except ValueError:
+            raise DataFileError(f"{path} row {r + 2}: label {row[li]!r} is not an integer class id") from None
+    check_features(np.where(np.isnan(x), 0, x), str(path), base=2)  # NaN: a missing cell (data.on_missing)
     check_integer_labels(y, str(path), base=2)
     sources = [row[si] for row in body] if si is not None else None
     return x, y, sources, [header[i] for i in feats]
 
 
 @register("tabular", files=True)
-def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
-    """Numeric feature columns + integer ``label``; standardized with the training mean and std."""
+def read_tabular_csv(data_dir: str | Path | None, on_missing: str = "error") -> LabeledData:
+    """Numeric feature columns + integer ``label``; standardized with the training mean and std;
+    missing cells handled by ``on_missing`` (:mod:`fedxrisk.data.missing`)."""
     root = require_dir(data_dir, "tabular", TABULAR_LAYOUT)
     if (root / "train.csv").is_file() and (root / "test.csv").is_file():
         x_tr, y_tr, s_tr, names = _read_table(root / "train.csv")
@@ -176,18 +184,21 @@ def read_tabular_csv(data_dir: str | Path | None) -> LabeledData:
         num_classes = int(max(y_tr.max(), y_te.max())) + 1
         data = LabeledData("tabular", x_tr, y_tr, x_te, y_te, num_classes, groups_train=groups,
                            groups_test=tested)  # fmt: skip
+        data.source_names = tuple(codes(s_tr)[1]) if s_tr is not None else ()
     elif (root / "data.csv").is_file():
         x, y, s, names = _read_table(root / "data.csv")
         header = _header(root / "data.csv")
         check_class_ids({str(root / "data.csv"): y}, base=2)
         groups = {"source": codes(s)[0]} if s is not None else {}
         data = split_labeled("tabular", x, y, int(y.max()) + 1, groups)
+        data.source_names = tuple(codes(s)[1]) if s is not None else ()
     else:
         raise MissingDataError(
             f"tabular: no train.csv + test.csv or data.csv in {root}; expected:\n{TABULAR_LAYOUT}"
         )
     if data.y_train.min() < 0:
         raise DataFileError(f"tabular: labels must be ≥ 0 in {root}")
+    names = apply_missing(data, names, on_missing, str(root))
     mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
     ids = [c for c in header if preprocessing.is_id_column(c) and c not in ("label", "source")]
     data.preprocessing = preprocessing.features(names, mean, std, ids)

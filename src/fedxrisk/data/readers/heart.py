@@ -140,5 +140,5 @@ def read_heart_disease(data_dir: str | Path | None, encoding: str = "flamby") ->
         "heart_disease", ((x_tr - mean) / std).astype(np.float32), y_tr,
         ((x_te - mean) / std).astype(np.float32), y_te, 2,
         groups_train={"source": s_tr}, label_names=("no disease", "disease"), groups_test={"source": s_te},
-        default_positive=(1,),
+        default_positive=(1,), source_names=HOSPITALS,
     )  # fmt: skip

@@ -156,4 +156,5 @@ def read_site_folders(
         groups_train={"source": np.concatenate([np.full(len(p[1]), p[0]) for p in parts]).astype(np.int64)},
         label_names=tuple(classes),
         groups_test={"source": np.concatenate([np.full(len(p[2]), p[0]) for p in parts]).astype(np.int64)},
+        source_names=tuple(s.name for s in sites),
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedxrisk.data.checks import read_text
+from fedxrisk.data.checks import outside, read_text
 from fedxrisk.data.readers.base import (
     RESERVED_COLUMNS,
     DataFileError,
@@ -88,6 +88,7 @@ class ManifestTable:
     groups: dict[str, np.ndarray]
     label_names: tuple[str, ...]
     split: np.ndarray | None  # "train"/"test" per row, when the manifest has a split column
+    source_names: tuple[str, ...] = ()  # the source column's values, in source-id order
 
 
 def read_manifest_table(
@@ -141,8 +142,10 @@ def read_manifest_table(
     if not rows:
         raise DataFileError(f"{path}: no rows left after the uncertain-label policy {uncertain!r}")
     groups: dict[str, np.ndarray] = {}
+    sites: tuple[str, ...] = ()
     if source_column and source_column in header:
-        groups["source"], _ = codes([r[source_column] for r in rows])
+        groups["source"], names_of_sources = codes([r[source_column] for r in rows])
+        sites = tuple(names_of_sources)
     if patient_column and patient_column in header:
         groups["patient"], _ = codes([r[patient_column] for r in rows])
     elif patient_pattern:
@@ -157,6 +160,12 @@ def read_manifest_table(
         if bad:
             raise DataFileError(f"{path}: split values must be train or test, found {bad}")
     base = Path(image_root) if image_root is not None else path.parent
+    strays = outside(base, [base / r[path_column] for r in rows])
+    if strays:
+        raise DataFileError(
+            f"{path}: {len(strays)} image path(s) outside the folder {str(base)!r} (first: "
+            f"{str(strays[0])!r}); a manifest names images inside its data folder"
+        )
     if split is not None:
         _refuse_shared_images(path, [base / r[path_column] for r in rows], split)
     x = load_images([base / r[path_column] for r in rows], image_size, mode)
@@ -165,8 +174,8 @@ def read_manifest_table(
         if target.min() < 0:
             raise DataFileError(f"{path}: class labels must be ≥ 0")
         classes = tuple(names) if names else tuple(str(c) for c in range(num_classes))
-        return ManifestTable(x, target, max(num_classes, len(classes)), groups, classes, split)
-    return ManifestTable(x, y.astype(np.float32), len(labels), groups, tuple(labels), split)
+        return ManifestTable(x, target, max(num_classes, len(classes)), groups, classes, split, sites)
+    return ManifestTable(x, y.astype(np.float32), len(labels), groups, tuple(labels), split, sites)
 
 
 def _refuse_shared_images(path: Path, files: Sequence[Path], split: np.ndarray) -> None:
@@ -202,14 +211,16 @@ def read_manifest(
     """
     t = read_manifest_table(csv_path, name=name, **kwargs)
     if t.split is None:
-        return split_labeled(name, t.x, t.y, t.num_classes, t.groups, test_fraction, t.label_names)
+        data = split_labeled(name, t.x, t.y, t.num_classes, t.groups, test_fraction, t.label_names)
+        data.source_names = t.source_names
+        return data
     tr, te = t.split == "train", t.split == "test"
     if not tr.any() or not te.any():
         raise DataFileError(f"{csv_path}: the split column needs both train and test rows")
     return LabeledData(
         name, t.x[tr], t.y[tr], t.x[te], t.y[te], t.num_classes,
         groups_train={k: v[tr] for k, v in t.groups.items()}, label_names=t.label_names,
-        groups_test={k: v[te] for k, v in t.groups.items()},
+        groups_test={k: v[te] for k, v in t.groups.items()}, source_names=t.source_names,
     )  # fmt: skip
 
 

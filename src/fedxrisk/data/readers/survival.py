@@ -140,7 +140,7 @@ def read_tcga_brca(data_dir: str | Path | None) -> LabeledData:
         groups_train={"source": out["train"][3], "time": out["train"][2]},
         label_names=SURVIVAL_LABELS,
         groups_test={"source": out["test"][3], "time": out["test"][2]},
-        default_positive=(1,),
+        default_positive=(1,), source_names=tuple(f"region {k}" for k in range(REGIONS)),
     )  # fmt: skip
 
 
@@ -161,6 +161,12 @@ def read_survival_table(
     if path.suffix == ".npz":
         columns = _npz_columns(path)
         feature_names = [k for k in columns if k not in (time, event, "source", "split")]
+        if "x" in columns and len(feature_names) > 1:
+            others = ", ".join(repr(k) for k in feature_names if k != "x")
+            raise DataFileError(
+                f"{path}: holds 'x' and other feature arrays ({others}); put every feature in 'x' "
+                "or give each its own named array without 'x'"
+            )
         numeric = {k: _numbers(columns[k], path, k) for k in (["x"] if "x" in columns else feature_names)}
         if "x" in numeric:
             x = numeric["x"].reshape(len(numeric["x"]), -1)
@@ -175,7 +181,12 @@ def read_survival_table(
         header, rows = _rows(path)
         if len(set(header)) != len(header):
             raise DataFileError(f"{path}: duplicated column name(s) in the header")
-        table = {h: [r[i] if i < len(r) else "" for r in rows] for i, h in enumerate(header)}
+        for i, r in enumerate(rows, 2):
+            if len(r) != len(header):
+                raise DataFileError(
+                    f"{path} line {i}: {len(r)} fields under a header of {len(header)} columns"
+                )
+        table = {h: [r[i] for r in rows] for i, h in enumerate(header)}
         columns = {}
         for h, cells in table.items():
             if h in ("source", "split"):
@@ -192,6 +203,11 @@ def read_survival_table(
             raise DataFileError(f"{path}: no {needed!r} column (the survival {needed} column)")
     if x is None or x.shape[1] == 0:
         raise DataFileError(f"{path}: no feature column besides {time!r} and {event!r}")
+    for column in (time, event):
+        if np.ndim(columns[column]) != 1:
+            raise DataFileError(
+                f"{path}: {column!r} has shape {tuple(np.shape(columns[column]))}; one value per patient"
+            )
     times, events = _numbers(columns[time], path, time), _numbers(columns[event], path, event)
     check_survival(times, events, str(path))
     bad = np.flatnonzero(~np.isfinite(x).all(1))
@@ -200,21 +216,30 @@ def read_survival_table(
         raise DataFileError(
             f"{path}: {bad.size} row(s) with NaN/inf features (data rows {rows}, 0-based); fix or drop them"
         )
-    groups = {"time": times}
+    groups, sites = {"time": times}, ()
     if "source" in columns:
-        groups["source"] = codes([str(v) for v in columns["source"]])[0]
+        groups["source"], names_of_sources = codes([str(v) for v in columns["source"]])
+        sites = tuple(names_of_sources)
     y = events.astype(np.int64)
     if "split" in columns:
-        test = np.array([str(v).strip().lower() == "test" for v in columns["split"]])
+        split = np.array([str(v).strip().lower() for v in columns["split"]])
+        unknown = sorted({str(v) for v in split} - {"train", "test"})
+        if unknown:
+            raise DataFileError(
+                f"{path}: split column holds {unknown[:5]}; each row's split must be 'train' or 'test' "
+                "(validation is carved from train by data.validation_fraction)"
+            )
+        test = split == "test"
         if test.all() or not test.any():
             raise DataFileError(f"{path}: the split column must mark both train and test rows")
         x_tr, x_te = _standardized(x[~test], x[test])
         return LabeledData(
             name, x_tr, y[~test], x_te, y[test], 2,
             groups_train={k: v[~test] for k, v in groups.items()}, label_names=SURVIVAL_LABELS,
-            groups_test={k: v[test] for k, v in groups.items()}, default_positive=(1,),
+            groups_test={k: v[test] for k, v in groups.items()}, default_positive=(1,), source_names=sites,
         )  # fmt: skip
     data = split_labeled(name, x, y, 2, groups=groups, label_names=SURVIVAL_LABELS)
     data.x_train, data.x_test = _standardized(data.x_train, data.x_test)
     data.default_positive = (1,)
+    data.source_names = sites
     return data

@@ -21,8 +21,14 @@ the seeded data streams, so nothing a run writes regenerates it.
 Refused with one line (:func:`unsupported_instance_reason`), from what the algorithm declares:
 ``couples_samples`` (pairwise, compositional and conditional losses, class sums sent in
 ``communicate``), no declared ``sample_loss``, a p that is not public (``pos_ratio_mode``
-``batch`` or ``local``), class-aware batches, and models with BatchNorm (batch statistics
-couple samples).
+``batch`` or ``local``), class-aware batches, models with BatchNorm (batch statistics
+couple samples), and a computation the algorithm declares in ``touches_labels`` (outside
+``sample_loss``, reading labels) without a label-free form (Ditto's personal step).
+
+No label reaches a step except through ĝ: the wrapper sets ``label_free`` (CODA+, CODASCA, NPA
+then scale their a, b, α steps by the curvature bounds from the public p, not by the batch's label
+share), and the empty slots of a padded batch are zeros (:func:`masked_dummies`), not copies of a
+record.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ def unsupported_instance_reason(algorithm: Any) -> str | None:
         return f"{name} is not covered by per-sample clipping ({algorithm.couples_samples})"
     if not algorithm.declares_sample_loss():
         return f"{name} declares no per-sample loss (sample_loss) for DP-SGD to clip"
+    for computation, label_free in getattr(algorithm, "touches_labels", {}).items():
+        if label_free is None:
+            return (
+                f"{name}'s {computation} reads the batch's labels outside DP-SGD's clipped, noised "
+                "gradient and has no label-free form"
+            )
     if getattr(algorithm, "positives_per_batch", 0):
         return (
             "class-aware batches (positives_per_batch > 0) put each positive in far more steps than "
@@ -167,6 +179,7 @@ def instance_private(
         gradient_estimator=DPSGD(clip, noise_multiplier),
         poisson_batches=True,
         noise_per_step=sample_coordinates(public),
+        label_free=True,
     )
 
 
@@ -180,13 +193,27 @@ def poisson_batches(algorithm: Algorithm, source: Any, shard_sizes: Sequence[int
 
 def private_batch(sim: Any, positions: np.ndarray, step: int) -> dict[str, torch.Tensor]:
     """The batch of one DP-SGD step of ``sim``'s clients (a ``Simulation``): the records of the
-    padded Poisson ``positions``, ``mask``, ``denominator`` q_k n_k and ``noise`` for ``step``."""
+    padded Poisson ``positions``, ``mask``, ``denominator`` q_k n_k and ``noise`` for ``step``.
+    Every engine builds its DP batches here."""
     positions, mask = unpad(positions)
-    batch = sim.local_data.batch(positions, sim.device)
+    batch = masked_dummies(sim.local_data.batch(positions, sim.device), torch.from_numpy(mask))
     batch["mask"] = torch.from_numpy(mask).to(sim.device)
     batch["denominator"] = torch.from_numpy(sim.sampler.expected).to(sim.device)
     noise = step_noise(sim.sampler.source, step, sim.clients, sim.algorithm.noise_per_step)
     return dict(batch, noise=noise.to(sim.device))
+
+
+def masked_dummies(batch: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``batch`` (leaves ``[K, S, ...]``) with every entry of an empty slot (``mask`` 0) set to
+    zero: padding is a dummy no record's value reaches (gathered at position 0, then overwritten),
+    so nothing a step computes, masked or not, can read the record that filled it."""
+    keep = mask.to(torch.bool)
+
+    def blank(v: torch.Tensor) -> torch.Tensor:
+        rows = keep.to(v.device).reshape(*keep.shape, *[1] * (v.dim() - keep.dim()))
+        return torch.where(rows, v, torch.zeros((), dtype=v.dtype, device=v.device))
+
+    return {k: blank(v) for k, v in batch.items()}
 
 
 def step_noise(source: Any, step: int, clients: Sequence[int], count: int) -> torch.Tensor:
