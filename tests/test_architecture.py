@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec", "fedxrisk.run.identity", "fedxrisk.run.readback")),  # run/__init__ imports nothing
     ("run.privacy", ("fedxrisk.run.privacy",)),
-    ("run.checks", ("fedxrisk.run.configtypes", "fedxrisk.run.rules", "fedxrisk.run.checks")),
+    ("run.checks", ("fedxrisk.run.configtypes", "fedxrisk.run.combos", "fedxrisk.run.rules", "fedxrisk.run.checks")),
     ("run.names", ("fedxrisk.run.names",)),
     ("run.configfile", ("fedxrisk.run.configfile",)),
     ("run.weights", ("fedxrisk.run.weights",)),

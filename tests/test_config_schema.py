@@ -197,7 +197,7 @@ def test_fedxrisk_check_of_a_good_config_prints_ok_and_what_differs(tmp_path):
     path.write_text('[algorithm]\nalgorithm = "CODA+"\nprox = 0.01\n[data]\nimratio = 0.2\n')
     result = CliRunner().invoke(main, ["check", str(path), "--set", "privacy.clip=1.0", "--set", "privacy.noise_multiplier=1.0"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines() == [
+    assert result.stdout.splitlines() == [
         "ok",
         "data.imratio = 0.2",
         'algorithm.algorithm = "codaplus"',
@@ -205,7 +205,7 @@ def test_fedxrisk_check_of_a_good_config_prints_ok_and_what_differs(tmp_path):
         "privacy.clip = 1.0",
         "algorithm.prox = 0.01",
     ]
-    assert CliRunner().invoke(main, ["check"]).output == "ok\n"
+    assert CliRunner().invoke(main, ["check"]).stdout == "ok\n"
 
 
 def test_algorithm_options_are_checked_by_what_the_algorithm_declares():

@@ -127,7 +127,9 @@ def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
 
 
 def test_positives_per_batch_must_leave_room_for_negatives_in_the_run_config():
-    with pytest.raises(ConfigError, match=r"positives_per_batch = 16 .* batch-size = 8"):
+    with pytest.raises(
+        ConfigError, match=r"positives-per-batch must lie in .* = \[1, 7\], got 16 \(fedxl2's default"
+    ):
         FlowerConfig.from_run_config({"algorithm": "fedxl2", "batch-size": 8})
     cfg = FlowerConfig.from_run_config(
         {"algorithm": "fedxl2", "batch-size": 8, "options": '{"positives_per_batch": 3}'}

@@ -98,10 +98,16 @@ def cross_site(
     """The matrix (models × sites + pooled) of AUROC [95% CI]; writes :data:`FILES` into ``out``.
 
     ``site_names``: shown instead of ``site K``, in the sites' order. Models are named by their run folder."""
-    from fedxrisk.outfiles import check_folder, make_folder
+    from fedxrisk.outfiles import check_folder, make_folder, same_file
 
     if len(runs) < 1:
         raise InputError("cross-site needs at least one run")
+    if split not in ("test", "train"):  # a reader's validation split is not a site table
+        raise InputError(f"--split must be 'test' or 'train', got {split!r}")
+    for i, run in enumerate(runs):
+        twice = [str(r) for r in runs[:i] if same_file(Path(r), Path(run))]
+        if twice:  # its row would replace the first one's: a shorter table, no word
+            raise InputError(f"{run} is the run {twice[0]} named again; name each run once")
     folder = Path(out)
     ours = lambda p: (p / "summary.json").exists() or any((p / f).exists() for f in FILES)  # noqa: E731
     check_folder(folder, ours, "fedxrisk run or cross-site output")  # a user's folder is never written into

@@ -24,6 +24,8 @@ from typing import IO, Any
 from fedxrisk.errors import OutputError
 
 DISK_ERRORS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT})
+# creating a file where the system keeps none (``/proc/x.csv``: ENOENT) or through a file (ENOTDIR)
+WRITE_ERRORS = DISK_ERRORS | {errno.ENOENT, errno.ENOTDIR}
 Writer = Callable[[IO[Any]], None]
 
 
@@ -161,7 +163,7 @@ def write_together(files: Mapping[Path, tuple[Writer, str]], intact: str | None 
     except BaseException as e:
         for path in paths:
             _unlink(_tmp(path))
-        if isinstance(e, OSError) and e.errno in DISK_ERRORS:
+        if isinstance(e, OSError) and e.errno in WRITE_ERRORS:
             note = intact or (
                 intact_note(current) if len(paths) == 1 else "no file of this output was replaced"
             )

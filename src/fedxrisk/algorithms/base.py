@@ -138,6 +138,8 @@ class Algorithm:
             one class is ordinary (no ``allow_missing_class`` needed).
         monitor: the validation column model selection and early stopping follow by
             default (``val_auroc``; the pAUC and AP objectives their own metric).
+        restarts_w: (hyperparameter, value) under which ``communicate`` replaces w at a stage's
+            end by another point than the round's mean (a server optimizer then steps from it).
         acts_at_stage_end: ``communicate`` changes the state at a stage's last round
             (CODA+'s restart): a run extended past its last round then differs from one
             planned longer (``fedxrisk run --resume RUN --rounds N`` warns).
@@ -173,6 +175,7 @@ class Algorithm:
     needs_both_classes: ClassVar[bool] = True
     monitor: ClassVar[str] = "val_auroc"
     acts_at_stage_end: ClassVar[bool] = False
+    restarts_w: ClassVar[tuple[str, Any] | None] = None
     couples_samples: ClassVar[str | None] = None
     uses_pos_ratio: ClassVar[bool] = False
     touches_labels: ClassVar[dict[str, str | None]] = {}
@@ -239,17 +242,38 @@ class Algorithm:
         return cls.default_lr
 
     @classmethod
+    def stage_restart(cls, options: Mapping[str, Any]) -> str | None:
+        """With these hyperparameters, how ``communicate`` replaces w at a stage's end (``restarts_w``
+        holds: a restart from another point than the round's mean), or None."""
+        if cls.restarts_w is None:
+            return None
+        key, value = cls.restarts_w
+        try:
+            values = cls._values(options)
+        except ValueError:  # hyperparameters refused by their own check: reported there
+            return None
+        if getattr(values, key) != value:
+            return None
+        return f"it restarts each stage from the stage's average iterate ({key} = {value!r})"
+
+    @classmethod
     def check_values(cls, options: Mapping[str, Any], schedule: Schedule | None = None) -> None:
         """What the class declares about its hyperparameters (:meth:`check_hyperparameters`, then
         :meth:`validate_schedule`), run on ``options`` over the defaults, without a problem."""
+        values = cls._values(options)
+        if schedule is not None:
+            values.validate_schedule(schedule)
+
+    @classmethod
+    def _values(cls, options: Mapping[str, Any]) -> Algorithm:
+        """The hyperparameters ``options`` over the defaults, checked (forms resolved), without a problem."""
         values = object.__new__(cls)  # the fields only: no __init__, no problem
         for f in fields(cls):  # type: ignore[arg-type]
             default = f.default_factory() if f.default_factory is not MISSING else f.default
             default = None if default is MISSING else default  # the problem
             object.__setattr__(values, f.name, options.get(f.name, default))
         values.check_hyperparameters()
-        if schedule is not None:
-            values.validate_schedule(schedule)
+        return values
 
     @classmethod
     def hyperparameters(cls) -> dict[str, Any]:

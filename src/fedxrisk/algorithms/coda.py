@@ -85,7 +85,7 @@ class CODAPlus(Algorithm):
     communicates = ("w", "a", "b", "alpha")
     uses_pos_ratio = True  # the AUC losses weigh the classes by p
     touches_labels = {"aux_scales": "curvature_bounds(p): the curvatures' bounds over any batch"}
-    acts_at_stage_end = True  # the stage restart (and CoDA's stage batch, NPA's as well)
+    acts_at_stage_end, restarts_w = True, ("restart", "average")  # the stage restart (CoDA, NPA too)
     default_lr = (
         3.0  # sigmoid scores make the square loss gradients small (factor p(1 − p)); see docs/benchmarks.md
     )

@@ -24,9 +24,11 @@ def check(config_file: str | None, overrides: tuple[str, ...]) -> None:
     Prints every error, one line each, and exits with status 2; else prints "ok" and the
     settings that differ from the defaults, and exits 0. The algorithm's own checks of its
     hyperparameters and step sizes run too (they load torch); a file dataset's data_dir is
-    checked on this machine.
+    checked on this machine. What needs the data itself (its input shape, label count, shard
+    sizes) is checked when a run loads it; the "ok" output names those checks.
     """
     from fedxrisk.run.checks import check_data_dir
+    from fedxrisk.run.combos import NEEDS_DATA
     from fedxrisk.run.configfile import apply_override, changed_settings, read_config_file, read_sections
     from fedxrisk.textsafe import printable
 
@@ -51,3 +53,7 @@ def check(config_file: str | None, overrides: tuple[str, ...]) -> None:
     click.echo("ok")
     for line in changed_settings(cfg):
         click.echo(printable(line))
+    click.echo(
+        f"note: not checked here (needs the data; `fedxrisk run` checks it on loading): {'; '.join(NEEDS_DATA)}",
+        err=True,
+    )

@@ -113,7 +113,7 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     "--dataset", default=None, help="evaluate on this dataset's split (default: the first run's test set)"
 )
 @click.option("--data-dir", default=None, help="folder read by --dataset")
-@click.option("--split", default="test", show_default=True, help="--dataset: test | train")
+@click.option("--split", default="test", show_default=True, help="--dataset: test | train (no validation)")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="output folder")
 @click.option("--overwrite", is_flag=True, help="replace cross-site files already in --out")
 @click.option("--device", default="cpu", show_default=True)

@@ -22,23 +22,32 @@ paper's rule). The optimizer's state (x, m, v, t) lives in every client's state 
 distributed engines and a Flower site replaying ``communicate`` run it unchanged, checkpoints
 hold it, and under client-level DP it acts on the privatized mean (the engine hands the
 algorithm the private collective, which this one wraps). x is the client's w after the previous
-round's ``communicate``, so a CODA+ stage restart or CODASCA's η_g step is the next round's x.
+round's ``communicate``, so CODASCA's η_g step is the next round's x. At the end of a stage of an
+algorithm that restarts w there (``Algorithm.stage_restart``: the CODA family's restart from the
+stage's average iterate), the step acts on the restart point instead of the round's mean (which the
+restart discards): x ← step(x, restart point), so the server step survives every stage end.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from fedxrisk.engines.server_rules import DEFAULT_LR, OPTIMIZERS, value_error, wrap_reason
 from fedxrisk.tree import Tree, tmap
 
 KEY = "server_opt"
-OPTIMIZERS = ("sgd", "adam", "yogi", "adagrad")
-DEFAULT_LR = {"sgd": 1.0, "adam": 0.01, "yogi": 0.01, "adagrad": 0.01}  # untuned starting points
+__all__ = [
+    "DEFAULT_LR",
+    "KEY",
+    "OPTIMIZERS",
+    "ServerOptimizer",
+    "server_optimizer_reason",
+    "with_server_optimizer",
+]
 
 
 @dataclass(frozen=True)
@@ -53,17 +62,10 @@ class ServerOptimizer:
     bias_correction: bool = True
 
     def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(
-                f"server.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"
-            )
-        if self.lr is not None and not 0 < self.lr < math.inf:
-            raise ValueError(f"server.lr must be a finite number > 0, got {self.lr}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"server.{name} must lie in [0, 1), got {getattr(self, name)}")
-        if not 0 < self.tau < math.inf:
-            raise ValueError(f"server.tau must be a finite number > 0, got {self.tau}")
+        for key in ("optimizer", "lr", "beta1", "beta2", "tau"):  # the run's checks call the same rule
+            reason = value_error(key, getattr(self, key))
+            if reason is not None:
+                raise ValueError(reason)
 
     @property
     def step_size(self) -> float:
@@ -127,9 +129,7 @@ class ServerStepCollective:
 
 def server_optimizer_reason(algorithm: Any) -> str | None:
     """Why a server optimizer cannot wrap ``algorithm`` (its round does not average w), or None."""
-    if "w" not in getattr(algorithm, "communicates", ()):
-        return f"{getattr(algorithm, 'name', algorithm)} does not average the model w in its round"
-    return None
+    return wrap_reason(getattr(algorithm, "name", algorithm), getattr(algorithm, "communicates", ()))
 
 
 def with_server_optimizer(algorithm: Any, optimizer: ServerOptimizer) -> Any:
@@ -144,8 +144,14 @@ def with_server_optimizer(algorithm: Any, optimizer: ServerOptimizer) -> Any:
         state = init(client)
         return {**state, KEY: optimizer.init_state(state["w"])}
 
+    restarts = type(algorithm).stage_restart(vars(algorithm)) is not None
+
     def communicate_with_server(state: dict[str, Any], comm: Any, ctx: Any) -> dict[str, Any]:
         inner = {k: v for k, v in state.items() if k != KEY}
+        if restarts and ctx.stage_end:  # the step acts on the restart point, not the discarded mean
+            out = communicate(inner, comm, ctx)
+            x, new = optimizer.step(dict(state[KEY]), out["w"])
+            return {**out, "w": x, KEY: dict(new, x=tmap(torch.clone, x))}
         server = ServerStepCollective(comm, optimizer, dict(state[KEY]))
         out = communicate(inner, server, ctx)
         new = {k: v for k, v in server.state.items() if k != "done"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,19 +64,23 @@ def write_app(
     overrides: dict[str, Any] | None = None,
     overwrite: bool = False,
     module: str = APP_MODULE,
+    check: Callable[[FlowerConfig], None] | None = None,
 ) -> Path:
     """Write ``pyproject.toml`` and ``fedxrisk_app.py``: the folder ``flwr run`` builds a FAB from.
 
     An existing file of either name is replaced only with ``overwrite`` (a symbolic link never);
-    the settings are checked first, SecAgg+'s algorithm refusal included, so nothing is written
-    for a config the server would refuse."""
+    the settings are checked first (the run's checks, Flower's, SecAgg+'s algorithm refusal and
+    ``check``, the app's own), so nothing is written for a config the server would refuse."""
     from fedxrisk.flower.secure import check_secure_algorithm
     from fedxrisk.outfiles import make_folder, refuse_symlink, text_writer, write_together
 
     run_config = default_run_config() | {k: flat_value(v) for k, v in (overrides or {}).items()}
     cfg = FlowerConfig.from_run_config(run_config)  # fail here, not on the SuperLink
     check_secure_algorithm(cfg)
+    if check is not None:  # the app's own refusals (an evaluation app's models), before any file
+        check(cfg)
     root = Path(folder)
+    refuse_symlink(root)  # a linked folder is written into by no one
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root} is a file, not a folder")
     for name in APP_FILES:
@@ -165,23 +169,14 @@ def evaluate_cmd(
 ) -> None:  # fmt: skip
     """Write an app folder whose ServerApp evaluates MODEL at every site's test.npz (two secure sums)."""
     from fedxrisk.flower.evaluate import evaluation_app_module
+    from fedxrisk.flower.evaluate_app import check_evaluation
 
-    if dp_epsilon is not None:  # checked here, not when the ServerApp starts
-        if not (0 < dp_epsilon < math.inf and 0 < dp_delta < 1):
-            raise Refused(
-                f"--dp-epsilon must be a finite number > 0 and --dp-delta in (0, 1), got {dp_epsilon}, {dp_delta}"
-            )
-        if against or site_auroc:
-            raise Refused(
-                "a private evaluation releases one model's pooled histogram: no --against, no --site-auroc"
-            )
-    module = evaluation_app_module(
-        [model, *([against] if against else [])],
-        site_auroc,
-        None if dp_epsilon is None else (dp_epsilon, dp_delta),
-    )
-    try:
-        root = write_app(folder, _parse_set(settings), module=module)
+    models = [model, *([against] if against else [])]
+    dp = None if dp_epsilon is None else (dp_epsilon, dp_delta)
+    try:  # the ServerApp's own check (models, --against, DP), run here: nothing is written on refusal
+        module = evaluation_app_module(models, site_auroc, dp)
+        check = lambda cfg: check_evaluation(models, cfg, site_auroc, dp)  # noqa: E731
+        root = write_app(folder, _parse_set(settings), module=module, check=check)
     except ValueError as e:  # ConfigError and OutputError: one line, exit 2
         raise Refused(str(e)) from None
     click.echo(

@@ -222,6 +222,7 @@ class FlowerConfig:
 
     def validate(self) -> None:
         """The run layer's checks, then what a Flower deployment adds (errors name run-config keys)."""
+        from fedxrisk.flower.personal import check_flower_personal
         from fedxrisk.flower.private import check_flower_privacy
         from fedxrisk.flower.secure import check_secure_config
 
@@ -239,15 +240,9 @@ class FlowerConfig:
         ):
             if not 0 < value < float("inf"):  # NaN too: a wait that never ends, or none at all
                 raise ConfigError(f"{key} must be a finite number of seconds > 0, got {value}")
-        positives = run.positives_per_batch or run.options.get(
-            "positives_per_batch", self.algorithm_class.positives_per_batch
-        )
-        if isinstance(positives, int) and positives >= run.batch_size:
-            raise ConfigError(
-                f"{run.algorithm} draws positives_per_batch = {positives} positives per batch, which "
-                f"leaves no negatives in batch-size = {run.batch_size}; raise batch-size or set "
-                f'options = {{"positives_per_batch": ...}} below it'
-            )
+        check_flower_personal(
+            run
+        )  # data.positives_per_batch vs batch-size: the run layer's rule (run/combos.py)
         check_flower_privacy(self)
         check_secure_config(self)
 

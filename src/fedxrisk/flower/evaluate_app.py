@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
+from fedxrisk.errors import ConfigError
 from fedxrisk.flower.app import _flower_error, from_records, to_records
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.evaluate import OP, Send, federated_evaluation, private_evaluation
@@ -27,6 +29,7 @@ from fedxrisk.flower.secagg import secure_exchange
 from fedxrisk.flower.wire import Packet
 from fedxrisk.outfiles import make_folder, replace_atomic
 from fedxrisk.run.folder import json_safe
+from fedxrisk.run.identity import MODEL, check_model_identity
 from fedxrisk.run.weights import read_state
 
 RESULT = "federated_evaluation.json"
@@ -73,18 +76,63 @@ def load_models(paths: Sequence[str]) -> list[dict[str, torch.Tensor]]:
     return [read_state(p)[0] for p in paths]
 
 
+def check_evaluation(
+    models: Sequence[str], cfg: FlowerConfig, site_auroc: bool = False, dp: tuple[float, float] | None = None
+) -> None:
+    """What the evaluation refuses, one line each: checked by the app writer (``python -m fedxrisk.flower
+    evaluate``, before any file) and by the ServerApp. ``models``: ``--model`` then ``--against``."""
+    if dp is not None:
+        epsilon, delta = dp
+        if not (0 < epsilon < math.inf and 0 < delta < 1):
+            raise ConfigError(
+                f"--dp-epsilon must be a finite number > 0 and --dp-delta in (0, 1), got {epsilon}, {delta}"
+            )
+        if len(models) != 1 or site_auroc:
+            raise ConfigError(
+                "a private evaluation releases one model's pooled histogram: no --against, no --site-auroc"
+            )
+        if not cfg.deploy.secure_aggregation:
+            raise ConfigError(
+                "--dp-epsilon needs secure-aggregation = true (each site adds only a share of the noise): "
+                "pass --set secure-aggregation=true"
+            )
+    shapes = []
+    for option, path in zip(("--model", "--against"), models):
+        shapes.append(_checked_model(option, Path(path)))
+    if len(shapes) == 2 and None not in shapes and shapes[0] != shapes[1]:
+        raise ConfigError(
+            f"--against {models[1]} takes inputs {shapes[1]} but --model {models[0]} takes {shapes[0]}: "
+            "the paired test compares two models on the same inputs"
+        )
+
+
+def _checked_model(option: str, path: Path) -> list[int] | None:
+    """``path`` is a readable model (a run's own model.pt: its sha256 as summary.json recorded);
+    the input shape it records, or None."""
+    if not path.exists():
+        raise ConfigError(f"{option} {path} does not exist")
+    folder = path if path.is_dir() else path.parent if path.name == MODEL else None
+    try:
+        if folder is not None:
+            check_model_identity(folder)
+        read_state(path)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("model.init_from", option, 1)) from None
+    file = path / MODEL if path.is_dir() else path
+    blob = torch.load(file, map_location="cpu", weights_only=True)
+    shape = blob.get("input_shape") if isinstance(blob, dict) else None
+    return list(shape) if isinstance(shape, (list, tuple)) else None
+
+
 def run_on_grid(
     grid: Grid, cfg: FlowerConfig, models: Sequence[str], site_auroc: bool = False,
     dp: tuple[float, float] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The evaluation over the connected sites; writes ``out-dir/federated_evaluation.json``.
     ``dp`` = (ε, δ): one model, one DP release (:func:`~fedxrisk.flower.evaluate.private_evaluation`)."""
+    check_evaluation(models, cfg, site_auroc, dp)
     nodes = wait_for_nodes(grid, cfg)
     if dp is not None:
-        if len(models) != 1 or site_auroc:
-            raise ValueError(
-                "a private evaluation releases one model's pooled histogram: no --against, no --site-auroc"
-            )
         result = private_evaluation(grid_send(grid), nodes, cfg, load_models(models)[0], *dp)
     else:
         result = federated_evaluation(grid_send(grid), nodes, cfg, load_models(models), site_auroc)

@@ -62,6 +62,16 @@ def from_wire(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return out
 
 
+def check_flower_personal(run: Any) -> None:
+    """Personal entries with selection = 'best' / early stopping: refused by the app writers and the server."""
+    if run.personal != "none" and (run.selection == "best" or run.early_stopping):
+        raise ConfigError(
+            f"personal = {run.personal!r} with selection = 'best' / early-stopping on Flower: they would "
+            "choose on the server's global model, whose personal entries are untrained (the server never "
+            "receives them); use selection = 'last' and read the sites' numbers"
+        )
+
+
 class FlowerPersonal:
     """The server's view of a personalized run over ``num_sites`` sites (an empty view otherwise)."""
 
@@ -74,13 +84,7 @@ class FlowerPersonal:
             self.problem = dataclasses.replace(problem, personal=cfg.run.personal)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        run = cfg.run
-        if run.personal != "none" and (run.selection == "best" or run.early_stopping):
-            raise ConfigError(
-                f"personal = {run.personal!r} with selection = 'best' / early-stopping on Flower: they would "
-                "choose on the server's global model, whose personal entries are untrained (the server never "
-                "receives them); use selection = 'last' and read the sites' numbers"
-            )
+        check_flower_personal(cfg.run)
         self.last: list[Packet] = []  # the last evaluation's replies
         self.final: list[Packet] = []  # the last round's replies (numbers after fine-tuning)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedxrisk import catalog
+from fedxrisk.engines.server_rules import KEYS as SERVER_TABLE
 from fedxrisk.errors import ConfigError
 from fedxrisk.run import checks
 from fedxrisk.run.configtypes import MISMATCH, NONE, check_value, coerce, hyperparameter_types, unknown_key
@@ -55,14 +56,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
 PRIVACY, SERVER = "privacy", "server"
 NESTED = (PRETRAIN, PRIVACY, SERVER)  # sections kept as one dict field of RunConfig
-SERVER_KEYS = {
-    "optimizer": str,
-    "lr": float,
-    "beta1": float,
-    "beta2": float,
-    "tau": float,
-    "bias_correction": bool,
-}
+SERVER_KEYS = SERVER_TABLE  # engines/server_rules.py: the [server] keys and their types
 
 
 def _fields() -> dict[str, Any]:
@@ -108,10 +102,12 @@ def read_sections(doc: Mapping[str, Any], thorough: bool = False) -> tuple[RunCo
             return MISMATCH
 
     for section, table in doc.items():
-        if section in NESTED and table is not None:
-            parse = {PRETRAIN: pretrain_from_table, PRIVACY: privacy_from_table, SERVER: server_from_table}[
-                section
-            ]
+        if section == SERVER and table is not None:  # every unknown key and wrong type at once
+            value = collect(lambda t=table: _server_table(t, errors))
+            if value is not MISMATCH:
+                values[section] = value
+        elif section in NESTED and table is not None:
+            parse = {PRETRAIN: pretrain_from_table, PRIVACY: privacy_from_table}[section]
             value = collect(lambda p=parse, t=table: p(t))
             if value is not MISMATCH:
                 values[section] = value
@@ -176,14 +172,27 @@ def _unknown_section(section: str, fields: Mapping[str, Any]) -> None:
 
 
 def server_from_table(table: Any) -> dict[str, Any]:
-    """Type-check a ``[server]`` table (engines/server_opt.py checks the values when the run is built)."""
+    """Type-check a ``[server]`` table (its values: run/combos.py); the first error raised."""
+    errors: list[ConfigError] = []
+    out = _server_table(table, errors)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _server_table(table: Any, errors: list[ConfigError]) -> dict[str, Any]:
+    """The ``[server]`` keys that are known and well typed; every other key's error appended."""
     if not isinstance(table, Mapping):
         raise ConfigError(f"[server] must be a table of keys, got {table!r}")
     out: dict[str, Any] = {}
     for key, value in table.items():
         if key not in SERVER_KEYS:
-            raise unknown_key(f"server.{key}", list(SERVER_KEYS), "[server]")
-        out[key] = check_value(f"server.{key}", value, SERVER_KEYS[key])
+            errors.append(unknown_key(f"server.{key}", list(SERVER_KEYS), "[server]"))
+            continue
+        try:
+            out[key] = check_value(f"server.{key}", value, SERVER_KEYS[key])
+        except ConfigError as e:
+            errors.append(e)
     return out
 
 

@@ -143,6 +143,24 @@ def resume_experiment(
     return train(setup, folder, default_callbacks(callback, callbacks), ckpt)
 
 
+def _summary_to_extend(out: Path) -> dict[str, Any]:
+    """summary.json of a run to extend ({} when there is none), or one line saying it is damaged."""
+    path = out / "summary.json"
+    if not path.exists():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        summary = e
+    if not isinstance(summary, dict):
+        reason = type(summary).__name__ if isinstance(summary, Exception) else "not a JSON object"
+        raise ConfigError(
+            f"{path} is unreadable ({reason}): whether the run finished is unknown, so --rounds cannot extend "
+            "it; restore summary.json, or start a run with the rounds wanted"
+        )
+    return summary
+
+
 def _status(out: Path) -> str | None:
     """summary.json's status; a damaged summary is no status, unless model.pt says the run may have
     finished (a restart would then replace a finished model): one line."""
@@ -209,7 +227,7 @@ def extend_experiment(
     from fedxrisk.run.folder import FINAL_STATE
 
     out = Path(run_dir)
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    summary = _summary_to_extend(out)
     if summary.get("status") != "completed" or (out / CHECKPOINT).exists():
         raise ConfigError(f"{out} has not finished; continue it first with: fedxrisk run --resume {out}")
     if not (out / FINAL_STATE).exists():

@@ -13,6 +13,7 @@ from typing import Any
 from fedxrisk.catalog import table
 from fedxrisk.engines.launch import check_launch
 from fedxrisk.errors import ConfigError
+from fedxrisk.run import combos
 from fedxrisk.run.privacy import check_privacy
 from fedxrisk.run.spec import RunConfig
 
@@ -214,6 +215,7 @@ CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     _lr, _checkpoint_every, _stream, _reading, _images, _validation, _selection, _dirichlet_alpha,
     *(_finite(name) for name in FINITE),
     _seed, _test_imratio, _positive_classes, _clients_per_rank, _num_samples, _launch, _personal,
+    *combos.CHECKS,  # settings that meet each other (run/combos.py)
 )  # fmt: skip
 
 
@@ -243,7 +245,12 @@ def _options(cfg: RunConfig) -> None:
 
 def _schedule(cfg: RunConfig) -> None:
     """The step-size schedule builds (numbers that failed their own checks are not read again)."""
-    if cfg.rounds < 1 or cfg.stages < 1 or (cfg.lr is not None and cfg.lr <= 0):
+    if (
+        cfg.rounds < 1
+        or cfg.stages < 1
+        or (cfg.lr is not None and cfg.lr <= 0)
+        or cfg.resolved_local_steps() < 1
+    ):
         return
     try:
         schedule(cfg)
@@ -270,4 +277,4 @@ def tune_under_privacy(cfg: RunConfig) -> None:
         )
 
 
-ALGORITHM_CHECKS = (_window, _options, check_privacy, _schedule)
+ALGORITHM_CHECKS = (_window, _options, check_privacy, _schedule, *combos.ALGORITHM_CHECKS)
