@@ -213,3 +213,32 @@ def test_distributed_secret_noise_is_one_source_on_every_rank(dist_results):
                    privacy=ClientDP(0.5, 0.8, noise_seed=base.seed))
     )  # fmt: skip
     assert max_abs_diff(seeded.states["w"], w) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "privacy, words",
+    [
+        (("target_epsilon=1e12",), "privacy.target_epsilon = 1e+12 lies outside [0.05, 100]"),
+        (("target_epsilon=1e-9",), "privacy.target_epsilon = 1e-09 lies outside [0.05, 100]"),
+        (("noise_multiplier=1", "validation_noise_multiplier=1e-9"), "validation_noise_multiplier = 1e-09 is below 0.01"),
+        (("noise_multiplier=1e-9",), "privacy.noise_multiplier = 1e-09 is below 0.01"),
+    ],
+)  # fmt: skip
+def test_accountant_extremes_are_refused_at_check_time_in_one_line_and_nothing_is_written(
+    privacy, words, tmp_path
+):
+    """Issue 40 item 6: these used to crash dp-accounting mid-run (a 2.58 PiB array; "Maximum
+    allowed size exceeded") with --out left holding config.toml, or print a nonsense message."""
+    sets = [
+        *SMALL,
+        "experiment.selection='best'",
+        "data.validation=0.2",
+        "privacy.clip=1",
+        *(f"privacy.{p}" for p in privacy),
+    ]
+    cmd = [sys.executable, "-m", "fedxrisk", "run", "--out", str(tmp_path / "out"),
+           *(x for s in sets for x in ("--set", s))]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert words in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not (tmp_path / "out").exists()  # nothing written
