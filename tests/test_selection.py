@@ -11,7 +11,7 @@ import torch
 
 from fedxrisk.data import make_federated
 from fedxrisk.data.types import BinaryData
-from fedxrisk.data.validation import carve_validation, split_official, with_validation
+from fedxrisk.data.validation import carve_validation, record_uniforms, split_official, with_validation
 from fedxrisk.engines.validation import exact_validation, federated_validation, validation_scores
 from fedxrisk.errors import ConfigError
 from fedxrisk.metrics import auroc, predict
@@ -336,3 +336,13 @@ def test_distributed_engine_validates_from_histograms_and_stops_with_the_loop_en
         None if stop is None else dist.history[stop]["round"]
     )
     assert dist.summary["selected"]["round"] == dist.history[int(np.nanargmax(vals))]["round"]
+
+
+def test_a_client_left_without_training_records_is_refused_in_one_line():
+    """The per-record carve has no quota, so a tiny shard can be held out whole: refused."""
+    fed = make_federated(_ids(), 4, "iid", None, seed=0)
+    u = {int(i): v for i, v in zip(fed.shards[0], record_uniforms(fed, fed.shards[0], 5))}
+    tiny = [i for i in fed.shards[0] if u[int(i)] < 0.2][:2]  # records this carve holds out
+    with pytest.raises(ConfigError, match=r"holds out all 2 records of client 1") as e:
+        carve_validation(type(fed)(fed.data, [fed.shards[1], np.array(tiny)]), 0.2, 5)
+    assert "\n" not in str(e.value)

@@ -12,6 +12,7 @@ import torch
 
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.lazy import is_lazy
+from fedxrisk.errors import ConfigError
 
 
 def hold_out(data: FederatedData, seed: int, fraction: float = 0.2) -> FederatedData:
@@ -97,7 +98,8 @@ def carve_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     neighbouring datasets stay neighbours, as instance-level DP needs (docs/privacy.md). There is
     deliberately no per-class quota nor "at least one positive" guard: either would couple the
     records. A client may thus hold no validation positive (or no validation at all); selection
-    pools every client's validation, and a pool with one class reads NaN.
+    pools every client's validation, and a pool with one class reads NaN. A client left with no
+    training record is refused (one line).
 
     The result trains on the rest: the held samples leave ``x_train`` (shards re-indexed) and form
     ``x_val``/``y_val``; ``val_shards[k]`` are client k's positions in ``x_val``. The test set is
@@ -106,9 +108,14 @@ def carve_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"data.validation must lie in (0, 1) (or be {OFFICIAL!r}/{AUTO!r}), got {fraction}")
     kept, held = [], []
-    for shard in data.shards:
+    for k, shard in enumerate(data.shards):
         shard = np.asarray(shard)
         chosen = record_uniforms(data, shard, seed) < fraction
+        if len(shard) and chosen.all():
+            raise ConfigError(
+                f"data.validation = {fraction:g} holds out all {len(shard)} records of client {k}, leaving it "
+                "nothing to train on; lower data.validation or give the client more data"
+            )
         held.append(np.sort(shard[chosen]))
         kept.append(np.sort(shard[~chosen]))
     return _move_to_validation(data, kept, held)
