@@ -37,8 +37,10 @@ VAL = {"validation": 0.25, "stages": 1, "eval-every": 1}
 
 
 def _history(out) -> list[dict[str, float]]:
+    """history.csv's numbers (the test mode's text column ``privacy``, "NOT PRIVATE …", left out)."""
     with open(out / "history.csv", newline="") as f:
-        return [{k: float(v) if v else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+        rows = list(csv.DictReader(f))
+    return [{k: float(v) if v else math.nan for k, v in row.items() if k != "privacy"} for row in rows]
 
 
 def _reference(rc: dict) -> tuple[Simulation, Problem]:
