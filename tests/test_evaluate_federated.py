@@ -107,7 +107,17 @@ def test_dp_release_is_reported_or_refused_in_one_line(runs, tmp_path):
     pytest.importorskip("dp_accounting")
     small = fedxrisk.evaluate(runs / "codasca", bootstrap=0, dp_epsilon=1.0, out=tmp_path / "a")
     refused = small["federated"]["labels"]["score"]["private"]["refused"]
-    assert "more patients" in refused or "swamps" in refused
+    # the noise is secret, so which of the refusals is drawn varies: each is one line, with no count
+    assert (
+        any(why in refused for why in ("more patients", "swamps", "no usable class")) and "\n" not in refused
+    )
+    n = small["overall"]["score"]["positives"] + small["overall"]["score"]["negatives"]
+    import re
+
+    from fedxrisk.stats.dp_eval import DP_BINS
+
+    numbers = re.findall(r"\d+(?:\.\d+)?", refused.replace(f"{DP_BINS} bins", ""))
+    assert not [v for v in map(float, numbers) if n / 2 <= v <= 2 * n], refused
     assert "Differentially private release (ε = 1" in (tmp_path / "a" / "evaluation.md").read_text()
     loose = fedxrisk.evaluate(runs / "codasca", bootstrap=0, dp_epsilon=1e4, out=tmp_path / "b")
     private, exact = loose["federated"]["labels"]["score"]["private"], loose["overall"]["score"]["auroc"]
@@ -121,3 +131,42 @@ def test_dp_release_is_reported_or_refused_in_one_line(runs, tmp_path):
         main, ["evaluate", str(runs / "codasca"), "--dp-epsilon", "-1", "--out", str(tmp_path / "c")]
     )
     assert bad.exit_code == 2 and "--dp-epsilon must be a finite number > 0" in bad.output
+
+
+def _numbers(tree) -> list[float]:
+    """Every number in a JSON tree (the attacker's candidate seeds)."""
+    if isinstance(tree, dict):
+        return [v for x in tree.values() for v in _numbers(x)]
+    if isinstance(tree, list):
+        return [v for x in tree for v in _numbers(x)]
+    return [float(tree)] if isinstance(tree, (int, float)) and not isinstance(tree, bool) else []
+
+
+def test_dp_release_noise_is_secret_two_runs_differ_and_no_seed_in_the_file_regenerates_it(runs, tmp_path):
+    """Issue 40 item 3, as an attacker: the noise of ``evaluate --dp-epsilon`` regenerated from any
+    integer evaluation.json holds (the old way: ``default_rng([seed, 32])``; or a reproducible
+    NoiseSource) and subtracted from the released class counts never gives the true counts; two
+    evaluations of one model release different numbers."""
+    import json
+
+    from fedxrisk.engines.privacy.noise import NoiseSource
+    from fedxrisk.stats.dp_eval import DP_BINS
+
+    pytest.importorskip("dp_accounting")
+    first = fedxrisk.evaluate(runs / "codasca", bootstrap=0, dp_epsilon=1e4, out=tmp_path / "a")
+    second = fedxrisk.evaluate(runs / "codasca", bootstrap=0, dp_epsilon=1e4, out=tmp_path / "b")
+    a, b = (r["federated"]["labels"]["score"]["private"] for r in (first, second))
+    assert a["auroc"] != b["auroc"] and a["positives"] != b["positives"]
+    pos, neg = first["overall"]["score"]["positives"], first["overall"]["score"]["negatives"]
+    written = json.loads((tmp_path / "a" / "evaluation.json").read_text())
+    seeds = {int(v) for v in _numbers(written) if v == int(v) and 0 <= v < 2**32}
+    assert 0 in seeds  # the bootstrap seed is in the file
+    cells = (2, DP_BINS + 1)
+    for seed in seeds:
+        for draws in (
+            np.random.default_rng([seed, 32]).standard_normal(cells[0] * cells[1]),
+            NoiseSource.reproducible(seed).standard_normal(cells[0] * cells[1]),
+        ):
+            noise = a["sigma"] * draws.reshape(cells)[:, :-1].sum(1)
+            guess = (a["negatives"] - noise[0], a["positives"] - noise[1])
+            assert not (abs(guess[0] - neg) < 1e-6 and abs(guess[1] - pos) < 1e-6), seed

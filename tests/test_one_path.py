@@ -121,7 +121,9 @@ def test_one_config_gives_one_model_history_and_epsilon(runs, other):
         a, b = torch.load(ref / name), torch.load(out / name)
         assert max_abs_diff(a["params"], b["params"]) < 1e-5, name
     assert _header(out) == _header(ref)
-    assert _header(ref)[-2:] == ["epsilon", "epsilon_replace_one"]
+    assert _header(ref)[-3:] == ["epsilon", "epsilon_replace_one", "privacy"]  # test mode: NOT PRIVATE
+    with open(out / "history.csv", newline="") as f:
+        assert all(row["privacy"].startswith("NOT PRIVATE") for row in csv.DictReader(f))
     for key in ("epsilon", "epsilon_replace_one"):
         assert _column(out, key) == pytest.approx(_column(ref, key), rel=1e-9), key
     keys = ("test_auroc", "test_pauc30_norm", "bytes_up_per_client") + (

@@ -213,3 +213,63 @@ def test_distributed_secret_noise_is_one_source_on_every_rank(dist_results):
                    privacy=ClientDP(0.5, 0.8, noise_seed=base.seed))
     )  # fmt: skip
     assert max_abs_diff(seeded.states["w"], w) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "privacy, words",
+    [
+        (("target_epsilon=1e12",), "privacy.target_epsilon = 1e+12 lies outside [0.05, 100]"),
+        (("target_epsilon=1e-9",), "privacy.target_epsilon = 1e-09 lies outside [0.05, 100]"),
+        (("noise_multiplier=1", "validation_noise_multiplier=1e-9"), "validation_noise_multiplier = 1e-09 is below 0.01"),
+        (("noise_multiplier=1e-9",), "privacy.noise_multiplier = 1e-09 is below 0.01"),
+    ],
+)  # fmt: skip
+def test_accountant_extremes_are_refused_at_check_time_in_one_line_and_nothing_is_written(
+    privacy, words, tmp_path
+):
+    """Issue 40 item 6: these used to crash dp-accounting mid-run (a 2.58 PiB array; "Maximum
+    allowed size exceeded") with --out left holding config.toml, or print a nonsense message."""
+    sets = [
+        *SMALL,
+        "experiment.selection='best'",
+        "data.validation=0.2",
+        "privacy.clip=1",
+        *(f"privacy.{p}" for p in privacy),
+    ]
+    cmd = [sys.executable, "-m", "fedxrisk", "run", "--out", str(tmp_path / "out"),
+           *(x for s in sets for x in ("--set", s))]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert words in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_test_mode_files_are_marked_not_private_inside_model_pt_and_history(tmp_path):
+    """Issue 40 item 5: model.pt and history.csv travel without summary.json; a reproducible-noise
+    run's copies say NOT PRIVATE themselves, a secret-noise run's carry no such mark."""
+    for name, extra in (("test", ("reproducible_noise=3",)), ("secret", ())):
+        run_experiment(cfg_with("clip=0.5", "noise_multiplier=1.0", *extra), tmp_path / name)
+    for name, marked in (("test", True), ("secret", False)):
+        blob = torch.load(tmp_path / name / "model.pt", weights_only=True)
+        with open(tmp_path / name / "history.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == 2
+        if marked:
+            assert blob["privacy"].startswith("NOT PRIVATE")
+            assert all(r["privacy"].startswith("NOT PRIVATE") for r in rows)
+        else:
+            assert "privacy" not in blob and all("privacy" not in r for r in rows)
+
+
+def test_compare_under_privacy_is_refused_like_tune_in_one_line_and_writes_nothing(tmp_path):
+    """Issue 40 item 5: compare ran several private trainings with no combined ε; it is refused by
+    tune's rule (exit 2, one line naming the way out), before any run folder is made."""
+    sets = [*SMALL, "privacy.clip=1", "privacy.noise_multiplier=1"]
+    cmd = [sys.executable, "-m", "fedxrisk", "compare", "-a", "codasca,localsgdm", "--out", str(tmp_path / "cmp"),
+           "-q", *(x for s in sets for x in ("--set", s))]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "fedxrisk compare runs several trainings" in proc.stderr
+    assert "compare without [privacy] on public or synthetic data" in proc.stderr
+    assert not (tmp_path / "cmp").exists()

@@ -276,3 +276,22 @@ def test_instance_level_engines_release_the_same_validation(tmp_path):
         rows[engine] = [(r["val_auroc"], r["epsilon"]) for r in _history(tmp_path / engine)]
         assert result.summary["privacy"]["validation"]["level"] == "instance"
     assert rows["loop"] == rows["vmap"]
+
+
+def test_instance_level_refusal_reads_no_private_count():
+    """Issue 40 item 6: at instance level the validation class counts are private records; the old
+    rule refused 7 positives and ran 8, printing both counts. Now every count gets the same answer,
+    and summary.json states the public number of records per class that keeps ρ ≥ ½."""
+    from fedxrisk.engines.privacy.validation import noise_refusal, records_needed
+
+    dp = ValidationDP(DEFAULTS["validation_noise_multiplier"], "instance", DEFAULTS["validation_bins"])
+    answers = set()
+    for positives in (0, 1, 7, 8, 10_000):
+        y = np.r_[np.ones(positives), np.zeros(50)]
+        answers.add(noise_refusal(dp, y, [np.arange(len(y))]))
+    assert answers == {None}
+    needed = dp.summary(3)["records_needed_per_class"]
+    assert needed == records_needed(dp) and dp.signal((needed, needed)) == pytest.approx(0.5, rel=1e-12)
+    client = ValidationDP(DEFAULTS["validation_noise_multiplier"], "client", DEFAULTS["validation_bins"])
+    y = np.r_[np.ones(8), np.zeros(50)]  # the control: client level still refuses a noise release
+    assert "would be noise" in noise_refusal(client, y, [np.arange(len(y))])  # type: ignore[operator]

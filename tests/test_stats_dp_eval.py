@@ -1,6 +1,6 @@
 """Differentially private federated AUROC (fedxrisk.stats.dp_eval): σ from the accountant, the
 noise is what it says, the estimate is unbiased, the interval covers, and a too-noisy release is
-refused naming the network size it needs."""
+refused naming by what factor the network must grow (no count of patients)."""
 
 from __future__ import annotations
 
@@ -66,5 +66,13 @@ def test_the_private_interval_covers_the_exact_auroc():
 def test_a_small_network_is_refused_naming_the_size_it_needs():
     _, _, total = _pooled(3000)
     sigma = noise_sigma(1.0, 1e-5)
-    with pytest.raises(DPTooNoisy, match=r"more patients \(≈ \d+ instead of \d+\)"):
+    with pytest.raises(DPTooNoisy, match=r"about [\d.]+× more patients, a larger ε") as refused:
         dp_auroc(privatize(total, sigma, np.random.default_rng(3)), sigma, 1.0, 1e-5, draws=50)
+    assert not _counts_in(str(refused.value), 3000)  # the message names no count of patients (issue 40)
+
+
+def _counts_in(message: str, n: int) -> list[float]:
+    """The numbers in ``message`` an attacker could read as the count ``n`` (within a factor 2)."""
+    import re
+
+    return [v for v in map(float, re.findall(r"\d+(?:\.\d+)?", message)) if n / 2 <= v <= 2 * n]

@@ -52,6 +52,7 @@ from fedxrisk.run.folder import (
 from fedxrisk.run.identity import config_difference, same_config
 from fedxrisk.run.names import resolve
 from fedxrisk.run.recipes import resume_experiment, run_experiment
+from fedxrisk.run.rules import tune_under_privacy
 from fedxrisk.run.spec import RunConfig
 
 TABLE_FIELDS = (
@@ -141,6 +142,8 @@ def build_variants(
             doc.setdefault("experiment", {})["seed"] = seed
             configs.append(config_from_sections(doc))
         combos.append(configs)
+    for cfg in (c for configs in combos for c in configs):  # several private runs: no combined ε
+        tune_under_privacy(cfg, "compare", "runs several trainings, each")
     labels = variant_labels([c[0].to_dict() for c in combos])
     variants = [Variant(label, configs) for label, configs in zip(labels, combos)]
     if len({v.slug for v in variants}) < len(variants):

@@ -89,17 +89,20 @@ def label_sites(
 
 
 def private_auroc(
-    groups: Sequence[tuple[str, np.ndarray, Sequence[np.ndarray]]], epsilon: float, delta: float, seed: int
-) -> dict[str, Any]:
+    groups: Sequence[tuple[str, np.ndarray, Sequence[np.ndarray]]], epsilon: float, delta: float, seed: int,
+    noise: Any = None,
+) -> dict[str, Any]:  # fmt: skip
     """Model 0's AUROC [CI] from one Gaussian-noised release of the pooled histogram
-    (:mod:`fedxrisk.stats.dp_eval`; the sites' noise shares simulated with ``seed``), or the refusal."""
-    from fedxrisk.stats.dp_eval import DP_BINS, DP_LIMIT, DPTooNoisy, dp_auroc, noise_sigma, privatize
+    (:mod:`fedxrisk.stats.dp_eval`), or the refusal. The noise comes from the secret
+    :class:`~fedxrisk.engines.privacy.noise.NoiseSource` (``noise``: another source, for tests),
+    never from ``seed``, which only seeds the bootstrap that re-noises the released histogram."""
+    from fedxrisk.stats.dp_eval import DP_BINS, DP_LIMIT, DPTooNoisy, dp_auroc, noise_sigma, release
 
     sites = [_known(y, ss[0]) for _, y, ss in groups]
     totals, _ = simulate([(y, ss) for y, ss in sites], logit_edges(DP_BINS, DP_LIMIT))
     sigma = noise_sigma(epsilon, delta)
     try:
-        noisy = privatize(totals[0], sigma, np.random.default_rng([seed, 32]))
+        noisy = release(totals[0], sigma, noise)
         return asdict(dp_auroc(noisy, sigma, epsilon, delta, seed=seed))
     except (DPTooNoisy, ValueError) as e:
         return {"epsilon": epsilon, "delta": delta, "sigma": sigma, "refused": str(e)}

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedxrisk.data.federated import FederatedData
+from fedxrisk.data.lazy import is_lazy
+from fedxrisk.errors import ConfigError
 
 
 def hold_out(data: FederatedData, seed: int, fraction: float = 0.2) -> FederatedData:
@@ -58,34 +63,61 @@ def _strata(y: torch.Tensor) -> np.ndarray:
     return (y.reshape(len(y), -1).max(1) > 0).astype(np.int64)
 
 
-CARVE_TAG = 15  # seeds each client's generator with (seed, CARVE_TAG, k): the evidence study's (issue 15)
+CARVE_TAG = 15  # with the seed, keys the record hash (see carve_validation)
+
+
+def _record_bytes(x: Any, y: torch.Tensor) -> Callable[[int], bytes]:
+    """Row i's content as bytes: its features and label (a file-backed lazy sample: its file's
+    name, or its row of the source's array), the same wherever the record sits in the dataset."""
+    labels = y.reshape(len(y), -1).numpy()
+    if is_lazy(x):
+        source, rows = x.source, x.rows
+        array = getattr(source, "array", None)
+        if array is not None:
+            return lambda i: np.asarray(array[rows[i]]).tobytes() + labels[i].tobytes()
+        return lambda i: source.identifier(int(rows[i])).encode() + labels[i].tobytes()
+    flat = x.reshape(len(x), -1).numpy()
+    return lambda i: flat[i].tobytes() + labels[i].tobytes()
+
+
+def record_uniforms(data: FederatedData, rows: np.ndarray, seed: int) -> np.ndarray:
+    """One uniform in [0, 1) per record ``rows`` of ``x_train``: a BLAKE2b hash of the record's
+    content keyed by ``(seed, CARVE_TAG)`` alone, so a record's value depends on nothing else."""
+    content = _record_bytes(data.data.x_train, data.data.y_train)
+    key = f"fedxrisk-carve:{seed}:{CARVE_TAG}".encode()
+    digests = [hashlib.blake2b(content(int(i)), key=key, digest_size=8).digest() for i in rows]
+    return np.array([int.from_bytes(d, "little") for d in digests], dtype=np.float64) / 2.0**64
 
 
 def carve_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
-    """Per client and per class, ``round(fraction · n)`` of the client's n samples of the class become
-    its validation data: at least one when n ≥ 2, at most n − 1 (a class a client holds stays in its
-    training data), none when n = 1.
+    """Every training record independently joins its client's validation data with probability
+    ``fraction``: it does when :func:`record_uniforms` gives it a value below ``fraction``.
+
+    The decision is a keyed hash of the record's own content (key: the run's seed, fixed before
+    any data are seen), so removing or adding one record moves no other record across the split:
+    neighbouring datasets stay neighbours, as instance-level DP needs (docs/privacy.md). There is
+    deliberately no per-class quota nor "at least one positive" guard: either would couple the
+    records. A client may thus hold no validation positive (or no validation at all); selection
+    pools every client's validation, and a pool with one class reads NaN. A client left with no
+    training record is refused (one line).
 
     The result trains on the rest: the held samples leave ``x_train`` (shards re-indexed) and form
     ``x_val``/``y_val``; ``val_shards[k]`` are client k's positions in ``x_val``. The test set is
-    untouched. Client k draws from its own generator, seeded by ``(seed, CARVE_TAG, k)``, so its
-    split depends on its own shard only (a site can carve it alone); this is the split
-    ``benchmarks/evidence.py`` made before the run layer had one, so its results reproduce.
+    untouched. A site carves its own shard alone and gets the same split.
     """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"data.validation must lie in (0, 1) (or be {OFFICIAL!r}/{AUTO!r}), got {fraction}")
-    strata = _strata(data.data.y_train)
     kept, held = [], []
     for k, shard in enumerate(data.shards):
-        rng = np.random.default_rng([seed, CARVE_TAG, k])
-        out = []
-        for c in (0, 1):
-            members = rng.permutation(shard[strata[shard] == c])
-            n = len(members)
-            out.append(members[: min(max(1, round(n * fraction)), n - 1) if n >= 2 else 0])
-        val = np.sort(np.concatenate(out))
-        held.append(val)
-        kept.append(np.setdiff1d(shard, val))
+        shard = np.asarray(shard)
+        chosen = record_uniforms(data, shard, seed) < fraction
+        if len(shard) and chosen.all():
+            raise ConfigError(
+                f"data.validation = {fraction:g} holds out all {len(shard)} records of client {k}, leaving it "
+                "nothing to train on; lower data.validation or give the client more data"
+            )
+        held.append(np.sort(shard[chosen]))
+        kept.append(np.sort(shard[~chosen]))
     return _move_to_validation(data, kept, held)
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedxrisk.engines.privacy.noise import NoiseSource
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.secure import levels, value_range
@@ -112,7 +113,8 @@ def site_evaluate(node_config: Mapping[str, Any], run_config: Mapping[str, Any],
         if c.get("dp_sigma"):  # this site's share of the Gaussian noise, from a secret of its own
             if counts[:, :, -1].any():
                 return Packet(config={"error": "evaluation: a NaN score; a private evaluation releases none"})
-            noise = np.random.default_rng().normal(0.0, float(c["dp_sigma"]), size=counts.shape)
+            draws = NoiseSource.secret().standard_normal(counts.size).reshape(counts.shape)
+            noise = float(c["dp_sigma"]) * draws
             counts = counts + noise * (np.arange(counts.shape[-1]) < counts.shape[-1] - 1)
         if not secure:
             return Packet(arrays={OP: {"counts": torch.from_numpy(counts)}})

@@ -115,6 +115,11 @@ class ServerDP:
         return self.plan.ledger(rounds)
 
     @property
+    def private(self) -> bool:
+        """False in the reproducible test mode (its files are marked NOT PRIVATE)."""
+        return bool(self.aggregator.private)
+
+    @property
     def differs(self) -> bool:
         """Whether replacing one site's data costs more than the relation ε is stated under."""
         return self.plan.differs

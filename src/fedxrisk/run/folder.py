@@ -152,9 +152,11 @@ def model_bytes(
     params: Tensors,
     buffers: Tensors,
     preprocessing: Mapping[str, Any] | None = None,
+    mark: str | None = None,
 ) -> bytes:
     """The bytes of ``model.pt``: the network's name, input shape, labels, its weights on the CPU and
-    the preprocessing its inputs went through (:mod:`fedxrisk.data.preprocessing`)."""
+    the preprocessing its inputs went through (:mod:`fedxrisk.data.preprocessing`); ``mark``: kept
+    under ``privacy`` (a DP test-mode run's "NOT PRIVATE")."""
     from fedxrisk.data.preprocessing import to_stored
 
     blob = {
@@ -164,6 +166,7 @@ def model_bytes(
         "params": {k: v.detach().cpu() for k, v in params.items()},
         "buffers": {k: v.detach().cpu() for k, v in buffers.items()},
         "preprocessing": to_stored(preprocessing),
+        **({"privacy": mark} if mark is not None else {}),
     }
     buffer = io.BytesIO()
     torch.save(blob, buffer)
@@ -178,9 +181,10 @@ def save_model(
     params: Tensors,
     buffers: Tensors,
     preprocessing: Mapping[str, Any] | None = None,
+    mark: str | None = None,
 ) -> str:
     """Write ``model.pt``; returns its sha256 (recorded in summary.json)."""
-    data = model_bytes(model, input_shape, num_labels, params, buffers, preprocessing)
+    data = model_bytes(model, input_shape, num_labels, params, buffers, preprocessing, mark)
     replace_atomic(path, lambda f: f.write(data), "wb", intact=resume_hint(path.parent))
     return hashlib.sha256(data).hexdigest()
 
@@ -192,6 +196,7 @@ class RunFolder:
     path: Path
     primary: bool = True
     fields: tuple[str, ...] = HISTORY_FIELDS  # history.csv's columns (a private run adds "epsilon")
+    model_mark: str | None = None  # written into every model.pt (a DP test-mode run: "NOT PRIVATE")
 
     def stage(self, name: str = PRETRAIN_DIR) -> RunFolder:
         """A two-stage run's first stage: a run folder inside this one."""
@@ -259,7 +264,14 @@ class RunFolder:
         """Write ``name`` (``model.pt`` by default); its sha256 (None on a rank that does not write)."""
         if self.primary:
             return save_model(
-                self.path / name, model, input_shape, num_labels, params, buffers, preprocessing
+                self.path / name,
+                model,
+                input_shape,
+                num_labels,
+                params,
+                buffers,
+                preprocessing,
+                self.model_mark,
             )
         return None
 

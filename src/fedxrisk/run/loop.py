@@ -33,6 +33,7 @@ from fedxrisk.run.identity import fingerprint
 from fedxrisk.run.personalize import finish_personal, personal_fields, personal_row, save_site_models
 from fedxrisk.run.privacy_outputs import (
     SITE_DATA_NOTE,
+    model_mark,
     privacy_fields,
     privacy_ledger,
     privacy_row,
@@ -60,6 +61,7 @@ def train(
             cb.load_state_dict(saved[cb.state_key])
     if setup.privacy is not None:
         folder.fields = (*HISTORY_FIELDS, *privacy_fields(setup.privacy))
+        folder.model_mark = model_mark(setup.privacy)
         if primary:
             print(setup.privacy.describe(), file=sys.stderr)
             print(SITE_DATA_NOTE, file=sys.stderr)

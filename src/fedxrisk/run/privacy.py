@@ -163,6 +163,7 @@ def check_privacy(cfg: Any) -> None:
         unsupported_instance_reason,
         unsupported_reason,
     )
+    from fedxrisk.engines.privacy.accountant import input_refusal
 
     if p["level"] not in LEVELS:
         raise ConfigError(f"privacy.level must be one of {LEVELS}, got {p['level']!r}")
@@ -184,6 +185,9 @@ def check_privacy(cfg: Any) -> None:
             "privacy.validation_noise_multiplier must be a finite number > 0 and privacy.validation_bins an "
             f"integer in [3, 4096], got {p['validation_noise_multiplier']:g} and {p['validation_bins']}"
         )
+    reason = input_refusal(p["noise_multiplier"], p["target_epsilon"], p["validation_noise_multiplier"])
+    if reason is not None:
+        raise ConfigError(reason)
     ClientDP(p["clip"], p["noise_multiplier"] or 0.0, ClientSampling(p["sampling_rate"], p["sampling"]))
     q, k = p["sampling_rate"], cfg.clients
     if p["level"] == "client" and p["sampling"] == "fixed" and q < 1.0 and round(q * k) < 1:

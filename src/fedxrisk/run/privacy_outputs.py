@@ -44,17 +44,27 @@ def unit_of(level: str) -> str:
     return "client (all its records)" if level == "client" else "record"
 
 
+NOT_PRIVATE = "NOT PRIVATE: reproducible test noise (privacy.reproducible_noise)"  # in model.pt, history.csv
+
+
 def privacy_fields(plan: Any) -> tuple[str, ...]:
-    """history.csv columns of a DP run."""
-    return ("epsilon", "epsilon_replace_one") if plan.differs else ("epsilon",)
+    """history.csv columns of a DP run (the test mode adds ``privacy``, :data:`NOT_PRIVATE` on every row)."""
+    fields = ("epsilon", "epsilon_replace_one") if plan.differs else ("epsilon",)
+    return fields if plan.private else (*fields, "privacy")
 
 
-def privacy_row(plan: Any, rounds: int) -> dict[str, float]:
+def privacy_row(plan: Any, rounds: int) -> dict[str, Any]:
     """ε after ``rounds`` rounds (under ``plan.relation``) and, where it differs, the replace-one ε."""
-    row = {"epsilon": plan.epsilon(rounds)}
+    row: dict[str, Any] = {"epsilon": plan.epsilon(rounds)}
     if plan.differs:
         row["epsilon_replace_one"] = plan.replace_epsilon(rounds)
-    return row
+    return row if plan.private else row | {"privacy": NOT_PRIVATE}
+
+
+def model_mark(plan: Any) -> str | None:
+    """What ``model.pt`` (and every model a run folder holds) records under ``privacy``: the test
+    mode's :data:`NOT_PRIVATE`; nothing for a run without DP or with secret noise."""
+    return None if plan is None or plan.private else NOT_PRIVATE
 
 
 def privacy_ledger(plan: Any, rounds: int) -> list[dict[str, Any]]:

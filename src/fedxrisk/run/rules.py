@@ -267,13 +267,15 @@ def schedule(cfg: RunConfig) -> Any:
     )
 
 
-def tune_under_privacy(cfg: RunConfig) -> None:
-    """``fedxrisk tune`` under DP is refused: choosing across trials would compose every trial's
-    training (each on the same private data) into one ε, which no ledger records (docs/privacy.md)."""
+def tune_under_privacy(
+    cfg: RunConfig, command: str = "tune", does: str = "chooses across trials that each train"
+) -> None:
+    """``fedxrisk tune`` (and ``compare``) under DP is refused: several trainings on the same private
+    data compose into one ε, which no ledger records (docs/privacy.md)."""
     if cfg.privacy is not None:
         raise ConfigError(
-            "privacy: fedxrisk tune chooses across trials that each train on the private data; their "
-            "composition is not accounted: tune without [privacy] on public or synthetic data"
+            f"privacy: fedxrisk {command} {does} on the private data; their "
+            f"composition is not accounted: {command} without [privacy] on public or synthetic data"
         )
 
 

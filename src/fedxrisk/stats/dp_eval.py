@@ -13,9 +13,10 @@ is kept: the AUROC's numerator is bilinear in the two classes' independent noise
 The noise is an extra error DeLong's variance does not know. A parametric bootstrap re-noises
 the released histogram (``draws`` times) and takes the AUROC's standard deviation ``noise_se``;
 the reported interval uses √(SE² + noise_se²). When noise_se exceeds the DeLong SE the interval
-would mostly measure the noise: :func:`dp_auroc` refuses, naming how many more patients the
-network needs (SE shrinks like 1/√n, the noise's effect like 1/n, so the factor is
-(noise_se/SE)²). Coarse bins (default 128 over ±16 logits) keep the summed noise small; their
+would mostly measure the noise: :func:`dp_auroc` refuses, naming by what factor the network
+must grow (SE shrinks like 1/√n, the noise's effect like 1/n, so the factor is (noise_se/SE)²)
+but no count of patients. The release's noise comes from the secret
+:class:`~fedxrisk.engines.privacy.noise.NoiseSource` (:func:`release`), never from a seed. Coarse bins (default 128 over ±16 logits) keep the summed noise small; their
 binning bound is reported as without DP. Not covered: the paired test (it needs the joint bins
 of one patient under two models), per-site releases, NaN scores (refused).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -46,14 +48,28 @@ def noise_sigma(epsilon: float, delta: float) -> float:
     return noise_for_epsilon(epsilon, 1, delta)
 
 
-def privatize(total: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
-    """``[2, B + 1]`` pooled counts + N(0, σ²) per cell (the NaN column is not released: 0)."""
+def privatize(total: np.ndarray, sigma: float, source: Any) -> np.ndarray:
+    """``[2, B + 1]`` pooled counts + σ·N(0, 1) per cell (the NaN column is not released: 0).
+
+    ``source`` draws the normals (``standard_normal(count)``): the release itself takes the secret
+    :class:`~fedxrisk.engines.privacy.noise.NoiseSource` (:func:`release`); a seeded NumPy generator
+    only re-noises an already released histogram (the bootstrap: post-processing)."""
     total = np.asarray(total, dtype=np.float64)
     if total[:, -1].any():
         raise ValueError("a NaN score: the private evaluation releases no NaN column")
-    noisy = total + rng.normal(0.0, sigma, size=total.shape)
+    noisy = total + sigma * np.asarray(source.standard_normal(total.size), dtype=np.float64).reshape(
+        total.shape
+    )
     noisy[:, -1] = 0.0
     return noisy
+
+
+def release(total: np.ndarray, sigma: float, source: Any = None) -> np.ndarray:
+    """The Gaussian mechanism on the pooled histogram, its noise from ``source`` (default: a fresh
+    :meth:`NoiseSource.secret`, so nothing the evaluation writes regenerates it)."""
+    from fedxrisk.engines.privacy.noise import NoiseSource
+
+    return privatize(total, sigma, NoiseSource.secret() if source is None else source)
 
 
 @dataclass(frozen=True)
@@ -99,18 +115,17 @@ def dp_auroc(
     rng = np.random.default_rng(seed)
     again = [_auroc(privatize(hist, sigma, rng))[0] for _ in range(draws)]  # re-noised: the noise's spread
     noise_se = float(np.nanstd(again))
-    n = hist[:, :-1].sum()
-    if se == 0:
+    if se == 0:  # the messages name no count of patients (issue 40): only ratios of released numbers
         raise DPTooNoisy(
             f"at ε = {epsilon:g} (σ = {sigma:.3g} per bin, {hist.shape[1] - 1} bins) the noise swamps the "
-            f"≈ {n:.0f} patients' histogram (noise moves the AUROC by ±{noise_se:.3f}); a larger ε or fewer bins"
+            f"histogram (noise moves the AUROC by ±{noise_se:.3f}); a larger ε or fewer bins"
         )
     if noise_se > se:
         factor = (noise_se / se) ** 2
         raise DPTooNoisy(
             f"at ε = {epsilon:g} (σ = {sigma:.3g} per bin, {hist.shape[1] - 1} bins) the noise moves the AUROC by "
             f"±{noise_se:.3f}, more than its DeLong SE {se:.3f}: the interval would be meaningless; "
-            f"about {factor:.1f}× more patients (≈ {factor * n:.0f} instead of {n:.0f}), a larger ε or fewer bins"
+            f"about {factor:.1f}× more patients, a larger ε or fewer bins"
         )
     total_var = se**2 + noise_se**2
     low, high = wald_interval(auc, total_var, level)

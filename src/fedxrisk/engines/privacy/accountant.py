@@ -37,6 +37,35 @@ SAMPLINGS = ("poisson", "fixed")
 ADD_REMOVE, REPLACE = "add/remove one", "replace one"
 
 
+# The accountant's inputs, bounded (issue 40): below SIGMA_MIN one Gaussian release alone is
+# beyond ε = 5000 and dp-accounting's PLD grid outgrows memory; a target outside EPSILON_RANGE
+# is either no promise (above) or below the bisection's tolerance (0.01).
+SIGMA_MIN = 0.01
+EPSILON_RANGE = (0.05, 100.0)
+
+
+def input_refusal(
+    noise_multiplier: float | None, target_epsilon: float | None, validation_z: float
+) -> str | None:
+    """One line naming the accountant input out of its bounds and the way out, or None."""
+    for name, value in (
+        ("noise_multiplier", noise_multiplier),
+        ("validation_noise_multiplier", validation_z),
+    ):
+        if value is not None and value < SIGMA_MIN:
+            return (
+                f"privacy.{name} = {value:g} is below {SIGMA_MIN:g}: ε would exceed 5000 per release, "
+                f"beyond what the accountant computes; set it ≥ {SIGMA_MIN:g} (or drop [privacy])"
+            )
+    low, high = EPSILON_RANGE
+    if target_epsilon is not None and not low <= target_epsilon <= high:
+        return (
+            f"privacy.target_epsilon = {target_epsilon:g} lies outside [{low:g}, {high:g}]: above, ε promises "
+            f"nothing (drop [privacy]); below, it is under the accountant's precision; set it within the range"
+        )
+    return None
+
+
 def _library() -> Any:
     try:
         import dp_accounting

@@ -21,8 +21,10 @@ the same noise for the same round, so in the test mode they select the same mode
 
 **When the release is noise** (:meth:`ValidationDP.signal`): the clipped noise puts an expected
 mass m = bins·zΔ/√(2π) into each class's histogram, spread over all bins, which pulls the AUROC
-towards ½ by the factor ρ = Π_c n_c / (n_c + m) (n_c: the class's mass). A run with ρ < ½ is
-refused: its validation AUROC keeps less than half of its distance from chance.
+towards ½ by the factor ρ = Π_c n_c / (n_c + m) (n_c: the class's mass). At client level a run
+with ρ < ½ is refused: its validation AUROC keeps less than half of its distance from chance. At
+instance level n_c are counts of private records, so no rule reads them: the run is not refused and
+summary.json states the public (1 + √2)·m records per class that ρ ≥ ½ needs.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class ValidationDP:
             "noise_multiplier": self.noise_multiplier, "bins": self.bins, "level": self.level,
             "sensitivity": self.sensitivity, "noise_std": self.std, "expected_noise_mass": self.noise_mass(),
             "planned_releases": releases, "site_mass": SITE_MASS if self.level == "client" else None,
+            **({"records_needed_per_class": records_needed(self)} if self.level == "instance" else {}),
         }  # fmt: skip
 
 
@@ -180,13 +183,25 @@ def class_mass(dp: ValidationDP, y_val: np.ndarray, shards: list[np.ndarray]) ->
     return out
 
 
+def records_needed(dp: ValidationDP) -> float:
+    """Instance level: the validation records each class needs for ρ ≥ ½ when both classes hold as
+    many, (1 + √2)·m: a public number (z, bins), stated instead of read off private counts."""
+    return (1.0 + math.sqrt(2.0)) * dp.noise_mass()
+
+
 def noise_refusal(dp: ValidationDP, y_val: np.ndarray, shards: list[np.ndarray]) -> str | None:
     """Why the release would be noise (ρ < ½ for some label, module docstring), or None."""
     return mass_refusal(dp, class_mass(dp, y_val, shards))
 
 
 def mass_refusal(dp: ValidationDP, masses: list[tuple[float, float]]) -> str | None:
-    """:func:`noise_refusal` from the per-label (negative, positive) masses of the summed histograms."""
+    """:func:`noise_refusal` from the per-label (negative, positive) masses of the summed histograms.
+
+    Client level only: at instance level the class counts are the private data themselves, so
+    whether a run is refused (and its message) would disclose them (issue 40); such a run is never
+    refused here, and summary.json states :func:`records_needed` instead."""
+    if dp.level == "instance":
+        return None
     rho = min(dp.signal(m) for m in masses)
     if rho >= 0.5:
         return None
