@@ -105,10 +105,11 @@ def test_validation_is_disjoint_from_training_and_test_on_flower(tmp_path):
         train = {tuple(r.tolist()) for r in site.x.flatten(1)}
         assert not val & train
         assert len(val & test) <= 2  # digits holds a few identical images; index-disjoint by construction
+        for c in (0, 1):  # round(0.25 n) of each class of the part held out
+            n_c = int((site.y == c).sum() + (site.y_val == c).sum())
+            assert int((site.y_val == c).sum()) == round(0.25 * n_c)
         held, trained = held + len(site.y_val), trained + len(site.y)
     assert held == len(sim.data.data.y_val) and trained == len(sim.data.data.y_train)  # type: ignore[arg-type]
-    n = held + trained  # each record held with probability 0.25, independently: Binomial(n, 0.25), 4 sd
-    assert abs(held - 0.25 * n) <= 4 * math.sqrt(n * 0.25 * 0.75)
 
 
 def _test_auroc(path, x, y, problem_like: Problem) -> float:

@@ -63,7 +63,7 @@ def _strata(y: torch.Tensor) -> np.ndarray:
     return (y.reshape(len(y), -1).max(1) > 0).astype(np.int64)
 
 
-CARVE_TAG = 15  # with the seed, keys the record hash (see carve_validation)
+CARVE_TAG = 15  # seeds client k's generator (seed, CARVE_TAG, k); keys the record hash with the seed
 
 
 def _record_bytes(x: Any, y: torch.Tensor) -> Callable[[int], bytes]:
@@ -90,8 +90,39 @@ def record_uniforms(data: FederatedData, rows: np.ndarray, seed: int) -> np.ndar
 
 
 def carve_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
-    """Every training record independently joins its client's validation data with probability
-    ``fraction``: it does when :func:`record_uniforms` gives it a value below ``fraction``.
+    """Per client and per class, ``round(fraction · n)`` of the client's n samples of the class become
+    its validation data: at least one when n ≥ 2, at most n − 1 (a class a client holds stays in its
+    training data), none when n = 1 — so every site holding a class validates on it.
+
+    The result trains on the rest: the held samples leave ``x_train`` (shards re-indexed) and form
+    ``x_val``/``y_val``; ``val_shards[k]`` are client k's positions in ``x_val``. The test set is
+    untouched. Client k draws from its own generator, seeded by ``(seed, CARVE_TAG, k)``, so its
+    split depends on its own shard only (a site can carve it alone); this is the split
+    ``benchmarks/evidence.py`` made before the run layer had one, so its results reproduce. The
+    quotas couple a client's records (removing one can move others across the split), which only
+    instance-level DP cares about: it carves with :func:`carve_records` instead.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"data.validation must lie in (0, 1) (or be {OFFICIAL!r}/{AUTO!r}), got {fraction}")
+    strata = _strata(data.data.y_train)
+    kept, held = [], []
+    for k, shard in enumerate(data.shards):
+        rng = np.random.default_rng([seed, CARVE_TAG, k])
+        out = []
+        for c in (0, 1):
+            members = rng.permutation(shard[strata[shard] == c])
+            n = len(members)
+            out.append(members[: min(max(1, round(n * fraction)), n - 1) if n >= 2 else 0])
+        val = np.sort(np.concatenate(out))
+        held.append(val)
+        kept.append(np.setdiff1d(shard, val))
+    return _move_to_validation(data, kept, held)
+
+
+def carve_records(data: FederatedData, fraction: float, seed: int) -> FederatedData:
+    """Instance-level DP's carve: every training record independently joins its client's validation
+    data with probability ``fraction``: it does when :func:`record_uniforms` gives it a value below
+    ``fraction``.
 
     The decision is a keyed hash of the record's own content (key: the run's seed, fixed before
     any data are seen), so removing or adding one record moves no other record across the split:
@@ -102,8 +133,7 @@ def carve_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     training record is refused (one line).
 
     The result trains on the rest: the held samples leave ``x_train`` (shards re-indexed) and form
-    ``x_val``/``y_val``; ``val_shards[k]`` are client k's positions in ``x_val``. The test set is
-    untouched. A site carves its own shard alone and gets the same split.
+    ``x_val``/``y_val``, as :func:`carve_validation`'s. A site carves its own shard alone.
     """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"data.validation must lie in (0, 1) (or be {OFFICIAL!r}/{AUTO!r}), got {fraction}")
@@ -159,10 +189,13 @@ def split_official(data: FederatedData, seed: int) -> FederatedData:
     return FederatedData(b, data.shards, data.augment, data.stream, val_shards)
 
 
-def with_validation(data: FederatedData, validation: float | str, seed: int) -> FederatedData:
+def with_validation(
+    data: FederatedData, validation: float | str, seed: int, per_record: bool = False
+) -> FederatedData:
     """``data`` with per-client validation data for ``data.validation`` (0: none, a fraction:
-    :func:`carve_validation`, ``"official"``: :func:`split_official`, ``"auto"``: official when
-    the dataset has a split, else :data:`DEFAULT_FRACTION` carved)."""
+    :func:`carve_validation`, or with ``per_record`` — instance-level DP — :func:`carve_records`;
+    ``"official"``: :func:`split_official`, ``"auto"``: official when the dataset has a split, else
+    :data:`DEFAULT_FRACTION` carved)."""
     if validation == AUTO:
         validation = OFFICIAL if data.data.x_val is not None else DEFAULT_FRACTION
     if validation == OFFICIAL:
@@ -173,4 +206,4 @@ def with_validation(data: FederatedData, validation: float | str, seed: int) -> 
         )
     if validation == 0:
         return data
-    return carve_validation(data, float(validation), seed)
+    return (carve_records if per_record else carve_validation)(data, float(validation), seed)

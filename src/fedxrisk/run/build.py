@@ -53,7 +53,8 @@ def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
         num_samples=cfg.num_samples, test_imratio=cfg.test_imratio, image_size=cfg.image_size,
         sources=cfg.sources, on_missing=cfg.on_missing,
     )  # fmt: skip
-    return with_validation(data, cfg.validation, cfg.seed), choice
+    per_record = (cfg.privacy or {}).get("level") == "instance"  # neighbouring datasets stay neighbours
+    return with_validation(data, cfg.validation, cfg.seed, per_record), choice
 
 
 def build(
