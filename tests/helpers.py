@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, ClientInfo, Schedule
@@ -20,6 +14,9 @@ from fedxrisk.engines import Simulation
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import leaves
+
+# the config of conftest's ``finished_run``: two clients, two rounds, every round evaluated and checkpointed
+TINY_RUN = dict(rounds=2, stages=1, eval_every=1, clients=2, tensorboard=False, checkpoint_every=1)
 
 
 def make_sim(
@@ -142,18 +139,3 @@ def image_folder_config(folder: Any, **overrides: Any) -> Any:
                 partition="iid", stages=1, local_steps=1, batch_size=4, workers=0, eval_every=1,
                 tensorboard=False, positive_classes=["b"])  # fmt: skip
     return RunConfig(**{**base, **overrides})
-
-
-@contextmanager
-def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` (e.g. "48k") at ``mount`` for full-disk tests; skips the test unless root."""
-    mount.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode
-    ):
-        pytest.skip("needs root to mount a tmpfs")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)

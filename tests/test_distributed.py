@@ -58,6 +58,7 @@ def _loop_reference(spec, rounds=4):
     return run_all(make_sim(alg, "loop", partition="class", buffer_policy=policy, **kw))
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_distributed_matches_loop_engine_for_every_family(worker_results):
     _, results, _ = worker_results
     assert len(results["scenarios"]) == 6
@@ -70,6 +71,7 @@ def test_distributed_matches_loop_engine_for_every_family(worker_results):
         assert max_abs_diff({"p": lp, "b": lb}, {"p": dp, "b": db}) < 1e-5, r["spec"]
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_personal_entries_on_the_distributed_engine_equal_the_loop_engine(worker_results):
     """FedBN, a personal head (CODA+ with its stage restarts) and Ditto on 2 ranks (tests/test_personal.py)."""
     from test_personal import personal_sim
@@ -92,6 +94,7 @@ def test_personal_entries_on_the_distributed_engine_equal_the_loop_engine(worker
             assert max_abs_diff({"p": lp, "b": lb}, {"p": dp, "b": db}) < 1e-5, r["spec"]
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_class_aware_probe(worker_results):
     """Class-aware batches on 2 ranks: exactly 3 positives in every batch of 8, p = 3/8 (test_classaware)."""
     from test_classaware import assert_exact_class_aware
@@ -100,6 +103,7 @@ def test_class_aware_probe(worker_results):
     assert_exact_class_aware(results["class_aware_probe"], 4)
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_one_packed_all_reduce_per_round(worker_results):
     _, results, _ = worker_results
     for r in results["scenarios"]:
@@ -113,6 +117,7 @@ def test_one_packed_all_reduce_per_round(worker_results):
         assert r["calls"] == expected, alg
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_uneven_gather_and_checkpoint_resume(worker_results):
     _, results, _ = worker_results
     assert results["gather_ok"] and results["gather_ledger_equal"]
@@ -120,6 +125,7 @@ def test_uneven_gather_and_checkpoint_resume(worker_results):
     assert max_abs_diff(loop.states, results["resumed"]["states"]) < 1e-5
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 @pytest.mark.filterwarnings("ignore:data.batch_size = .* exceeds the data of:UserWarning")  # tiny shards
 def test_each_rank_streams_its_own_shards_like_the_loop_engine(worker_results, tmp_path):
     from dist_worker import streamed_config
@@ -133,6 +139,7 @@ def test_each_rank_streams_its_own_shards_like_the_loop_engine(worker_results, t
     assert max_abs_diff(loop.states, results["streamed"]["states"]) < 1e-5
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_fedxl_score_pools_equal_the_loop_engine_on_an_uneven_layout(worker_results):
     """comm.pool across ranks: the same merged, shuffled pools (and bytes) as the simulation."""
     from dist_worker import FEDXL_OPTIONS, FEDXL_SPEC
@@ -148,6 +155,7 @@ def test_fedxl_score_pools_equal_the_loop_engine_on_an_uneven_layout(worker_resu
     assert results["fedxl"]["ledger"]["collective_calls"]["pool"] == 4  # the seed and 3 rounds
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_torchrun_cli_run_equals_loop_run_and_only_rank0_reports(worker_results, tmp_path):
     out, _, stdout = worker_results
     summary = json.loads((out / "cli_run" / "summary.json").read_text())
@@ -186,6 +194,7 @@ def _launch_manual(tmp_path, world, timeout, port):
     return procs
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 @pytest.mark.parametrize("how", ["kill", "freeze"])
 def test_a_dead_or_frozen_rank_is_named_and_the_others_exit_nonzero(tmp_path, how):
     timeout = 8

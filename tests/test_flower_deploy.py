@@ -43,6 +43,8 @@ from flower_spy import Site, evaluated_models, find_leaks, install_spy, load_rec
 from helpers import make_sim, max_abs_diff, run_all  # noqa: E402
 from procs import SecureFederation, make_site_key, stop_all  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real TLS federation: SuperLink, SuperNodes, a ClientApp process per message
+
 SPLIT = {"partition": "iid", "imratio": 0.3, "seed": 0}
 SETTINGS = {"local-steps": 2, "batch-size": 8, "lr": 0.1, "stages": 1, "test-data": "digits", **SPLIT}
 SETTINGS |= {"eval-every": 1, "min-nodes": 2}

@@ -25,6 +25,8 @@ from fedxrisk.stats.federated import federated_delong, federated_paired, simulat
 from flower_spy import evaluation_files, evaluation_site, find_leaks, install_spy, load_records, scores_of  # noqa: E402
 from procs import SecureFederation  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real TLS federation: SuperLink, SuperNodes, a ClientApp process per message
+
 WAIT = 900.0  # s; 6.5 min measured on the shared 2-core machine while another Flower test ran
 STAGES = 4  # SecAgg+'s message rounds per exchange: set-up, share keys, collect masked vectors, unmask
 

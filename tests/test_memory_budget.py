@@ -38,6 +38,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
+@pytest.mark.slow  # a real process on 64x64 images
 def test_streamed_run_stays_within_a_small_budget(tmp_path):
     folder = tmp_path / "images"
     write_image_folder(folder, per_class=110, size=64)
@@ -52,6 +53,7 @@ def test_streamed_run_stays_within_a_small_budget(tmp_path):
     assert peak <= BUDGET_MB * 10**6, f"peak RSS {peak / 1e6:.0f} MB over the {BUDGET_MB} MB budget"
 
 
+@pytest.mark.slow  # a real process on 64x64 images
 def test_a_batch_the_budget_cannot_hold_is_refused_in_one_line_before_writing(tmp_path):
     folder = tmp_path / "images"
     write_image_folder(folder, per_class=60, size=64)

@@ -155,6 +155,7 @@ def dist_results(tmp_path_factory):
     return torch.load(out / "dp_results.pt", weights_only=False)
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_loop_vmap_and_distributed_agree_with_client_dp(dist_results):
     from dist_dp_worker import SCENARIOS, dp
 
@@ -178,6 +179,7 @@ def test_loop_vmap_and_distributed_agree_with_client_dp(dist_results):
             assert abs(sim.train_loss() - got["train_loss"]) < 1e-5, spec
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_loop_vmap_and_distributed_agree_with_instance_dp(dist_results):
     from dist_dp_worker import INSTANCE
     from fedxrisk.engines.privacy import NoiseSource, instance_private
@@ -197,10 +199,12 @@ def test_loop_vmap_and_distributed_agree_with_instance_dp(dist_results):
         assert max_abs_diff(plain.states["w"], got["state"]["states"]["w"]) > 1e-3  # the noise is there
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_distributed_resume_with_client_dp_equals_the_uninterrupted_run(dist_results):
     assert max_abs_diff(dist_results["resumed"]["states"], dist_results["runs"][0]["state"]["states"]) == 0.0
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_distributed_secret_noise_is_one_source_on_every_rank(dist_results):
     """Default (secret) noise under the distributed engine: both ranks add rank 0's noise, so the
     4 clients (2 per rank) hold one global model; and it is not the test mode's noise."""

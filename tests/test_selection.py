@@ -261,6 +261,7 @@ def test_predict_matches_the_module_forward_used_for_model_pt():
     assert s.shape[0] == len(setup.data.data.y_test)
 
 
+@pytest.mark.slow  # 2 real ranks
 def test_distributed_engine_validates_from_histograms_and_stops_with_the_loop_engine(tmp_path):
     """Two real ranks (two clients each): val_* from summed histograms near the loop engine's exact
     values (this model's logits span about 0.5, i.e. ~70 of the 4096 bins: the stated bound is then

@@ -84,6 +84,7 @@ def test_bad_server_settings_are_named():
         ServerOptimizer("adam", beta2=1.0)
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_torchrun_distributed_run_with_fedadam_equals_the_loop_engine(tmp_path):
     """The CLI's [server] table through `fedxrisk run` on 2 torchrun ranks (2 clients each) and on loop."""
     import json

@@ -130,6 +130,7 @@ def test_best_config_reproduces_its_trial_value(tmp_path):
     assert (out / "history.png").stat().st_size > 0 and (out / "importances.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # real tune processes, killed or racing
 def test_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
     out = tmp_path / "t"
     proc = subprocess.Popen(_tune_cmd(out, "--trials", "4"), env=_env(), stdout=subprocess.DEVNULL)
@@ -158,6 +159,7 @@ def test_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
     assert len({r.folder for r in complete}) == 4
 
 
+@pytest.mark.slow  # real tune processes, killed or racing
 @pytest.mark.parametrize("storage", ["sqlite", "journal"])
 def test_two_processes_share_one_study(tmp_path, storage):
     out = tmp_path / "t"
