@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,12 @@ from fedxrisk.engines import Simulation
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import leaves
+
+# How much longer than usual a test may wait for a real process (a loaded machine, a slow CI runner):
+# the waits are upper bounds that a passing test never reaches, so raising this costs nothing.
+WAIT_SCALE = float(os.environ.get("FEDXRISK_TEST_WAIT", "1"))
+assert WAIT_SCALE > 0, f"FEDXRISK_TEST_WAIT must be a number > 0, got {WAIT_SCALE}"
+PROCESS_WAIT = 900.0 * WAIT_SCALE  # s: the longest a test waits for one real process before calling it hung
 
 # the config of conftest's ``finished_run``: two clients, two rounds, every round evaluated and checkpointed
 TINY_RUN = dict(rounds=2, stages=1, eval_every=1, clients=2, tensorboard=False, checkpoint_every=1)

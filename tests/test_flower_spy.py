@@ -170,9 +170,9 @@ def test_a_wait_ends_as_soon_as_the_federation_died_with_its_stderr(tmp_path, wh
         for k in range(2):
             fed.nodes.append(f"site-{k}")
             fed.start(f"site-{k}", dies if who == "supernodes" else lives)
-        start = time.monotonic()
-        with pytest.raises(pytest.fail.Exception, match="exited.*gone: bad certificate"):
-            fed.wait_file(tmp_path / "out" / "summary.json", 600.0, tmp_path / "out")
-        assert time.monotonic() - start < 30
+        start, wait = time.monotonic(), 600.0
+        with pytest.raises(pytest.fail.Exception, match="exited.*gone: bad certificate"):  # not "after 600 s"
+            fed.wait_file(tmp_path / "out" / "summary.json", wait, tmp_path / "out")
+        assert time.monotonic() - start < wait / 2  # ended by the exit, not the timeout, loaded or not
     finally:
         fed.stop()

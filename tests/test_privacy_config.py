@@ -19,7 +19,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.run.build import build
 from fedxrisk.run.configfile import config_to_toml, load_config
 from fedxrisk.run.recipes import run_experiment
-from helpers import make_sim, max_abs_diff, run_all
+from helpers import PROCESS_WAIT, make_sim, max_abs_diff, run_all
 
 pytest.importorskip("dp_accounting")
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def test_privacy_refusals_are_one_line(sets, algorithm, words):
 def test_cli_refuses_fedxl_with_dp_in_one_line_and_exit_2():
     cmd = [sys.executable, "-m", "fedxrisk", "run", "--set", "algorithm.algorithm=fedxl2",
            "--set", "privacy.clip=1", "--set", "privacy.noise_multiplier=1"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PROCESS_WAIT)
     assert proc.returncode == 2
     assert "score pools" in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
 
@@ -150,7 +150,7 @@ def dist_results(tmp_path_factory):
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
         "127.0.0.1", "--master-port", str(port), str(TESTS / "dist_dp_worker.py"), str(out),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=PROCESS_WAIT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out / "dp_results.pt", weights_only=False)
 
