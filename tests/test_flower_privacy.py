@@ -73,8 +73,9 @@ def test_flower_privacy_refusals_are_one_line(extra, words, tmp_path):
 
 @pytest.mark.parametrize(
     "algorithm, kind, rate",
-    [("codasca", "poisson", 0.5), ("localsgdm", "fixed", 0.5), ("codasca", "fixed", 0.75)],
-)
+    [("codasca", "poisson", 0.5), pytest.param("localsgdm", "fixed", 0.5, marks=pytest.mark.slow),
+     pytest.param("codasca", "fixed", 0.75, marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_flower_client_sampling_equals_the_loop_engine(algorithm, kind, rate, tmp_path):
     """The server draws each round's sites with ClientSampling.mask; idle sites keep their state as
     the simulation's idle clients do: same model, every site's whole state, ε per evaluation."""

@@ -247,6 +247,7 @@ def test_the_run_folder_does_not_regenerate_the_validation_noise(runs):
     assert miss > 1e-6 and gap > 1e-6  # and the released value is not the clear one
 
 
+@pytest.mark.slow  # several DP runs end to end
 def test_a_resumed_run_accounts_each_release_once(tmp_path):
     from fedxrisk.run.recipes import resume_experiment
 
@@ -264,6 +265,7 @@ def test_a_resumed_run_accounts_each_release_once(tmp_path):
     assert releases == [2, 2]  # rounds 1-2, then 3-4: each evaluation once
 
 
+@pytest.mark.slow  # several DP runs end to end
 def test_instance_level_engines_release_the_same_validation(tmp_path):
     """Loop and vmap: the same noised histogram (test mode), the same selected round."""
     extra = (
