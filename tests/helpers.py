@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, ClientInfo, Schedule
@@ -24,6 +25,14 @@ PROCESS_WAIT = 900.0 * WAIT_SCALE  # s: the longest a test waits for one real pr
 
 # the config of conftest's ``finished_run``: two clients, two rounds, every round evaluated and checkpointed
 TINY_RUN = dict(rounds=2, stages=1, eval_every=1, clients=2, tensorboard=False, checkpoint_every=1)
+
+
+def one_per_family(algorithms: Any) -> list[Any]:
+    """``algorithms`` as parametrize values: the first of each family (the module that defines it) runs
+    in the quick subset, the others are marked slow (the full suite runs every one)."""
+    names = sorted(algorithms)
+    first = {ALGORITHMS[name].__module__: name for name in reversed(names)}.values()
+    return [name if name in first else pytest.param(name, marks=pytest.mark.slow) for name in names]
 
 
 def make_sim(

@@ -210,7 +210,7 @@ def test_secure_aggregation_refusals_are_one_line(extra, words, tmp_path):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kind, rate", [("fixed", 0.5), ("poisson", 0.6)])
+@pytest.mark.parametrize("kind, rate", [pytest.param("fixed", 0.5, marks=pytest.mark.slow), ("poisson", 0.6)])
 def test_client_sampling_under_secagg_equals_the_loop_engine(kind, rate, tmp_path):
     """A site not drawn this round sends zeros through SecAgg+, so the secure sum is the drawn sites'
     clipped updates; the server divides as the simulation does: the loop engine's numbers."""
