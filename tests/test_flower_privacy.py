@@ -71,11 +71,11 @@ def test_flower_privacy_refusals_are_one_line(extra, words, tmp_path):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # three Flower runs with client sampling (under SecAgg+: test_flower_secagg)
 @pytest.mark.parametrize(
     "algorithm, kind, rate",
-    [("codasca", "poisson", 0.5), pytest.param("localsgdm", "fixed", 0.5, marks=pytest.mark.slow),
-     pytest.param("codasca", "fixed", 0.75, marks=pytest.mark.slow)],
-)  # fmt: skip
+    [("codasca", "poisson", 0.5), ("localsgdm", "fixed", 0.5), ("codasca", "fixed", 0.75)],
+)
 def test_flower_client_sampling_equals_the_loop_engine(algorithm, kind, rate, tmp_path):
     """The server draws each round's sites with ClientSampling.mask; idle sites keep their state as
     the simulation's idle clients do: same model, every site's whole state, ε per evaluation."""

@@ -151,6 +151,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow  # three DP runs (the runs fixture); early stopping keeps a cheap case quick
 def test_selection_best_under_dp_costs_exactly_the_validation_releases(runs):
     """ε(best) = dp-accounting's RDP of the rounds composed with one Gaussian(z) per evaluation;
     ε(last) = the rounds alone; every history row composes the releases made so far."""
@@ -240,6 +241,7 @@ def attack(run: Path) -> tuple[float, float]:
     return min(abs(g["val_auroc"] - released) for g in guesses), abs(exact - released)
 
 
+@pytest.mark.slow  # three DP runs (the runs fixture); early stopping keeps a cheap case quick
 def test_the_run_folder_does_not_regenerate_the_validation_noise(runs):
     hit, _ = attack(runs["test_mode"])  # the attack works when the seed is in the folder
     assert hit == 0.0

@@ -88,6 +88,7 @@ def test_the_python_api_uses_one_thread_for_a_small_model_unless_omp_says(tmp_pa
     assert out.split() == [expected]
 
 
+@pytest.mark.slow  # a real fedxrisk process
 def test_a_notice_is_one_clean_line_not_a_python_warning(tmp_path):
     import os
     import subprocess

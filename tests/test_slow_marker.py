@@ -22,10 +22,8 @@ NEEDS = {
 WHOLLY_SLOW = tuple(m for m, extra in NEEDS.items() if importlib.util.find_spec(extra) is not None)
 SLOW = ("test_distributed.py::test_a_dead_or_frozen_rank_is_named_and_the_others_exit_nonzero",
         "test_distributed.py::test_distributed_matches_loop_engine_for_every_family",
-        "test_privacy_config.py::test_loop_vmap_and_distributed_agree_with_client_dp",
         "test_launch_local.py::test_a_launched_run_equals_the_loop_engine")  # fmt: skip
 QUICK = ("test_distributed.py::test_client_layout", "test_distributed.py::test_bad_launches_fail_before_training",
-         "test_privacy_config.py::test_privacy_section_round_trips_through_toml",
          "test_launch_local.py::test_a_launch_mistake_is_one_line_before_any_rank_starts")  # fmt: skip
 
 

@@ -76,7 +76,7 @@ def test_streamed_image_folder_run_equals_in_memory_run(folder, engine):
     assert max_abs_diff(mem.states, st.states) < 1e-5
 
 
-@pytest.mark.parametrize("engine", ["loop", "vmap"])
+@pytest.mark.parametrize("engine", ["loop", pytest.param("vmap", marks=pytest.mark.slow)])
 def test_streamed_multilabel_manifest_run_equals_in_memory_run(manifest, tmp_path, engine):
     runs = {}
     for stream in (False, True):
