@@ -70,6 +70,7 @@ def test_privacy_refusals_are_one_line(sets, algorithm, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # a real fedxrisk process (the refusals themselves: test_privacy_refusals_are_one_line)
 def test_cli_refuses_fedxl_with_dp_in_one_line_and_exit_2():
     cmd = [sys.executable, "-m", "fedxrisk", "run", "--set", "algorithm.algorithm=fedxl2",
            "--set", "privacy.clip=1", "--set", "privacy.noise_multiplier=1"]  # fmt: skip

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 # every test of these modules starts real processes: a TLS Flower federation, or fedxrisk run on every
 # engine; each is skipped without its optional extra
@@ -37,6 +39,7 @@ def _test_names(module: str) -> set[str]:
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
 
 
+@pytest.mark.slow  # collects five modules in a real pytest process
 def test_the_real_process_tests_are_slow_and_their_cheap_neighbours_are_not():
     modules = sorted({*WHOLLY_SLOW, *(case.split("::")[0] for case in (*SLOW, *QUICK))})
     env = {
