@@ -98,8 +98,8 @@ def _leaky(kind: str):
     [
         ("histogram", "model 0 positives' histogram"),
         ("count", "rows"),
-        ("scores", "model 0 scores"),
-        ("moments", "moment shares"),
+        pytest.param("scores", "model 0 scores", marks=pytest.mark.slow),
+        pytest.param("moments", "moment shares", marks=pytest.mark.slow),
     ],
 )
 def test_under_secagg_a_secret_beside_the_masked_vector_is_caught(tmp_path, monkeypatch, kind, secret):

@@ -228,9 +228,8 @@ except Exception as e:
 """
 
 
-@pytest.mark.parametrize(
-    "launched", [pytest.param(False, marks=pytest.mark.slow), True]
-)  # False: the control
+@pytest.mark.slow  # a real process per case
+@pytest.mark.parametrize("launched", [False, True])
 def test_a_lost_store_host_prints_no_cpp_warnings_in_a_torchrun_rank(launched):
     """torch's C++ store client warns (with a C++ stack) on every failed contact with a dead rank 0;
     in a rank launched by torchrun, importing fedxrisk keeps only errors."""
