@@ -50,6 +50,7 @@ def _broken_backend(gm, example_inputs):
     raise RuntimeError("no compiler here")
 
 
+@pytest.mark.slow  # a failing torch.compile (test_compiled_step_keeps_inputs_untouched compiles quickly)
 def test_compiled_engine_falls_back_to_vmap_when_compilation_fails():
     loop = run_all(make_sim("localsgdm", "loop", clients=3, rounds=2))
     sim = make_sim("localsgdm", "compile", clients=3, rounds=2)

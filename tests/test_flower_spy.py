@@ -49,6 +49,7 @@ def _spied_run(tmp_path, secure: bool) -> tuple[list[dict], list[dict], list, di
     return pushes, replies, sites, result
 
 
+@pytest.mark.slow  # the widest in-process spy run (the validation-histogram case stays quick)
 def test_without_secagg_the_spy_finds_each_sites_histograms_and_shares(tmp_path):
     pushes, replies, sites, _ = _spied_run(tmp_path, secure=False)
     assert len(replies) == len(pushes) == 2 * len(NODES)  # two plain exchanges
@@ -96,7 +97,7 @@ def _leaky(kind: str):
 @pytest.mark.parametrize(
     "kind, secret",
     [
-        ("histogram", "model 0 positives' histogram"),
+        pytest.param("histogram", "model 0 positives' histogram", marks=pytest.mark.slow),
         ("count", "rows"),
         pytest.param("scores", "model 0 scores", marks=pytest.mark.slow),
         pytest.param("moments", "moment shares", marks=pytest.mark.slow),

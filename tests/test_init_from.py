@@ -284,7 +284,11 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "call", [pytest.param(2, id="during-pretrain"), pytest.param(6, id="during-main", marks=pytest.mark.slow)]
+    "call",
+    [
+        pytest.param(2, id="during-pretrain", marks=pytest.mark.slow),
+        pytest.param(6, id="during-main", marks=pytest.mark.slow),
+    ],
 )
 def test_two_stage_resumes_from_either_stage(uninterrupted, tmp_path, call):
     # callbacks: pretrain rounds 1, 2, 3; main rounds 0, 1, 2, 3 → call 2 stops stage 1 after

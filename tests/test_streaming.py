@@ -139,6 +139,7 @@ def _corrupt(path: Path) -> bytes:
     return good
 
 
+@pytest.mark.slow  # a run stopped and resumed (the skip case stays quick)
 def test_corrupt_image_stops_the_run_naming_it_and_the_run_resumes(folder, tmp_path):
     data = tmp_path / "images"
     write_image_folder(data, per_class=24, size=8)

@@ -107,7 +107,7 @@ def test_one_client_full_batch_cox_equals_lifelines(tmp_path):
     np.testing.assert_allclose(ours, _lifelines_beta(fed.data), rtol=2e-3, atol=2e-4)
 
 
-@pytest.mark.parametrize("alg", [FeDXL2Cox, FeDXL1CIndex])
+@pytest.mark.parametrize("alg", [pytest.param(FeDXL2Cox, marks=pytest.mark.slow), FeDXL1CIndex])
 def test_one_client_xrisk_points_where_lifelines_does(tmp_path, alg):
     fed = _federated(tmp_path, 1, partition="iid")
     sim = _run(fed, alg, rounds=80, steps=5, lr=0.5 if alg is FeDXL2Cox else 2.0, batch=32)
