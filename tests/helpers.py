@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +16,23 @@ from fedxrisk.engines import Simulation
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import leaves
+
+# How much longer than usual a test may wait for a real process (a loaded machine, a slow CI runner):
+# the waits are upper bounds that a passing test never reaches, so raising this costs nothing.
+WAIT_SCALE = float(os.environ.get("FEDXRISK_TEST_WAIT", "1"))
+assert WAIT_SCALE > 0, f"FEDXRISK_TEST_WAIT must be a number > 0, got {WAIT_SCALE}"
+PROCESS_WAIT = 900.0 * WAIT_SCALE  # s: the longest a test waits for one real process before calling it hung
+
+# the config of conftest's ``finished_run``: two clients, two rounds, every round evaluated and checkpointed
+TINY_RUN = dict(rounds=2, stages=1, eval_every=1, clients=2, tensorboard=False, checkpoint_every=1)
+
+
+def one_per_family(algorithms: Any) -> list[Any]:
+    """``algorithms`` as parametrize values: the first of each family (the module that defines it) runs
+    in the quick subset, the others are marked slow (the full suite runs every one)."""
+    names = sorted(algorithms)
+    first = {ALGORITHMS[name].__module__: name for name in reversed(names)}.values()
+    return [name if name in first else pytest.param(name, marks=pytest.mark.slow) for name in names]
 
 
 def make_sim(
@@ -142,18 +155,3 @@ def image_folder_config(folder: Any, **overrides: Any) -> Any:
                 partition="iid", stages=1, local_steps=1, batch_size=4, workers=0, eval_every=1,
                 tensorboard=False, positive_classes=["b"])  # fmt: skip
     return RunConfig(**{**base, **overrides})
-
-
-@contextmanager
-def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` (e.g. "48k") at ``mount`` for full-disk tests; skips the test unless root."""
-    mount.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode
-    ):
-        pytest.skip("needs root to mount a tmpfs")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import PROCESS_WAIT
+
 HOST = "127.0.0.1"
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -185,10 +187,10 @@ class SecureFederation:
     def flwr(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [exe("flwr"), *args], env={**self.env, "FLWR_HOME": str(self.cli_home)}, capture_output=True,
-            text=True, timeout=180, stdin=subprocess.DEVNULL,
+            text=True, timeout=PROCESS_WAIT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
 
-    def superlink(self, timeout: float = 120.0) -> None:
+    def superlink(self, timeout: float = PROCESS_WAIT) -> None:
         certs = [
             "--ssl-ca-certfile",
             "ca.crt",

@@ -50,7 +50,7 @@ def assert_exact_class_aware(states, clients: int) -> None:
     assert states["p_max"].tolist() == [P / B] * clients
 
 
-@pytest.mark.parametrize("engine", ["loop", "vmap", "compile"])
+@pytest.mark.parametrize("engine", ["loop", "vmap", pytest.param("compile", marks=pytest.mark.slow)])
 def test_class_aware_batches_hold_exactly_p_positives(engine):
     sim = run_all(probe_sim(engine))
     assert abs(sim.algorithm.problem.pos_ratio - 0.1) < 0.02

@@ -50,6 +50,7 @@ def test_a_stale_region_is_reported(tmp_path):
     assert docs.stale(tmp_path) == [] and "| a |\n<!-- END" in doc.read_text()
 
 
+@pytest.mark.slow  # reruns the documented runs
 def test_the_default_run_reproduces_the_documented_numbers(tmp_path):
     result = run_experiment(RunConfig(), tmp_path / "default")
     documented = QUICK["default"]
@@ -59,6 +60,7 @@ def test_the_default_run_reproduces_the_documented_numbers(tmp_path):
     assert result.summary["communication"]["bytes_up_per_client"] == documented["bytes_up_per_client"]
 
 
+@pytest.mark.slow  # reruns the documented runs
 def test_seed_0_of_the_documented_comparison_reproduces(tmp_path):
     variants = list(QUICK["compare"]["runs"])
     cmp = compare_experiments({"experiment": {"rounds": 50}}, variants, seeds=[0], out_dir=tmp_path)

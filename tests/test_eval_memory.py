@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -14,7 +12,7 @@ from fedxrisk.experiment import ConfigError, RunConfig, build, run_experiment
 from fedxrisk.inference import load_trained
 from fedxrisk.metrics import predict
 from fedxrisk.problem import Problem
-from helpers import image_folder_config, write_image_folder
+from helpers import image_folder_config
 
 IMAGE_224 = 4 * 3 * 224 * 224  # float32 bytes of one 3×224×224 input
 
@@ -56,39 +54,32 @@ def test_predict_forwards_eval_batch_size_samples_at_a_time():
     assert np.allclose(scores, whole, atol=1e-6) and model.seen[-1] == 12
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    write_image_folder(root, per_class=12, size=8)
-    return root
+def _cfg(image_folder, **kw) -> RunConfig:
+    return image_folder_config(image_folder, **{**dict(model="linear", rounds=1, stream=True), **kw})
 
 
-def _cfg(folder, **kw) -> RunConfig:
-    return image_folder_config(folder, **{**dict(model="linear", rounds=1, stream=True), **kw})
-
-
-def test_run_uses_the_planned_eval_batch_and_predict_the_budgeted_one(folder, tmp_path):
-    setup = build(_cfg(folder, memory_budget="2GB"))
+def test_run_uses_the_planned_eval_batch_and_predict_the_budgeted_one(image_folder, tmp_path):
+    setup = build(_cfg(image_folder, memory_budget="2GB"))
     plan = setup.stream.memory  # data/budget.py: the eval batch the budget leaves room for
     assert setup.simulation.algorithm.problem.eval_batch_size == plan["eval_batch"] > 1
     assert plan["eval_batch"] * plan["eval_sample"] <= plan["budget"]
     assert (
         build(
-            _cfg(folder, memory_budget="2GB", eval_batch_size=3)
+            _cfg(image_folder, memory_budget="2GB", eval_batch_size=3)
         ).simulation.algorithm.problem.eval_batch_size
         == 3
     )
-    run_experiment(_cfg(folder, memory_budget="2GB"), tmp_path / "run")
+    run_experiment(_cfg(image_folder, memory_budget="2GB"), tmp_path / "run")
     # predict has no training step: half the budget / (64 × the float32 input), as before
     assert load_trained(tmp_path / "run").problem.eval_batch_size == eval_batch_size((3, 32, 32), 2 * 10**9)
     with pytest.raises(ConfigError, match="data.eval_batch_size must be a positive integer, got -2"):
-        build(_cfg(folder, eval_batch_size=-2))
+        build(_cfg(image_folder, eval_batch_size=-2))
     with pytest.raises(ConfigError, match=r"data.memory_budget = 10.0 MB is less than this process takes"):
-        build(_cfg(folder, memory_budget="10MB"))
+        build(_cfg(image_folder, memory_budget="10MB"))
 
 
-def test_prefetch_steps_stay_within_a_quarter_of_the_budget(folder):
-    fed = build(_cfg(folder)).data  # 2 clients, 3×32×32 inputs
+def test_prefetch_steps_stay_within_a_quarter_of_the_budget(image_folder):
+    fed = build(_cfg(image_folder)).data  # 2 clients, 3×32×32 inputs
     step = 4 * 3 * 32 * 32 * 16 * 2  # batch 16, 2 clients
     assert prefetch_steps(fed, StreamChoice(True, "", budget=10**12, workers=2), 16) == PREFETCH
     assert prefetch_steps(fed, StreamChoice(True, "", budget=4 * step * 2 * 2, workers=2), 16) == 2

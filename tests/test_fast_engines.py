@@ -27,6 +27,7 @@ def _agree(alg: str, engine: str, engine_options=None, **kw) -> tuple:
     return max_abs_diff(loop.states, fast.states), fast
 
 
+@pytest.mark.slow  # torch.compile of a whole round (test_compiled_step_keeps_inputs_untouched compiles quickly)
 def test_compiled_engine_matches_loop_across_an_lr_change():
     # two stages: the learning rate changes, so the compiled step sees new scalars; the code
     # form's options (sequential α step, variates kept, own prox reference) run inside it
@@ -36,6 +37,7 @@ def test_compiled_engine_matches_loop_across_an_lr_change():
     assert diff < 1e-5
 
 
+@pytest.mark.slow  # torch.compile of a whole round (test_compiled_step_keeps_inputs_untouched compiles quickly)
 def test_compiled_engine_matches_loop_with_batchnorm_buffers():
     # aot_eager runs the same dynamo + functionalization path without C++ codegen (fast)
     kw = dict(clients=2, rounds=2, local_steps=2, model="cnn", partition="class", buffer_policy="local")
@@ -48,6 +50,7 @@ def _broken_backend(gm, example_inputs):
     raise RuntimeError("no compiler here")
 
 
+@pytest.mark.slow  # a failing torch.compile (test_compiled_step_keeps_inputs_untouched compiles quickly)
 def test_compiled_engine_falls_back_to_vmap_when_compilation_fails():
     loop = run_all(make_sim("localsgdm", "loop", clients=3, rounds=2))
     sim = make_sim("localsgdm", "compile", clients=3, rounds=2)
@@ -158,6 +161,7 @@ def test_compiled_step_keeps_inputs_untouched():
     assert all(torch.equal(before[k], states["w"][k]) for k in before)
 
 
+@pytest.mark.slow  # torch.compile of a whole round (test_compiled_step_keeps_inputs_untouched compiles quickly)
 def test_compiled_engine_with_chunks_matches_loop():
     diff, sim = _agree(
         "codasca", "compile", {"backend": "aot_eager", "chunk_size": 2}, clients=3, rounds=2, local_steps=2

@@ -417,6 +417,7 @@ def test_pool_permutation_depends_on_seed_key_and_pool():
     assert torch.equal(base.sort().values, torch.arange(50))
 
 
+@pytest.mark.slow  # torch.compile of FeDXL2's round
 def test_fedxl2_compiled_engine_matches_loop():
     kw = dict(partition="class", rounds=1, local_steps=2, clients=2, model="linear")  # one compilation
     loop, fast = _sim("fedxl2", "loop", **kw), _sim("fedxl2", "compile", **kw)

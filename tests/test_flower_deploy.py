@@ -40,8 +40,10 @@ from fedxrisk.flower.app import from_records, to_records  # noqa: E402
 from fedxrisk.flower.wire import Packet  # noqa: E402
 from fedxrisk.metrics import evaluate  # noqa: E402
 from flower_spy import Site, evaluated_models, find_leaks, install_spy, load_records, training_site  # noqa: E402
-from helpers import make_sim, max_abs_diff, run_all  # noqa: E402
+from helpers import WAIT_SCALE, make_sim, max_abs_diff, run_all  # noqa: E402
 from procs import SecureFederation, make_site_key, stop_all  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a real TLS federation: SuperLink, SuperNodes, a ClientApp process per message
 
 SPLIT = {"partition": "iid", "imratio": 0.3, "seed": 0}
 SETTINGS = {"local-steps": 2, "batch-size": 8, "lr": 0.1, "stages": 1, "test-data": "digits", **SPLIT}
@@ -56,7 +58,7 @@ ONE_PATH = {
     "privacy": json.dumps({"clip": 0.5, "noise_multiplier": 0.8, "reproducible_noise": 7, "validation_noise_multiplier": 0.02}),
     "secure-aggregation": True,
 }  # fmt: skip
-RUN_WAIT = 900.0  # s; an idle 2-core machine needs about a minute, a heavily loaded one many
+RUN_WAIT = 900.0 * WAIT_SCALE  # s; an idle 2-core machine needs about a minute, a heavily loaded one many
 
 
 def _options(algorithm: str) -> dict:
@@ -241,7 +243,9 @@ def test_a_supernode_with_an_unregistered_key_is_refused(federation):
 def test_a_supernode_shut_down_mid_run_stops_the_run_with_a_clear_message(federation, tmp_path):
     """Runs last (it removes site 1). Policy: the round fails, naming the site; nothing hangs."""
     out = tmp_path / "lost"
-    federation.submit(out, algorithm="localsgdm", rounds=40, **{"round-timeout": 240.0})
+    federation.submit(
+        out, algorithm="localsgdm", rounds=40, **{"round-timeout": RUN_WAIT / 3}
+    )  # a lost site, not a slow round
     deadline = time.monotonic() + RUN_WAIT
     while not (out / "history.csv").exists() or len((out / "history.csv").read_text().splitlines()) < 2:
         assert time.monotonic() < deadline, "the run never finished its first round"

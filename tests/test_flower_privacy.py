@@ -71,6 +71,7 @@ def test_flower_privacy_refusals_are_one_line(extra, words, tmp_path):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # three Flower runs with client sampling (under SecAgg+: test_flower_secagg)
 @pytest.mark.parametrize(
     "algorithm, kind, rate",
     [("codasca", "poisson", 0.5), ("localsgdm", "fixed", 0.5), ("codasca", "fixed", 0.75)],

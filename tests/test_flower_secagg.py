@@ -68,7 +68,12 @@ def test_quantization_levels_keep_the_sum_of_sites_below_the_modulus():
 
 @pytest.mark.parametrize(
     "algorithm, sites, value_range",
-    [("codasca", 2, 64.0), ("localscgdam", 2, 64.0), ("codasca", 3, 64.0), ("coda", 2, 256.0)],
+    [
+        ("codasca", 2, 64.0),
+        ("localscgdam", 2, 64.0),
+        pytest.param("codasca", 3, 64.0, marks=pytest.mark.slow),
+        ("coda", 2, 256.0),
+    ],
 )  # coda: class sums and counts (n_pos up to the stage batch, so R = 256), 2 means a round
 def test_secure_aggregation_gives_the_plain_model(algorithm, sites, value_range, tmp_path):
     nodes = trial_nodes(sites)
@@ -210,7 +215,13 @@ def test_secure_aggregation_refusals_are_one_line(extra, words, tmp_path):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kind, rate", [("fixed", 0.5), ("poisson", 0.6)])
+@pytest.mark.parametrize(
+    "kind, rate",
+    [
+        pytest.param("fixed", 0.5, marks=pytest.mark.slow),
+        pytest.param("poisson", 0.6, marks=pytest.mark.slow),
+    ],
+)
 def test_client_sampling_under_secagg_equals_the_loop_engine(kind, rate, tmp_path):
     """A site not drawn this round sends zeros through SecAgg+, so the secure sum is the drawn sites'
     clipped updates; the server divides as the simulation does: the loop engine's numbers."""

@@ -49,6 +49,7 @@ def _spied_run(tmp_path, secure: bool) -> tuple[list[dict], list[dict], list, di
     return pushes, replies, sites, result
 
 
+@pytest.mark.slow  # the widest in-process spy run (the validation-histogram case stays quick)
 def test_without_secagg_the_spy_finds_each_sites_histograms_and_shares(tmp_path):
     pushes, replies, sites, _ = _spied_run(tmp_path, secure=False)
     assert len(replies) == len(pushes) == 2 * len(NODES)  # two plain exchanges
@@ -96,10 +97,10 @@ def _leaky(kind: str):
 @pytest.mark.parametrize(
     "kind, secret",
     [
-        ("histogram", "model 0 positives' histogram"),
+        pytest.param("histogram", "model 0 positives' histogram", marks=pytest.mark.slow),
         ("count", "rows"),
-        ("scores", "model 0 scores"),
-        ("moments", "moment shares"),
+        pytest.param("scores", "model 0 scores", marks=pytest.mark.slow),
+        pytest.param("moments", "moment shares", marks=pytest.mark.slow),
     ],
 )
 def test_under_secagg_a_secret_beside_the_masked_vector_is_caught(tmp_path, monkeypatch, kind, secret):
@@ -170,9 +171,9 @@ def test_a_wait_ends_as_soon_as_the_federation_died_with_its_stderr(tmp_path, wh
         for k in range(2):
             fed.nodes.append(f"site-{k}")
             fed.start(f"site-{k}", dies if who == "supernodes" else lives)
-        start = time.monotonic()
-        with pytest.raises(pytest.fail.Exception, match="exited.*gone: bad certificate"):
-            fed.wait_file(tmp_path / "out" / "summary.json", 600.0, tmp_path / "out")
-        assert time.monotonic() - start < 30
+        start, wait = time.monotonic(), 600.0
+        with pytest.raises(pytest.fail.Exception, match="exited.*gone: bad certificate"):  # not "after 600 s"
+            fed.wait_file(tmp_path / "out" / "summary.json", wait, tmp_path / "out")
+        assert time.monotonic() - start < wait / 2  # ended by the exit, not the timeout, loaded or not
     finally:
         fed.stop()

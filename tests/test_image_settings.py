@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -14,28 +12,21 @@ from fedxrisk.experiment import ConfigError, RunConfig, build, run_experiment
 from fedxrisk.inference import load_trained
 from fedxrisk.models import build_model
 from fedxrisk.prediction import predict
-from helpers import image_folder_config, write_image_folder
+from helpers import image_folder_config
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    write_image_folder(root, per_class=12, size=8)
-    return root
-
-
-def _cfg(folder, **kw) -> RunConfig:
-    return image_folder_config(folder, **{**dict(model="cnn", rounds=2, stream=False), **kw})
+def _cfg(image_folder, **kw) -> RunConfig:
+    return image_folder_config(image_folder, **{**dict(model="cnn", rounds=2, stream=False), **kw})
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_image_size_and_normalization_are_stored_and_reused_by_predict(folder, tmp_path, stream):
+def test_image_size_and_normalization_are_stored_and_reused_by_predict(image_folder, tmp_path, stream):
     norm = {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}
-    run_experiment(_cfg(folder, image_size=12, normalize=norm, stream=stream), tmp_path / "run")
+    run_experiment(_cfg(image_folder, image_size=12, normalize=norm, stream=stream), tmp_path / "run")
     blob = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
     assert list(blob["input_shape"]) == [3, 12, 12]
     assert blob["preprocessing"]["image_size"] == 12 and blob["preprocessing"]["normalize"] == norm
-    files = sorted((folder / "b").glob("*.png"))[:3]
+    files = sorted((image_folder / "b").glob("*.png"))[:3]
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     for f in files:
@@ -52,27 +43,27 @@ def test_image_size_and_normalization_are_stored_and_reused_by_predict(folder, t
     assert np.allclose(scores, expected, atol=1e-5)
 
 
-def test_normalization_changes_the_inputs_the_model_sees(folder):
-    plain = build(_cfg(folder)).problem
-    normed = build(_cfg(folder, normalize="imagenet")).problem
+def test_normalization_changes_the_inputs_the_model_sees(image_folder):
+    plain = build(_cfg(image_folder)).problem
+    normed = build(_cfg(image_folder, normalize="imagenet")).problem
     x = torch.rand(2, 3, 32, 32)
     params, buffers = plain.init_model()  # same seed: the same weights
     a = normed.logits(params, buffers, x, train=False)[0]
     mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in NORMALIZE_PRESETS["imagenet"])
     b = plain.logits(params, buffers, (x - mean) / std, train=False)[0]
     assert torch.allclose(a, b, atol=1e-5)
-    assert build(_cfg(folder, image_size=16)).data.data.input_shape == (3, 16, 16)
+    assert build(_cfg(image_folder, image_size=16)).data.data.input_shape == (3, 16, 16)
 
 
-def test_augment_choice_sets_the_training_augmenter(folder):
+def test_augment_choice_sets_the_training_augmenter(image_folder):
     from fedxrisk.data.augment import RandomCropFlip
 
-    assert build(_cfg(folder)).data.augment is None  # off by default
-    crop = build(_cfg(folder, augment="crop_flip", image_size=16)).data.augment
-    flip = build(_cfg(folder, augment="flip")).data.augment
+    assert build(_cfg(image_folder)).data.augment is None  # off by default
+    crop = build(_cfg(image_folder, augment="crop_flip", image_size=16)).data.augment
+    flip = build(_cfg(image_folder, augment="flip")).data.augment
     assert isinstance(crop, RandomCropFlip) and crop.padding == 2 and flip.padding == 0
     with pytest.raises(ConfigError, match="unknown data.augment 'rotate'; choose one of"):
-        build(_cfg(folder, augment="rotate"))
+        build(_cfg(image_folder, augment="rotate"))
 
 
 @pytest.mark.parametrize(
@@ -87,7 +78,7 @@ def test_augment_choice_sets_the_training_augmenter(folder):
         ),
     ],
 )
-def test_bad_image_settings_are_refused_in_one_line(folder, settings, message):
+def test_bad_image_settings_are_refused_in_one_line(image_folder, settings, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        build(_cfg(folder, **settings))
+        build(_cfg(image_folder, **settings))
     assert normalization("none") is None

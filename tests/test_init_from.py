@@ -65,7 +65,7 @@ def test_round0_of_a_run_from_a_finished_run_equals_its_final_metrics(finished, 
     assert [r["round"] for r in load_run(run.out_dir).history] == [0, 1]
 
 
-@pytest.mark.parametrize("engine", ["loop", "vmap"])
+@pytest.mark.parametrize("engine", ["loop", pytest.param("vmap", marks=pytest.mark.slow)])
 def test_every_algorithm_starts_from_exactly_the_loaded_weights(finished, engine):
     saved = _weights(finished.out_dir)
     for name in ALGORITHMS:
@@ -283,7 +283,13 @@ def uninterrupted(tmp_path_factory):
     return run_experiment(LONGER, tmp_path_factory.mktemp("three") / "run")
 
 
-@pytest.mark.parametrize("call", [2, 6], ids=["during-pretrain", "during-main"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(2, id="during-pretrain", marks=pytest.mark.slow),
+        pytest.param(6, id="during-main", marks=pytest.mark.slow),
+    ],
+)
 def test_two_stage_resumes_from_either_stage(uninterrupted, tmp_path, call):
     # callbacks: pretrain rounds 1, 2, 3; main rounds 0, 1, 2, 3 → call 2 stops stage 1 after
     # round 2 (checkpointed), call 6 stops the main stage after round 2

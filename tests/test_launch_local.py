@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fedxrisk.engines.launch import _death
 from fedxrisk.run.recipes import run_experiment
 from fedxrisk.run.spec import RunConfig
@@ -46,6 +48,7 @@ def test_a_launch_mistake_is_one_line_before_any_rank_starts(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_a_rank_that_fails_is_reported_once_without_torchrun_s_report(tmp_path):
     """A data file only the ranks read: rank 0 says what is wrong, the launcher adds nothing."""
     (tmp_path / "data.npz").write_text("not an npz archive")
@@ -59,6 +62,7 @@ def test_a_rank_that_fails_is_reported_once_without_torchrun_s_report(tmp_path):
     assert not any(noise in done.stderr for noise in TORCHRUN_NOISE), done.stderr
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_a_launched_run_equals_the_loop_engine(tmp_path):
     """The ranks read the checked settings unresolved (the step size still follows the data)."""
     settings = ["--clients", "2", "--rounds", "2", "--local-steps", "2", "--stages", "1", "--eval-every", "1"]

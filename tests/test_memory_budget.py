@@ -13,7 +13,7 @@ import torch
 
 from fedxrisk.data.budget import activation_bytes
 from fedxrisk.models.small import SmallCNN
-from helpers import write_image_folder
+from helpers import PROCESS_WAIT, write_image_folder
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 BUDGET_MB = 800
@@ -38,12 +38,13 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
+@pytest.mark.slow  # a real process on 64x64 images
 def test_streamed_run_stays_within_a_small_budget(tmp_path):
     folder = tmp_path / "images"
     write_image_folder(folder, per_class=110, size=64)
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(out), f"{BUDGET_MB}MB"],
-                          env=_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+                          env=_env(), capture_output=True, text=True, timeout=PROCESS_WAIT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak = json.loads(proc.stdout.splitlines()[-1])["peak"]
     memory = json.loads((out / "summary.json").read_text())["data"]["stream"]["memory"]
@@ -52,6 +53,7 @@ def test_streamed_run_stays_within_a_small_budget(tmp_path):
     assert peak <= BUDGET_MB * 10**6, f"peak RSS {peak / 1e6:.0f} MB over the {BUDGET_MB} MB budget"
 
 
+@pytest.mark.slow  # a real process on 64x64 images
 def test_a_batch_the_budget_cannot_hold_is_refused_in_one_line_before_writing(tmp_path):
     folder = tmp_path / "images"
     write_image_folder(folder, per_class=60, size=64)
@@ -63,7 +65,7 @@ def test_a_batch_the_budget_cannot_hold_is_refused_in_one_line_before_writing(tm
     )
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "fedxrisk", "run", "--config", str(config), "--imratio", "none", "--out", str(out)],
-                          env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+                          env=_env(), capture_output=True, text=True, timeout=PROCESS_WAIT)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [ln for ln in proc.stderr.splitlines() if not ln.startswith("warning: ")]  # notices aside
     assert len(errors) == 1 and errors[0].startswith(

@@ -31,6 +31,8 @@ from helpers import max_abs_diff
 
 pytest.importorskip("dp_accounting")
 
+pytestmark = pytest.mark.slow  # fedxrisk run in real processes on every engine, torchrun ranks included
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 CONFIG = """\
 [experiment]

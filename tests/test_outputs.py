@@ -15,15 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from fedxrisk.cli import main
 from fedxrisk.experiment import CHECKPOINT, RunConfig, load_checkpoint, load_run, run_experiment
+from helpers import TINY_RUN
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-TINY = dict(rounds=2, stages=1, eval_every=1, clients=2, tensorboard=False, checkpoint_every=1)
+TINY = TINY_RUN  # conftest's finished_run
 BASE = ["--set", "data.clients=2", "--set", "experiment.rounds=4", "--set", "algorithm.stages=1"]
 BASE += ["--set", "algorithm.local_steps=2", "--set", "experiment.eval_every=1"]
 BASE += ["--set", "data.batch_size=16", "--set", "experiment.checkpoint_every=2"]
@@ -49,29 +49,15 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("outputs") / "run"
-    run_experiment(RunConfig(**TINY), out)
-    np.savez(out.parent / "x.npz", x=np.random.default_rng(0).normal(size=(5, 1, 8, 8)).astype(np.float32))
-    return out
-
-
-@pytest.fixture
-def copy(run, tmp_path) -> Path:
-    """A private copy of the finished run."""
-    return Path(shutil.copytree(run, tmp_path / "run"))
-
-
 # ---- run identity ----------------------------------------------------------------------------------
 
 
-def test_summary_and_checkpoint_record_the_run_identity(run, tmp_path):
+def test_summary_and_checkpoint_record_the_run_identity(finished_run, tmp_path):
     from fedxrisk.run.folder import fingerprint
 
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((finished_run / "summary.json").read_text())
     assert summary["config_sha256"] == fingerprint(RunConfig(**TINY).to_dict())
-    assert summary["model_sha256"] == digest(run / "model.pt")
+    assert summary["model_sha256"] == digest(finished_run / "model.pt")
     cfg = RunConfig(**{**TINY, "rounds": 3})
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, tmp_path / "r", lambda row, done, total: _stop(done == 2))
@@ -130,18 +116,22 @@ def test_resume_after_a_step_size_change_continues_with_the_new_step(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
-def test_a_model_that_is_not_the_runs_is_refused(run, copy, tmp_path, command):
+def test_a_model_that_is_not_the_runs_is_refused(finished_run, run_copy, tmp_path, command):
     other = tmp_path / "other"
     run_experiment(RunConfig(**{**TINY, "seed": 5}), other)
-    shutil.copy(other / "model.pt", copy / "model.pt")
-    args = [copy, run.parent / "x.npz", "--out", tmp_path / "s.csv"] if command == "predict" else [copy]
+    shutil.copy(other / "model.pt", run_copy / "model.pt")
+    args = (
+        [run_copy, finished_run.parent / "x.npz", "--out", tmp_path / "s.csv"]
+        if command == "predict"
+        else [run_copy]
+    )
     result = cli(command, *args, "-q")
     assert result.exit_code == 2
     assert error_line(result) == (
-        f"Error: {copy}/model.pt is not the model this run wrote (its sha256 differs from summary.json's "
+        f"Error: {run_copy}/model.pt is not the model this run wrote (its sha256 differs from summary.json's "
         "model_sha256); put the run's own model.pt back, or use the run folder the model came from"
     )
-    assert not (tmp_path / "s.csv").exists() and not (copy / "evaluation.json").exists()
+    assert not (tmp_path / "s.csv").exists() and not (run_copy / "evaluation.json").exists()
 
 
 # ---- foreign folders and inputs --------------------------------------------------------------------
@@ -155,10 +145,14 @@ def _users_folder(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("command", ["compare", "plot", "evaluate"])
-def test_a_users_folder_is_refused(run, tmp_path, command):
+def test_a_users_folder_is_refused(finished_run, tmp_path, command):
     mine = tmp_path / "mine"
     before = _users_folder(mine)
-    args = {"compare": ["compare", *CMP], "plot": ["plot", run], "evaluate": ["evaluate", run, "-q"]}[command]
+    args = {
+        "compare": ["compare", *CMP],
+        "plot": ["plot", finished_run],
+        "evaluate": ["evaluate", finished_run, "-q"],
+    }[command]
     result = cli(*args, "--out", mine)
     assert result.exit_code == 2
     line = error_line(result)
@@ -167,8 +161,8 @@ def test_a_users_folder_is_refused(run, tmp_path, command):
     assert {p.name: digest(p) for p in mine.iterdir()} == before
 
 
-def test_plot_writes_into_a_folder_of_runs_and_over_its_own_plots(run, tmp_path):
-    shutil.copytree(run, tmp_path / "runs" / "a")
+def test_plot_writes_into_a_folder_of_runs_and_over_its_own_plots(finished_run, tmp_path):
+    shutil.copytree(finished_run, tmp_path / "runs" / "a")
     for _ in range(2):  # the second time over its own files
         result = cli("plot", tmp_path / "runs")
         assert result.exit_code == 0, result.output
@@ -181,14 +175,14 @@ def test_plot_writes_into_a_folder_of_runs_and_over_its_own_plots(run, tmp_path)
 
 
 @pytest.mark.parametrize("target", ["input", "model.pt", "history.csv"])
-def test_predict_never_overwrites_its_input_or_the_run(run, copy, target):
-    x = copy.parent / "x.npz"
-    shutil.copy(run.parent / "x.npz", x)
-    path = x if target == "input" else copy / target
+def test_predict_never_overwrites_its_input_or_the_run(finished_run, run_copy, target):
+    x = run_copy.parent / "x.npz"
+    shutil.copy(finished_run.parent / "x.npz", x)
+    path = x if target == "input" else run_copy / target
     before = digest(path)
-    result = cli("predict", copy, x, "--out", path, "--overwrite", "-q")
+    result = cli("predict", run_copy, x, "--out", path, "--overwrite", "-q")
     assert result.exit_code == 2
-    what = "the input" if target == "input" else f"a file of the run {copy}"
+    what = "the input" if target == "input" else f"a file of the run {run_copy}"
     assert (
         error_line(result)
         == f"Error: --out {path} is {what}; fedxrisk never overwrites an input, choose another path"
@@ -212,20 +206,20 @@ def _refused_link(result, link: Path) -> None:
     )
 
 
-def test_resume_never_writes_through_a_symlink(copy, tmp_path):
+def test_resume_never_writes_through_a_symlink(run_copy, tmp_path):
     target = _outside(tmp_path)
     for name in ("summary.json", "model.pt", "history.csv"):
-        (copy / name).unlink()
-    (copy / "history.csv").symlink_to(target)  # killed before its first checkpoint, then a link planted
-    _refused_link(cli("run", "--resume", copy, "-q"), copy / "history.csv")
+        (run_copy / name).unlink()
+    (run_copy / "history.csv").symlink_to(target)  # killed before its first checkpoint, then a link planted
+    _refused_link(cli("run", "--resume", run_copy, "-q"), run_copy / "history.csv")
     assert target.read_text() == "precious\n"
 
 
-def test_plot_never_writes_through_a_symlink(copy, tmp_path):
+def test_plot_never_writes_through_a_symlink(run_copy, tmp_path):
     target = _outside(tmp_path)
-    (copy / "curves.csv").symlink_to(target)
-    _refused_link(cli("plot", copy), copy / "curves.csv")
-    assert target.read_text() == "precious\n" and not (copy / "auroc_vs_rounds.png").exists()
+    (run_copy / "curves.csv").symlink_to(target)
+    _refused_link(cli("plot", run_copy), run_copy / "curves.csv")
+    assert target.read_text() == "precious\n" and not (run_copy / "auroc_vs_rounds.png").exists()
 
 
 def test_compare_never_writes_through_a_symlink(tmp_path):
@@ -238,24 +232,34 @@ def test_compare_never_writes_through_a_symlink(tmp_path):
     assert target.read_text() == "precious\n" and tmp_files(out) == []
 
 
-def test_evaluate_never_writes_through_a_dangling_symlink(copy, tmp_path):
+def test_evaluate_never_writes_through_a_dangling_symlink(run_copy, tmp_path):
     target = tmp_path / "elsewhere" / "roc.png"
-    (copy / "roc.png").symlink_to(target)
-    result = cli("evaluate", copy, "-q")
+    (run_copy / "roc.png").symlink_to(target)
+    result = cli("evaluate", run_copy, "-q")
     assert result.exit_code == 2 and "already holds roc.png" in error_line(result)
-    _refused_link(cli("evaluate", copy, "-q", "--overwrite"), copy / "roc.png")
-    assert not target.exists() and not (copy / "evaluation.json").exists() and tmp_files(copy) == []
+    _refused_link(cli("evaluate", run_copy, "-q", "--overwrite"), run_copy / "roc.png")
+    assert not target.exists() and not (run_copy / "evaluation.json").exists() and tmp_files(run_copy) == []
 
 
-def test_predict_never_follows_a_stale_tmp_link_or_writes_through_out(run, tmp_path):
+def test_predict_never_follows_a_stale_tmp_link_or_writes_through_out(finished_run, tmp_path):
     target = _outside(tmp_path)
     (tmp_path / "scores.csv.tmp").symlink_to(target)
-    result = cli("predict", run, run.parent / "x.npz", "--out", tmp_path / "scores.csv", "-q")
+    result = cli(
+        "predict", finished_run, finished_run.parent / "x.npz", "--out", tmp_path / "scores.csv", "-q"
+    )
     assert result.exit_code == 0, result.output
     assert target.read_text() == "precious\n" and len((tmp_path / "scores.csv").read_text().splitlines()) == 6
     assert tmp_files(tmp_path) == []
     (tmp_path / "link.csv").symlink_to(target)
-    result = cli("predict", run, run.parent / "x.npz", "--out", tmp_path / "link.csv", "--overwrite", "-q")
+    result = cli(
+        "predict",
+        finished_run,
+        finished_run.parent / "x.npz",
+        "--out",
+        tmp_path / "link.csv",
+        "--overwrite",
+        "-q",
+    )
     _refused_link(result, tmp_path / "link.csv")
     assert target.read_text() == "precious\n"
 
@@ -264,43 +268,34 @@ def test_predict_never_follows_a_stale_tmp_link_or_writes_through_out(run, tmp_p
 
 
 @pytest.fixture
-def full_disk(tmp_path):
-    """A 256 kB tmpfs filled up (root only), else skipped: a real ENOSPC."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]).returncode
-    ):
-        pytest.skip("needs root to mount a tmpfs")
+def full_disk(tmpfs):
+    """A 256 kB tmpfs filled up (root only, else skipped): a real ENOSPC."""
+    mount = tmpfs("256k")
+    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
     try:
-        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while True:
-                os.write(fd, b"\0" * 4096)
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-        finally:
-            os.close(fd)
-        yield mount
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
     finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+        os.close(fd)
+    return mount
 
 
-def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(run, full_disk):
+def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(finished_run, full_disk):
     out = full_disk / "scores.csv"
-    result = cli("predict", run, run.parent / "x.npz", "--out", out, "-q")
+    result = cli("predict", finished_run, finished_run.parent / "x.npz", "--out", out, "-q")
     assert result.exit_code == 2
     assert (
         error_line(result)
         == f"Error: cannot write {out}: No space left on device; nothing was written to scores.csv"
     )
-    result = cli("evaluate", run, "--out", full_disk / "ev", "-q", "--bootstrap", "0")
+    result = cli("evaluate", finished_run, "--out", full_disk / "ev", "-q", "--bootstrap", "0")
     assert result.exit_code == 2
     assert error_line(result).endswith(
         ": No space left on device; no evaluation file was written or replaced"
     )
-    result = cli("plot", run, "--out", full_disk / "plots")
+    result = cli("plot", finished_run, "--out", full_disk / "plots")
     assert result.exit_code == 2 and "No space left on device" in error_line(result)
     left = sorted(p.name for p in full_disk.rglob("*") if p.is_file())
     assert left == ["filler"]  # no .tmp, no 0-byte PNG, no evaluation.md without its json
@@ -337,12 +332,12 @@ def test_a_disk_full_mid_run_stops_in_one_line_and_resumes_exactly(tmp_path, mon
 
 
 @pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])
-def test_a_read_only_folder_is_one_line(run, tmp_path, monkeypatch, code):
+def test_a_read_only_folder_is_one_line(finished_run, tmp_path, monkeypatch, code):
     def refuse(*a, **k):
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr("fedxrisk.outfiles.os.fsync", refuse)
-    result = cli("evaluate", run, "--out", tmp_path / "ev", "-q", "--bootstrap", "0")
+    result = cli("evaluate", finished_run, "--out", tmp_path / "ev", "-q", "--bootstrap", "0")
     assert result.exit_code == 2
     assert error_line(result) == (
         f"Error: cannot write {tmp_path}/ev/evaluation.json: {os.strerror(code)}; no evaluation file was written or replaced"
@@ -379,6 +374,7 @@ def _comparable(out: Path) -> dict:
     }
 
 
+@pytest.mark.slow  # a real compare killed and continued
 def test_a_killed_compare_continues_to_the_uninterrupted_result(tmp_path):
     whole = tmp_path / "whole"
     assert cli("compare", *CMP, "--out", whole).exit_code == 0
@@ -445,11 +441,11 @@ def test_every_bad_output_is_one_line_and_keeps_every_file(case, base, tmp_path)
     assert row["exit"] == (0 if case.id == "predict-stale-tmp" else 2)
 
 
-def test_an_unwrapped_permission_error_is_still_one_line(run, monkeypatch):
+def test_an_unwrapped_permission_error_is_still_one_line(finished_run, monkeypatch):
     def denied(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied", "/data/model.pt")
 
     monkeypatch.setattr("fedxrisk.evaluation.load_trained", denied)
-    result = cli("evaluate", run, "-q", "--out", run.parent / "ev")
+    result = cli("evaluate", finished_run, "-q", "--out", finished_run.parent / "ev")
     assert result.exit_code == 2
     assert error_line(result) == "Error: /data/model.pt: Permission denied"

@@ -189,9 +189,22 @@ def _weights_for(fields: dict, tmp_path: Path) -> str:
 
 
 RUNNABLE = [p for p in CONFIGS if load_config(p)[0]["algorithm"] in ALGORITHMS]
+# the quick subset runs each dataset's config with the fewest clients (each reader's tiny files), but
+# none on ResNet-20 (seconds a step on a CPU; test_models_zoo.py covers it); the full suite runs them all
+QUICK = {
+    min(
+        (p for p in RUNNABLE if load_config(p)[0]["dataset"] == d),
+        key=lambda p: (load_config(p)[0]["clients"], p.name),
+    )
+    for d in {load_config(p)[0]["dataset"] for p in RUNNABLE}
+}
+QUICK = {p for p in QUICK if load_config(p)[0]["model"] != "resnet20"}
 
 
-@pytest.mark.parametrize("path", RUNNABLE, ids=[p.stem for p in RUNNABLE])
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, id=p.stem, marks=[] if p in QUICK else pytest.mark.slow) for p in RUNNABLE],
+)
 @pytest.mark.filterwarnings("ignore:clients .* hold only one class:UserWarning")  # tiny files, allowed here
 @pytest.mark.filterwarnings(
     "ignore:data.batch_size = .* exceeds every client's data:UserWarning"

@@ -19,7 +19,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.run.build import build
 from fedxrisk.run.configfile import config_to_toml, load_config
 from fedxrisk.run.recipes import run_experiment
-from helpers import make_sim, max_abs_diff, run_all
+from helpers import PROCESS_WAIT, make_sim, max_abs_diff, run_all
 
 pytest.importorskip("dp_accounting")
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,10 +70,11 @@ def test_privacy_refusals_are_one_line(sets, algorithm, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # a real fedxrisk process (the refusals themselves: test_privacy_refusals_are_one_line)
 def test_cli_refuses_fedxl_with_dp_in_one_line_and_exit_2():
     cmd = [sys.executable, "-m", "fedxrisk", "run", "--set", "algorithm.algorithm=fedxl2",
            "--set", "privacy.clip=1", "--set", "privacy.noise_multiplier=1"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PROCESS_WAIT)
     assert proc.returncode == 2
     assert "score pools" in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
 
@@ -150,11 +151,12 @@ def dist_results(tmp_path_factory):
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
         "127.0.0.1", "--master-port", str(port), str(TESTS / "dist_dp_worker.py"), str(out),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=PROCESS_WAIT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out / "dp_results.pt", weights_only=False)
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_loop_vmap_and_distributed_agree_with_client_dp(dist_results):
     from dist_dp_worker import SCENARIOS, dp
 
@@ -178,6 +180,7 @@ def test_loop_vmap_and_distributed_agree_with_client_dp(dist_results):
             assert abs(sim.train_loss() - got["train_loss"]) < 1e-5, spec
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_loop_vmap_and_distributed_agree_with_instance_dp(dist_results):
     from dist_dp_worker import INSTANCE
     from fedxrisk.engines.privacy import NoiseSource, instance_private
@@ -197,10 +200,12 @@ def test_loop_vmap_and_distributed_agree_with_instance_dp(dist_results):
         assert max_abs_diff(plain.states["w"], got["state"]["states"]["w"]) > 1e-3  # the noise is there
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_distributed_resume_with_client_dp_equals_the_uninterrupted_run(dist_results):
     assert max_abs_diff(dist_results["resumed"]["states"], dist_results["runs"][0]["state"]["states"]) == 0.0
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_distributed_secret_noise_is_one_source_on_every_rank(dist_results):
     """Default (secret) noise under the distributed engine: both ranks add rank 0's noise, so the
     4 clients (2 per rank) hold one global model; and it is not the test mode's noise."""

@@ -151,6 +151,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow  # three DP runs (the runs fixture); early stopping keeps a cheap case quick
 def test_selection_best_under_dp_costs_exactly_the_validation_releases(runs):
     """ε(best) = dp-accounting's RDP of the rounds composed with one Gaussian(z) per evaluation;
     ε(last) = the rounds alone; every history row composes the releases made so far."""
@@ -240,6 +241,7 @@ def attack(run: Path) -> tuple[float, float]:
     return min(abs(g["val_auroc"] - released) for g in guesses), abs(exact - released)
 
 
+@pytest.mark.slow  # three DP runs (the runs fixture); early stopping keeps a cheap case quick
 def test_the_run_folder_does_not_regenerate_the_validation_noise(runs):
     hit, _ = attack(runs["test_mode"])  # the attack works when the seed is in the folder
     assert hit == 0.0
@@ -247,6 +249,7 @@ def test_the_run_folder_does_not_regenerate_the_validation_noise(runs):
     assert miss > 1e-6 and gap > 1e-6  # and the released value is not the clear one
 
 
+@pytest.mark.slow  # several DP runs end to end
 def test_a_resumed_run_accounts_each_release_once(tmp_path):
     from fedxrisk.run.recipes import resume_experiment
 
@@ -264,6 +267,7 @@ def test_a_resumed_run_accounts_each_release_once(tmp_path):
     assert releases == [2, 2]  # rounds 1-2, then 3-4: each evaluation once
 
 
+@pytest.mark.slow  # several DP runs end to end
 def test_instance_level_engines_release_the_same_validation(tmp_path):
     """Loop and vmap: the same noised histogram (test mode), the same selected round."""
     extra = (

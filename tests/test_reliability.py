@@ -228,6 +228,7 @@ except Exception as e:
 """
 
 
+@pytest.mark.slow  # a real process per case
 @pytest.mark.parametrize("launched", [False, True])
 def test_a_lost_store_host_prints_no_cpp_warnings_in_a_torchrun_rank(launched):
     """torch's C++ store client warns (with a C++ stack) on every failed contact with a dead rank 0;

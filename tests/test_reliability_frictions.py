@@ -73,6 +73,7 @@ print(torch.get_num_threads())
 """
 
 
+@pytest.mark.slow  # a real process per case
 @pytest.mark.parametrize("omp, expected", [(None, "1"), ("2", "2")])
 def test_the_python_api_uses_one_thread_for_a_small_model_unless_omp_says(tmp_path, omp, expected):
     import os
@@ -87,6 +88,7 @@ def test_the_python_api_uses_one_thread_for_a_small_model_unless_omp_says(tmp_pa
     assert out.split() == [expected]
 
 
+@pytest.mark.slow  # a real fedxrisk process
 def test_a_notice_is_one_clean_line_not_a_python_warning(tmp_path):
     import os
     import subprocess

@@ -4,7 +4,6 @@ summary.json on resume, a full disk at the first checkpoint, and weights that ca
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +14,9 @@ from click.testing import CliRunner
 from fedxrisk.cli import main
 from fedxrisk.errors import ConfigError
 from fedxrisk.experiment import RunConfig, build, run_experiment
-from helpers import mounted_tmpfs
+from helpers import TINY_RUN
 
-TINY = dict(rounds=2, stages=1, eval_every=1, clients=2, tensorboard=False, checkpoint_every=1)
+TINY = TINY_RUN  # conftest's finished_run
 
 
 def cli(*args):
@@ -31,75 +30,63 @@ def one_line(result) -> str:
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "run"
-    run_experiment(RunConfig(**TINY), out)
-    np.savez(out.parent / "x.npz", x=np.random.default_rng(0).normal(size=(5, 1, 8, 8)).astype(np.float32))
-    return out
-
-
-@pytest.fixture
-def copy(run, tmp_path) -> Path:
-    return Path(shutil.copytree(run, tmp_path / "run"))
-
-
-def _commands(run: Path, out: str) -> dict[str, list]:
+def _commands(finished_run: Path, out: str) -> dict[str, list]:
     return {
-        "evaluate": ["evaluate", run, "--bootstrap", 0, "--out", out, "-q"],
-        "predict": ["predict", run, run.parent / "x.npz", "--out", f"{out}/scores.csv", "-q"],
-        "plot": ["plot", run, "--out", out],
+        "evaluate": ["evaluate", finished_run, "--bootstrap", 0, "--out", out, "-q"],
+        "predict": [
+            "predict",
+            finished_run,
+            finished_run.parent / "x.npz",
+            "--out",
+            f"{out}/scores.csv",
+            "-q",
+        ],
+        "plot": ["plot", finished_run, "--out", out],
     }
 
 
 @pytest.mark.parametrize("command", ["evaluate", "predict", "plot"])
-def test_an_output_folder_that_cannot_be_made_is_one_line(run, command):
-    line = one_line(cli(*_commands(run, "/proc/fedxrisk-out/x")[command]))
+def test_an_output_folder_that_cannot_be_made_is_one_line(finished_run, command):
+    line = one_line(cli(*_commands(finished_run, "/proc/fedxrisk-out/x")[command]))
     assert "/proc/fedxrisk-out" in line and "cannot be created" in line
 
 
 @pytest.mark.parametrize("command", ["evaluate", "predict"])
-def test_an_unknown_device_is_one_line(run, tmp_path, command):
-    args = _commands(run, str(tmp_path / "o"))[command]
+def test_an_unknown_device_is_one_line(finished_run, tmp_path, command):
+    args = _commands(finished_run, str(tmp_path / "o"))[command]
     assert "device 'tpu'" in one_line(cli(*args, "--device", "tpu"))
     assert not (tmp_path / "o").exists()
 
 
-def test_evaluate_refuses_a_config_edited_to_another_dataset(copy):
-    path = copy / "config.toml"
+def test_evaluate_refuses_a_config_edited_to_another_dataset(run_copy):
+    path = run_copy / "config.toml"
     path.write_text(path.read_text().replace('dataset = "digits"', 'dataset = "synthetic"'))
-    line = one_line(cli("evaluate", copy, "--bootstrap", 0, "-q"))
+    line = one_line(cli("evaluate", run_copy, "--bootstrap", 0, "-q"))
     assert "config.toml was edited after the run" in line and "dataset: 'digits' vs 'synthetic'" in line
-    assert sorted(p.name for p in copy.iterdir() if p.name.startswith("evaluation")) == []
+    assert sorted(p.name for p in run_copy.iterdir() if p.name.startswith("evaluation")) == []
 
 
-def test_resume_of_a_finished_run_with_a_damaged_summary_is_one_line(copy):
-    model = (copy / "model.pt").read_bytes()
-    (copy / "summary.json").write_text('{"status": "compl')
+def test_resume_of_a_finished_run_with_a_damaged_summary_is_one_line(run_copy):
+    model = (run_copy / "model.pt").read_bytes()
+    (run_copy / "summary.json").write_text('{"status": "compl')
     assert "summary.json is unreadable (JSONDecodeError) and model.pt exists" in one_line(
-        cli("run", "--resume", copy, "-q")
+        cli("run", "--resume", run_copy, "-q")
     )
-    assert (copy / "model.pt").read_bytes() == model
+    assert (run_copy / "model.pt").read_bytes() == model
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 48 kB tmpfs (root only, else skipped): room for config.toml and history.csv, not a CNN's checkpoint."""
-    with mounted_tmpfs(tmp_path / "disk", "48k") as mount:
-        yield mount
-
-
-def test_the_first_checkpoint_on_a_full_disk_is_one_line(small_disk):
-    """A real ENOSPC mid-checkpoint: torch's own file writer said RuntimeError ("unexpected pos")."""
-    out = small_disk / "run"
+def test_the_first_checkpoint_on_a_full_disk_is_one_line(tmpfs):
+    """A real ENOSPC mid-checkpoint: torch's own file writer said RuntimeError ("unexpected pos").
+    48 kB: room for config.toml and history.csv, not a CNN's checkpoint."""
+    out = tmpfs("48k") / "run"
     args = ["--rounds", 2, "--stages", 1, "--eval-every", 1, "--clients", 2, "--checkpoint-every", 1]
     line = one_line(cli("run", *args, "--model", "cnn", "--out", out, "-q"))
     assert line.startswith(f"Error: cannot write {out}/checkpoint.pt: No space left on device")
     assert sorted(p.name for p in out.iterdir()) == ["config.toml", "history.csv"]
 
 
-def test_init_from_integer_tensors_is_refused(run, tmp_path):
-    state = torch.load(run / "model.pt", weights_only=True)["params"]
+def test_init_from_integer_tensors_is_refused(finished_run, tmp_path):
+    state = torch.load(finished_run / "model.pt", weights_only=True)["params"]
     torch.save({k: (v * 100).round().to(torch.int64) for k, v in state.items()}, tmp_path / "int.pt")
     with pytest.raises(ConfigError, match="holds integer tensors for floating-point weights"):
         build(RunConfig(**TINY, init_from=str(tmp_path / "int.pt")))
@@ -110,9 +97,9 @@ def test_reset_head_without_init_from_is_refused():
         build(RunConfig(**TINY, reset_head=True))
 
 
-def test_a_selected_model_below_chance_on_its_own_validation_is_a_warning(run, tmp_path):
+def test_a_selected_model_below_chance_on_its_own_validation_is_a_warning(finished_run, tmp_path):
     """A start whose logit is negated, trained with a vanishing step: every round ranks inverted."""
-    state = dict(torch.load(run / "model.pt", weights_only=True)["params"])
+    state = dict(torch.load(finished_run / "model.pt", weights_only=True)["params"])
     for key in list(state)[-2:]:  # the head's weight and bias
         state[key] = -state[key]
     torch.save(state, tmp_path / "inverted.pt")
@@ -127,10 +114,10 @@ def test_a_selected_model_below_chance_on_its_own_validation_is_a_warning(run, t
 
 
 @pytest.mark.parametrize(("validation", "metric"), [(0.2, "val_auroc"), (0.0, "client_auroc_mean")])
-def test_a_final_model_below_chance_is_flagged_without_selection(run, tmp_path, validation, metric):
+def test_a_final_model_below_chance_is_flagged_without_selection(finished_run, tmp_path, validation, metric):
     """The same inverted start with selection = "last": flagged on validation, or without validation
     on the clients' own training shards (issue 42: nothing below chance goes out silently)."""
-    state = dict(torch.load(run / "model.pt", weights_only=True)["params"])
+    state = dict(torch.load(finished_run / "model.pt", weights_only=True)["params"])
     for key in list(state)[-2:]:
         state[key] = -state[key]
     torch.save(state, tmp_path / "inverted.pt")
@@ -146,14 +133,17 @@ def test_a_final_model_below_chance_is_flagged_without_selection(run, tmp_path, 
     assert fine.summary["below_chance"] is None  # the control: the same run from its own start
 
 
-def test_predict_refuses_uint8_pixels_for_a_model_trained_on_0_1_images(run, tmp_path):
+def test_predict_refuses_uint8_pixels_for_a_model_trained_on_0_1_images(finished_run, tmp_path):
     """digits' reader records no range; the run does, so 0–255 pixels are refused, not mis-scored."""
     x = np.random.default_rng(0).uniform(0, 1, size=(6, 1, 8, 8))
     np.savez(tmp_path / "pixels.npz", x=(x * 255).astype(np.uint8))
-    line = one_line(cli("predict", run, tmp_path / "pixels.npz", "--out", tmp_path / "s.csv", "-q"))
+    line = one_line(cli("predict", finished_run, tmp_path / "pixels.npz", "--out", tmp_path / "s.csv", "-q"))
     assert "the model was trained on inputs in [0, 1]" in line and not (tmp_path / "s.csv").exists()
     np.savez(tmp_path / "scaled.npz", x=x.astype(np.float32))
-    assert cli("predict", run, tmp_path / "scaled.npz", "--out", tmp_path / "s.csv", "-q").exit_code == 0
+    assert (
+        cli("predict", finished_run, tmp_path / "scaled.npz", "--out", tmp_path / "s.csv", "-q").exit_code
+        == 0
+    )
 
 
 def test_predict_refuses_pre_standardized_rows_for_a_model_trained_on_raw_values(tmp_path):
@@ -180,7 +170,7 @@ def test_predict_refuses_pre_standardized_rows_for_a_model_trained_on_raw_values
 
 
 def test_roc_and_pr_plots_name_the_run_and_the_positive_class_and_pr_has_its_baseline(
-    run, tmp_path, monkeypatch
+    finished_run, tmp_path, monkeypatch
 ):
     from matplotlib.figure import Figure
 
@@ -195,7 +185,7 @@ def test_roc_and_pr_plots_name_the_run_and_the_positive_class_and_pr_has_its_bas
         return real(fig, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", savefig)
-    result = evaluate(run, bootstrap=0, out=tmp_path / "e")
+    result = evaluate(finished_run, bootstrap=0, out=tmp_path / "e")
     (roc_title, _), (pr_title, pr_legend) = seen
     positive = "+".join(map(str, result["positive_class"]["names"] or result["positive_class"]["ids"]))
     assert roc_title == f"ROC — run run, positive: {positive}"

@@ -19,7 +19,6 @@ from fedxrisk.cli import main
 from fedxrisk.errors import ConfigError, NonFiniteLoss
 from fedxrisk.run.configfile import config_to_toml
 from fedxrisk.run.tunespace import parse_space
-from helpers import mounted_tmpfs
 
 optuna = pytest.importorskip("optuna")
 
@@ -231,17 +230,11 @@ def test_best_config_names_the_data_by_an_absolute_path(tmp_path, fake, monkeypa
     assert f'data_dir = "{tmp_path / "d.npz"}"' in best
 
 
-@pytest.fixture
-def small_disk(tmp_path):
+def test_a_trial_on_a_really_full_disk_is_one_line_and_labelled_so(tmpfs, monkeypatch):
     """A 40 kB tmpfs (root only, else skipped): room for the study and a trial's first files only."""
-    with mounted_tmpfs(tmp_path / "disk", "40k") as mount:
-        yield mount
-
-
-def test_a_trial_on_a_really_full_disk_is_one_line_and_labelled_so(small_disk, monkeypatch):
     from fedxrisk.run.tune import load_records
 
-    out = small_disk / "t"
+    out = tmpfs("40k") / "t"
     line = one_line(CliRunner().invoke(main, ["tune", *TINY, "--clients", "2", "--model", "cnn", "--trials", "2",
                                               "--out", str(out)]))  # fmt: skip
     assert "No space left on device" in line

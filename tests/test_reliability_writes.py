@@ -44,6 +44,7 @@ def _kill_while_writing(script: str, out: Path) -> None:
     proc.wait()
 
 
+@pytest.mark.slow  # a real process killed mid-write
 def test_a_predict_killed_while_writing_leaves_no_tmp_and_the_old_scores(tmp_path):
     out = tmp_path / "scores.csv"
     out.write_text("row,prob\n0,0.5\n")

@@ -58,6 +58,7 @@ def reference(tmp_path_factory):
     return run_experiment(RunConfig(**CFG), tmp_path_factory.mktemp("ref") / "run")
 
 
+@pytest.mark.slow  # a real run killed and resumed
 def test_killed_run_resumes_to_identical_metrics(reference, tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": SRC}

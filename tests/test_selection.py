@@ -27,6 +27,7 @@ from fedxrisk.run.folder import LAST_MODEL, MODEL, load_model
 from fedxrisk.run.recipes import resume_experiment, run_experiment
 from fedxrisk.run.spec import RunConfig
 from fedxrisk.stats import histogram_bounds, score_histogram
+from helpers import PROCESS_WAIT
 
 RUN = dict(clients=4, rounds=12, stages=1, local_steps=2, eval_every=1, tensorboard=False, validation=0.25)
 
@@ -335,6 +336,7 @@ def test_predict_matches_the_module_forward_used_for_model_pt():
     assert s.shape[0] == len(setup.data.data.y_test)
 
 
+@pytest.mark.slow  # 2 real ranks
 def test_distributed_engine_validates_from_histograms_and_stops_with_the_loop_engine(tmp_path):
     """Two real ranks (two clients each): val_* from summed histograms near the loop engine's exact
     values (this model's logits span about 0.5, i.e. ~70 of the 4096 bins: the stated bound is then
@@ -364,7 +366,7 @@ def test_distributed_engine_validates_from_histograms_and_stops_with_the_loop_en
             subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         )
     for p in procs:
-        _, err = p.communicate(timeout=600)
+        _, err = p.communicate(timeout=PROCESS_WAIT)
         assert p.returncode == 0, err[-2000:]
     cfg = RunConfig(dataset="digits", clients=4, rounds=30, stages=1, local_steps=2, eval_every=1,
                     validation=0.25, selection="best", early_stopping=2, engine="loop")  # fmt: skip

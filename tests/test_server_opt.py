@@ -14,7 +14,7 @@ from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
 from fedxrisk.models import build_model
 from fedxrisk.problem import Problem
 from fedxrisk.tree import index
-from helpers import assert_equal_across_clients, max_abs_diff
+from helpers import PROCESS_WAIT, assert_equal_across_clients, max_abs_diff
 
 ROUNDS = 4
 
@@ -84,6 +84,7 @@ def test_bad_server_settings_are_named():
         ServerOptimizer("adam", beta2=1.0)
 
 
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_torchrun_distributed_run_with_fedadam_equals_the_loop_engine(tmp_path):
     """The CLI's [server] table through `fedxrisk run` on 2 torchrun ranks (2 clients each) and on loop."""
     import json
@@ -107,7 +108,7 @@ def test_torchrun_distributed_run_with_fedadam_equals_the_loop_engine(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), "-m", "fedxrisk", "run", *common, "--engine", "distributed",
            "--clients-per-rank", "2", "-q", "--out", str(tmp_path / "dist")]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=PROCESS_WAIT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     dist = json.loads((tmp_path / "dist" / "summary.json").read_text())
     cfg = RunConfig(algorithm="codasca", clients=4, rounds=4, eval_every=4, engine="loop",

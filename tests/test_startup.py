@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from fedxrisk import catalog
 
 HEAVY = ("torch", "sklearn", "numpy", "scipy", "matplotlib")
@@ -126,6 +128,7 @@ def test_the_catalogue_answers_as_the_live_registry():
         assert committed[name]["default_lr"] == cls.default_lr
 
 
+@pytest.mark.slow  # a real process (the range-error case stays quick)
 def test_a_dataset_registered_by_the_user_passes_the_checks():
     """Once a registry module is imported the checks read the live registry, not catalog.json."""
     code = """

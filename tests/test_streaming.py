@@ -76,7 +76,7 @@ def test_streamed_image_folder_run_equals_in_memory_run(folder, engine):
     assert max_abs_diff(mem.states, st.states) < 1e-5
 
 
-@pytest.mark.parametrize("engine", ["loop", "vmap"])
+@pytest.mark.parametrize("engine", ["loop", pytest.param("vmap", marks=pytest.mark.slow)])
 def test_streamed_multilabel_manifest_run_equals_in_memory_run(manifest, tmp_path, engine):
     runs = {}
     for stream in (False, True):
@@ -139,6 +139,7 @@ def _corrupt(path: Path) -> bytes:
     return good
 
 
+@pytest.mark.slow  # a run stopped and resumed (the skip case stays quick)
 def test_corrupt_image_stops_the_run_naming_it_and_the_run_resumes(folder, tmp_path):
     data = tmp_path / "images"
     write_image_folder(data, per_class=24, size=8)

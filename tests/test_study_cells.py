@@ -26,6 +26,7 @@ CFG = RunConfig(algorithm="codasca", dataset="digits", clients=4, rounds=12, eva
                 validation=0.2, selection="best", checkpoint_every=0, tensorboard=False)  # fmt: skip
 
 
+@pytest.mark.slow  # a study cell against a full run
 def test_a_cell_selects_the_round_fedxrisk_run_selects_and_scores_its_model(tmp_path):
     cell = sc.train_cell(CFG, tmp_path / "cell")
     ref = run_experiment(dataclasses.replace(CFG), tmp_path / "api").summary["selected"]

@@ -98,6 +98,7 @@ def _lifelines_beta(data) -> np.ndarray:
     return lifelines.CoxPHFitter().fit(df, "T", "E").params_.to_numpy()
 
 
+@pytest.mark.slow  # long: many rounds to a converged model
 def test_one_client_full_batch_cox_equals_lifelines(tmp_path):
     fed = _federated(tmp_path, 1, partition="iid")
     n = fed.shard_sizes[0]
@@ -106,7 +107,7 @@ def test_one_client_full_batch_cox_equals_lifelines(tmp_path):
     np.testing.assert_allclose(ours, _lifelines_beta(fed.data), rtol=2e-3, atol=2e-4)
 
 
-@pytest.mark.parametrize("alg", [FeDXL2Cox, FeDXL1CIndex])
+@pytest.mark.parametrize("alg", [pytest.param(FeDXL2Cox, marks=pytest.mark.slow), FeDXL1CIndex])
 def test_one_client_xrisk_points_where_lifelines_does(tmp_path, alg):
     fed = _federated(tmp_path, 1, partition="iid")
     sim = _run(fed, alg, rounds=80, steps=5, lr=0.5 if alg is FeDXL2Cox else 2.0, batch=32)
@@ -124,6 +125,7 @@ def test_loop_and_vmap_agree_across_sites(tmp_path, alg):
         torch.testing.assert_close(a.states["w"][k], b.states["w"][k], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # long: many rounds to a converged model
 def test_sites_learn_a_concordant_score(tmp_path):
     fed = _federated(tmp_path, 3)
     for alg, lr in ((FeDXL2Cox, 0.5), (FeDXL1CIndex, 2.0), (FedAvgCox, 0.1)):

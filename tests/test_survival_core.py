@@ -53,6 +53,7 @@ def test_c_index_all_censored_but_one_and_no_pairs():
         concordance(times, np.array([2, 0, 0]), np.array([3.0, 2.0, 1.0]))
 
 
+@pytest.mark.slow  # a bootstrap of many resamples
 def test_variance_matches_the_bootstrap():
     """The U-statistic variance is within 25 % of 2,000 bootstrap resamples' variance."""
     times, events, scores = _survival(300, 11, tied_times=True)

@@ -18,6 +18,7 @@ from fedxrisk.cli import main
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.spec import RunConfig
 from fedxrisk.run.tunespace import Param, apply_params, default_params, parse_space, space_for
+from helpers import PROCESS_WAIT
 
 optuna = pytest.importorskip("optuna")
 
@@ -131,10 +132,11 @@ def test_best_config_reproduces_its_trial_value(tmp_path):
     assert (out / "history.png").stat().st_size > 0 and (out / "importances.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # real tune processes, killed or racing
 def test_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
     out = tmp_path / "t"
     proc = subprocess.Popen(_tune_cmd(out, "--trials", "4"), env=_env(), stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + PROCESS_WAIT
     while not (out / "trials" / "0001" / "summary.json").exists():  # trial 0 done, trial 1 finishing
         assert proc.poll() is None and time.monotonic() < deadline, "tune ended or hung before the kill"
         time.sleep(0.2)
@@ -159,6 +161,7 @@ def test_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
     assert len({r.folder for r in complete}) == 4
 
 
+@pytest.mark.slow  # real tune processes, killed or racing
 @pytest.mark.parametrize("storage", ["sqlite", "journal"])
 def test_two_processes_share_one_study(tmp_path, storage):
     out = tmp_path / "t"
@@ -169,7 +172,7 @@ def test_two_processes_share_one_study(tmp_path, storage):
         assert first.poll() is None
         time.sleep(0.1)
     second = subprocess.Popen(_tune_cmd(out, *extra, "--seed", "2"), env=_env(), stdout=subprocess.DEVNULL)
-    assert first.wait(timeout=600) == 0 and second.wait(timeout=600) == 0
+    assert first.wait(timeout=PROCESS_WAIT) == 0 and second.wait(timeout=PROCESS_WAIT) == 0
     records = _records(out, url)
     assert [r.state for r in records] == ["complete"] * 4
     assert {json.loads((out / r.folder / "summary.json").read_text())["rounds"] for r in records} == {2}
