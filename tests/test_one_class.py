@@ -17,6 +17,8 @@ SPARSE = dict(clients=16, partition="iid", imratio=0.01, rounds=2, local_steps=2
 def test_cross_entropy_baselines_train_on_one_class_clients_without_being_told(algorithm, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not even a warning: such clients are ordinary here
+        # (two rounds at 1 % positives may still rank worse than chance: that warning is another matter)
+        warnings.filterwarnings("ignore", message=".*ranks worse than chance")
         result = run_experiment(RunConfig(algorithm=algorithm, **SPARSE), tmp_path)
     lacking = [
         k for k, (pos, neg) in enumerate(result.summary["data"]["client_counts"]) if pos == 0 or neg == 0

@@ -128,7 +128,7 @@ def test_a_damaged_journal_is_one_line_and_kept(study):
         (["--timeout", "nan"], "--timeout must be"),
         (["--timeout", "inf"], "--timeout must be"),
         (["--confirm-seeds", "1,2,1"], "repeats seed 1"),
-        (["--confirm-seeds", ","], "names no seed"),
+        (["--confirm-seeds", ","], "--confirm-seeds: expected a comma-separated list of at least one value"),
         (["--space", "lr=0:0"], "lr = 0 is refused: algorithm.lr must be > 0"),
         (["--space", "local_steps=0:0"], "local_steps = 0 is refused"),
         (["-a", "localsgdm", "--space", "momentum=0.5:1.5"], "momentum must lie in [0, 1)"),

@@ -202,7 +202,7 @@ def test_bad_rates_and_window_are_clear_errors():
     with pytest.raises(ValueError, match="alpha_h·η"):
         alg.validate_schedule(Schedule.build(rounds=4, local_steps=2, lr=0.3, stages=2))
     alg.validate_schedule(Schedule.build(rounds=4, local_steps=2, lr=0.1, stages=2))  # 5 × 0.1 < 1: fine
-    with pytest.raises(ConfigError, match="local steps"):
+    with pytest.raises(ConfigError, match="algorithm.local_steps must be ≥ 1"):
         build(RunConfig(algorithm="localscgdam", local_steps=0, rounds=2))
     with pytest.raises(ConfigError, match="beta_x·η"):
         build(RunConfig(algorithm="localscgdam", lr=0.05, rounds=2, stages=1, options={"beta_x": 30.0}))
