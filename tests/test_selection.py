@@ -45,9 +45,10 @@ def _ids(n_train: int = 400, n_test: int = 100, seed: int = 0) -> BinaryData:
     return BinaryData("ids", x_train, y_train, x_test, y_test, classes, (1,))
 
 
-def test_carved_validation_is_per_client_per_class_and_disjoint():
-    fed = make_federated(_ids(), 4, "iid", None, seed=0)
-    carved = carve_validation(fed, 0.25, seed=3)
+def _disjoint_split(fed, carve) -> list[set[int]]:
+    """``carve(fed, 0.25, seed=3)`` loses no record, keeps each client's validation apart from its
+    training rows and the test set, and is seeded; each client's validation ids."""
+    carved = carve(fed, 0.25, seed=3)
     b = carved.data
     train_ids = [set(b.x_train[s, 0].long().tolist()) for s in carved.shards]
     val_ids = [set(b.x_val[v, 0].long().tolist()) for v in carved.val_shards]  # type: ignore[union-attr, index]
@@ -55,35 +56,31 @@ def test_carved_validation_is_per_client_per_class_and_disjoint():
     for k, shard in enumerate(fed.shards):
         assert train_ids[k] | val_ids[k] == set(fed.data.x_train[shard, 0].long().tolist())  # nothing lost
         assert not train_ids[k] & val_ids[k] and not val_ids[k] & test_ids
+    assert not set().union(*train_ids) & set().union(*val_ids)
+    assert len(b.x_train) == sum(len(s) for s in carved.shards)  # validation left the training set
+    again = carve(fed, 0.25, seed=3)  # seeded
+    assert all(np.array_equal(a, c) for a, c in zip(again.val_shards, carved.val_shards))  # type: ignore[arg-type]
+    return val_ids
+
+
+def test_carved_validation_is_per_client_per_class_and_disjoint():
+    fed = make_federated(_ids(), 4, "iid", None, seed=0)
+    val_ids = _disjoint_split(fed, carve_validation)
+    for k, shard in enumerate(fed.shards):
         y = fed.data.y_train[shard].numpy()
         for c in (0, 1):  # each class of the client's shard: round(0.25 n) held out (≥ 1 for n ≥ 2, ≤ n − 1)
             held = sum(int(fed.data.y_train[int(i)]) == c for i in val_ids[k])
             n = int((y == c).sum())
             assert held == (min(max(1, round(0.25 * n)), n - 1) if n >= 2 else 0)
-    assert not set().union(*train_ids) & set().union(*val_ids)
-    assert len(b.x_train) == sum(len(s) for s in carved.shards)  # validation left the training set
-    again = carve_validation(fed, 0.25, seed=3)  # seeded
-    assert all(np.array_equal(a, c) for a, c in zip(again.val_shards, carved.val_shards))  # type: ignore[arg-type]
 
 
 def test_record_carve_is_per_client_and_disjoint():
     fed = make_federated(_ids(), 4, "iid", None, seed=0)
-    carved = carve_records(fed, 0.25, seed=3)
-    b = carved.data
-    train_ids = [set(b.x_train[s, 0].long().tolist()) for s in carved.shards]
-    val_ids = [set(b.x_val[v, 0].long().tolist()) for v in carved.val_shards]  # type: ignore[union-attr, index]
-    test_ids = set(b.x_test[:, 0].long().tolist())
-    for k, shard in enumerate(fed.shards):
-        assert train_ids[k] | val_ids[k] == set(fed.data.x_train[shard, 0].long().tolist())  # nothing lost
-        assert not train_ids[k] & val_ids[k] and not val_ids[k] & test_ids
+    val_ids = _disjoint_split(fed, carve_records)
     held = sum(len(v) for v in val_ids)
     assert abs(held - 0.25 * 400) <= 4 * math.sqrt(400 * 0.25 * 0.75)  # Binomial(400, 0.25), 4 sd
-    assert not set().union(*train_ids) & set().union(*val_ids)
-    assert len(b.x_train) == sum(len(s) for s in carved.shards)  # validation left the training set
-    again = carve_records(fed, 0.25, seed=3)  # seeded
-    assert all(np.array_equal(a, c) for a, c in zip(again.val_shards, carved.val_shards))  # type: ignore[arg-type]
     other = carve_records(fed, 0.25, seed=4)  # the seed keys the hash
-    assert set(other.data.x_val[:, 0].tolist()) != set(b.x_val[:, 0].tolist())  # type: ignore[index]
+    assert set(other.data.x_val[:, 0].tolist()) != set().union(*val_ids)  # type: ignore[index]
 
 
 def _val_ids(fed) -> list[set[int]]:
