@@ -123,6 +123,8 @@ NOT_HONOURED_VALUES = {
     "memory-budget": "4GB",
     "engine": "compile",
     "pretrain": '{"algorithm": "centralized", "rounds": 1}',
+    "sources": '["cleveland"]',
+    "on-missing": "impute",
 }
 
 

@@ -72,6 +72,14 @@ NOT_HONOURED: dict[str, tuple[str, str]] = {
         "chooses how one process runs the clients",
         'drop it or set "loop": each site runs its client',
     ),
+    "sources": (
+        "trains the simulation on some of its sites only",
+        "drop it: start SuperNodes for the sites that should train",
+    ),
+    "on_missing": (
+        "handles a CSV's missing cells as the simulation reads it",
+        "drop it and give the sites files without missing values",
+    ),
     "pretrain": (
         "trains a first stage before the run",
         "run the first stage with `fedxrisk run` and start the Flower run from its model.pt (init-from)",
