@@ -57,6 +57,7 @@ def _cache_files(where: Path) -> list[str]:
     return sorted(p.name for p in where.iterdir()) if where.exists() else []
 
 
+@pytest.mark.slow  # a whole streamed run; the cache's quick siblings below cover reading and rebuilding it
 def test_streamed_cached_run_equals_in_memory_run_with_augmentation(folder, tmp_path):
     runs = {}
     for name, kw in (("memory", {"stream": False}), ("cached", {"cache": str(tmp_path / "cache")})):
