@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from fedxrisk.cli import main
 from fedxrisk.engines import Simulation
 from fedxrisk.engines.privacy import ClientDP, ClientSampling, epsilon
 from fedxrisk.errors import ConfigError
@@ -224,10 +226,9 @@ def test_distributed_secret_noise_is_one_source_on_every_rank(dist_results):
     "privacy, words",
     [
         (("target_epsilon=1e12",), "privacy.target_epsilon = 1e+12 lies outside [0.05, 100]"),
-        # the other three cases run in the full suite (a CLI run each); the first stays in the quick subset
-        pytest.param(("target_epsilon=1e-9",), "privacy.target_epsilon = 1e-09 lies outside [0.05, 100]", marks=pytest.mark.slow),
-        pytest.param(("noise_multiplier=1", "validation_noise_multiplier=1e-9"), "validation_noise_multiplier = 1e-09 is below 0.01", marks=pytest.mark.slow),
-        pytest.param(("noise_multiplier=1e-9",), "privacy.noise_multiplier = 1e-09 is below 0.01", marks=pytest.mark.slow),
+        pytest.param(("target_epsilon=1e-9",), "privacy.target_epsilon = 1e-09 lies outside [0.05, 100]"),
+        pytest.param(("noise_multiplier=1", "validation_noise_multiplier=1e-9"), "validation_noise_multiplier = 1e-09 is below 0.01"),
+        pytest.param(("noise_multiplier=1e-9",), "privacy.noise_multiplier = 1e-09 is below 0.01"),
     ],
 )  # fmt: skip
 def test_accountant_extremes_are_refused_at_check_time_in_one_line_and_nothing_is_written(
@@ -242,11 +243,10 @@ def test_accountant_extremes_are_refused_at_check_time_in_one_line_and_nothing_i
         "privacy.clip=1",
         *(f"privacy.{p}" for p in privacy),
     ]
-    cmd = [sys.executable, "-m", "fedxrisk", "run", "--out", str(tmp_path / "out"),
-           *(x for s in sets for x in ("--set", s))]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert words in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    args = ["run", "--out", str(tmp_path / "out"), *(x for s in sets for x in ("--set", s))]
+    result = CliRunner().invoke(main, args)  # in process: the CLI's exit code and stderr as a shell sees them
+    assert result.exit_code == 2, result.output[-2000:]
+    assert words in result.stderr and result.stderr.strip().count("\n") == 0, result.stderr
     assert not (tmp_path / "out").exists()  # nothing written
 
 
@@ -271,11 +271,11 @@ def test_compare_under_privacy_is_refused_like_tune_in_one_line_and_writes_nothi
     """Issue 40 item 5: compare ran several private trainings with no combined ε; it is refused by
     tune's rule (exit 2, one line naming the way out), before any run folder is made."""
     sets = [*SMALL, "privacy.clip=1", "privacy.noise_multiplier=1"]
-    cmd = [sys.executable, "-m", "fedxrisk", "compare", "-a", "codasca,localsgdm", "--out", str(tmp_path / "cmp"),
-           "-q", *(x for s in sets for x in ("--set", s))]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "fedxrisk compare runs several trainings" in proc.stderr
-    assert "compare without [privacy] on public or synthetic data" in proc.stderr
+    args = ["compare", "-a", "codasca,localsgdm", "--out", str(tmp_path / "cmp"), "-q",
+            *(x for s in sets for x in ("--set", s))]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output[-2000:]
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "fedxrisk compare runs several trainings" in result.stderr
+    assert "compare without [privacy] on public or synthetic data" in result.stderr
     assert not (tmp_path / "cmp").exists()

@@ -25,6 +25,7 @@ z, no subsampling (σ/2 in a fixed-sampling ledger, whose relation is replace on
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -163,6 +164,13 @@ def _trivial(ledger: Sequence[Segment]) -> float | None:
 
 def ledger_epsilon(ledger: Sequence[Segment], delta: float) -> float:
     """ε at ``delta`` of the composed ledger under its relation (:func:`relation`; RDP accountant)."""
+    return _ledger_epsilon(tuple(ledger), float(delta))
+
+
+@functools.lru_cache(maxsize=4096)
+def _ledger_epsilon(ledger: tuple[Segment, ...], delta: float) -> float:
+    """:func:`ledger_epsilon`, remembered: a plan's bisection, its check and every history row ask for
+    the same ledgers again (segments are frozen, so equal ledgers hash alike)."""
     if not 0.0 < delta < 1.0:
         raise ConfigError(f"privacy delta must lie in (0, 1), got {delta}")
     trivial = _trivial(ledger)
