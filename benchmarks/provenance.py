@@ -9,6 +9,10 @@ to ``benchmarks/results/provenance.json`` under the benchmark's name:
     python benchmarks/provenance.py run NAME -- python benchmarks/x.py ARGS   # run, then record
     python benchmarks/provenance.py status                                  # every bench, one line
 
+``status`` is the list of every study with its cost: each record keeps the wall time and CPU time
+the last run took and the machine's load average when it started (REBUILD.toml's ``cheap`` flag
+says which run under 2 minutes).
+
 (``python benchmarks/docs.py --rebuild`` runs every command that way; a
 benchmark with ``records = "script"`` records itself, e.g. ``evidence.py``
 from the per-cell fingerprints its results carry.) ``python benchmarks/docs.py
@@ -36,9 +40,12 @@ import datetime
 import fnmatch
 import hashlib
 import json
+import os
+import resource
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +99,9 @@ def load(root: Path = ROOT) -> dict[str, Any]:
 
 
 def record(bench: str, files: dict[str, str], root: Path = ROOT, commit: str | None = None,
-           note: str = "") -> dict[str, Any]:  # fmt: skip
-    """Write (replace) ``bench``'s entry: commit, whether src/ had uncommitted changes, files."""
+           note: str = "", cost: dict[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write (replace) ``bench``'s entry: commit, whether src/ had uncommitted changes, files, and
+    what the run cost (``cost``: wall and CPU seconds, load average at its start)."""
     entry = {
         "commit": commit or git("rev-parse", "HEAD", root=root),
         "src_dirty": bool(git("status", "--porcelain", "--", "src", root=root)),
@@ -102,6 +110,8 @@ def record(bench: str, files: dict[str, str], root: Path = ROOT, commit: str | N
     }
     if note:
         entry["note"] = note
+    if cost:
+        entry["cost"] = cost
     everything = load(root)
     everything[bench] = entry
     (root / RECORD).write_text(json.dumps(dict(sorted(everything.items())), indent=1) + "\n")
@@ -173,13 +183,31 @@ def run(name: str, command: list[str], root: Path = ROOT) -> None:
         raise SystemExit(f"provenance run: expected `python SCRIPT.py ARGS`, got {' '.join(command)!r}")
     sys.argv = command[1:]
     sys.path.insert(0, str((root / command[1]).parent))
+    load_at_start, wall, cpu = os.getloadavg()[0], time.perf_counter(), _cpu_seconds()
     runpy.run_path(str(root / command[1]), run_name="__main__")
+    cost = {"wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(_cpu_seconds() - cpu, 1),
+            "load_at_start": round(load_at_start, 2)}  # fmt: skip
     files, note = fingerprint(root=root), ""
     if not files:  # fedxrisk ran in subprocesses only: any change to the package makes it stale
         files = package_fingerprint(root)
         note = "imported fedxrisk in subprocesses only: every file of the package is recorded"
-    record(name, files, root, note=note)
+    record(name, files, root, note=note, cost=cost)
     print(f"provenance: recorded {len(files)} source files for {name}" + (f" ({note})" if note else ""))
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of the children it waited for (worker processes count)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def cost_words(entry: dict[str, Any] | None, bench: dict[str, Any]) -> str:
+    """What a bench costs: its last run's measured wall and CPU time, else REBUILD.toml's flag."""
+    cost = (entry or {}).get("cost")
+    if cost:
+        return (f"took {cost['wall_s'] / 60:.1f} min wall, {cost['cpu_s'] / 60:.1f} min CPU "
+                f"(load {cost['load_at_start']:g} at start)")  # fmt: skip
+    return "under 2 min (cheap)" if bench.get("cheap") else "cost not measured (not cheap)"
 
 
 def status(root: Path = ROOT) -> list[str]:
@@ -194,7 +222,7 @@ def status(root: Path = ROOT) -> list[str]:
                 f"{len(diff)} files changed since" if diff else "source unchanged"
             )
         kept = f"; kept: {bench['kept']}" if bench.get("kept") else ""
-        lines.append(f"{bench['name']}: {state}{kept}")
+        lines.append(f"{bench['name']}: {state}; {cost_words(entry, bench)}{kept}")
     return lines
 
 
@@ -204,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("run", help="run a benchmark command, then record its source")
     r.add_argument("name")
     r.add_argument("command", nargs=argparse.REMAINDER)
-    sub.add_parser("status", help="one line per registered benchmark")
+    sub.add_parser("status", help="every registered benchmark in one line: its state and its cost")
     args = p.parse_args(argv)
     if args.cmd == "run":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -163,7 +163,7 @@ def test_the_runner_records_the_modules_the_script_imported(tmp_path, monkeypatc
     script.write_text("import fedxrisk.metrics\n")
     seen = {}
     monkeypatch.setattr(
-        prov, "record", lambda name, files, root, note="": seen.update(name=name, files=files)
+        prov, "record", lambda name, files, root, note="", cost=None: seen.update(name=name, files=files)
     )
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     prov.run("tiny", ["python", str(script)])
@@ -190,7 +190,9 @@ def test_a_script_that_imports_fedxrisk_only_in_subprocesses_records_the_whole_p
     (tmp_path / "bench.py").write_text("import json\n")
     seen = {}
     monkeypatch.setattr(prov, "fingerprint", lambda root: {})
-    monkeypatch.setattr(prov, "record", lambda name, files, root, note: seen.update(files=files, note=note))
+    monkeypatch.setattr(
+        prov, "record", lambda name, files, root, note, cost: seen.update(files=files, note=note)
+    )
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     prov.run("sub", ["python", "bench.py"], root=tmp_path)
     assert seen["files"] == {
@@ -198,3 +200,26 @@ def test_a_script_that_imports_fedxrisk_only_in_subprocesses_records_the_whole_p
         "src/fedxrisk/run/loop.py": _sha("A = 1\n"),
     }
     assert "subprocesses only" in seen["note"]
+
+
+def test_the_runner_records_what_the_run_cost_and_status_lists_it(tmp_path, monkeypatch):
+    """Issue 39 item 5: `provenance.py status` lists every study with its cost, measured when it ran
+    (a script that burns about 0.3 s of CPU must be recorded as at least 0.2 s)."""
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "REBUILD.toml").write_text(
+        '[[bench]]\nname = "burn"\ncommand = "python bench.py"\nresults = []\n'
+        '[[bench]]\nname = "never"\ncommand = "python x.py"\ncheap = true\nresults = []\n'
+    )
+    (tmp_path / "benchmarks" / "results").mkdir()
+    (tmp_path / "bench.py").write_text(
+        "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\n"
+    )
+    monkeypatch.setattr(prov, "fingerprint", lambda root: {"src/fedxrisk/x.py": "0" * 64})
+    monkeypatch.setattr(prov, "git", lambda *args, root: "abc1234" if args[0] == "rev-parse" else "")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    prov.run("burn", ["python", "bench.py"], root=tmp_path)
+    cost = prov.load(tmp_path)["burn"]["cost"]
+    assert 0.2 <= cost["cpu_s"] <= cost["wall_s"] + 0.5 and cost["load_at_start"] >= 0
+    burn, never = prov.status(tmp_path)
+    assert burn.startswith("burn: ran at abc1234") and "min wall" in burn and "min CPU" in burn
+    assert never == "never: no record; under 2 min (cheap)"
