@@ -167,11 +167,21 @@ def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:
 
 
 def record_input_range(data: Any) -> None:
-    """Add the training inputs' value range to ``data.preprocessing`` when its reader recorded none
-    (an image set in [0, 1]: uint8 0–255 pixels given to ``predict`` are then refused, not scored)."""
-    prep = data.preprocessing or {}
+    """Complete ``data.preprocessing``, the input contract ``model.pt`` carries: the label names, the
+    positive class and the site names; and the training inputs' value range when its reader recorded
+    none (an image set in [0, 1]: uint8 0–255 pixels given to ``predict`` are then refused, not
+    scored). Inputs taken as they are only: a reader that standardizes records its raw-space range
+    itself (``data.preprocessing.standardize``), as the model's inputs are not the user's."""
+    from fedxrisk.data.types import positive_record
+
+    prep = {**(data.preprocessing or {}), "label_names": [str(n) for n in data.label_names]}
+    if getattr(data, "positive_classes", None):  # a binary task: which classes score 1
+        prep["positive_class"] = positive_record(data)
+    if data.source_names:
+        prep["sites"] = [str(n) for n in data.source_names]
+    data.preprocessing = prep
     x = data.x_train
-    if "range" in prep or prep.get("kind") == "features" or not isinstance(x, (np.ndarray, torch.Tensor)):
+    if "range" in prep or "mean" in prep or not isinstance(x, (np.ndarray, torch.Tensor)):
         return
     found = value_range(x.numpy() if isinstance(x, torch.Tensor) else x).get("range")
     if found is not None:
