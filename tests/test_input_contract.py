@@ -281,3 +281,56 @@ def test_predict_on_a_readers_own_raw_training_rows_equals_evaluate(case, tmp_pa
             np.savez(tmp_path / "pixels.npz", x=x * 255.0)
             with pytest.raises(InputError, match="trained on inputs in"):
                 predict(run, tmp_path / "pixels.npz")
+
+
+@pytest.fixture(scope="module")
+def heart_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heart")
+    _, run, raw = _train("heart_disease", root)
+    return run, raw(root)
+
+
+def _predict_cli(run: Path, given: Path, out: Path):
+    from click.testing import CliRunner
+
+    from fedxrisk.cli import main
+
+    return CliRunner().invoke(main, ["predict", str(run), str(given), "--out", str(out), "-q"])
+
+
+def test_heart_rows_without_the_recorded_names_are_refused_naming_the_16_columns(heart_run, tmp_path):
+    """The issue's cases: 16 encoded, unstandardized columns under other names were scored (5e-55, exit 0);
+    10 raw UCI columns were refused without saying which 16 the model takes."""
+    from fedxrisk.data.readers.heart import feature_names
+
+    run, named = heart_run
+    rows = list(csv.reader(named.open()))
+    values = [r[1:][::-1] for r in rows[1:]]  # the 16 columns in the model's order, unnamed
+    unnamed = tmp_path / "unnamed.csv"
+    unnamed.write_text("\n".join(",".join(r) for r in [[f"x{j}" for j in range(16)], *values]) + "\n")
+    ten = tmp_path / "ten.csv"
+    ten.write_text(
+        "\n".join(",".join(r[:10]) for r in [feature_names("flamby")[:8] + ["cp", "restecg"], *values])
+    )
+    for given in (unnamed, ten):
+        result = _predict_cli(run, given, tmp_path / "p.csv")
+        assert result.exit_code == 2, result.output
+        assert (
+            "missing feature column(s) ['" in result.output
+            and "the model takes the columns ['age', 'sex'" in result.output
+        )
+        assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "p.csv").exists()
+    assert _predict_cli(run, named, tmp_path / "p.csv").exit_code == 0  # the control: the same rows by name
+
+
+def test_csv_rows_are_range_checked_like_npz_rows(heart_run, tmp_path):
+    """One column a thousand times its training scale (chol in mg/L): the column means' median barely
+    moves, so only the raw-space range catches it; CSV and npz inputs are checked alike."""
+    run, named = heart_run
+    rows = list(csv.reader(named.open()))
+    chol = rows[0].index("chol")
+    scaled = [rows[0], *([*r[:chol], str(float(r[chol]) * 1000), *r[chol + 1 :]] for r in rows[1:])]
+    given = tmp_path / "scaled.csv"
+    given.write_text("\n".join(",".join(r) for r in scaled) + "\n")
+    with pytest.raises(InputError, match=r"values span \[.*\] but the model was trained on inputs in \[0, "):
+        predict(run, given)

@@ -22,6 +22,7 @@ training rows, so ``predict`` checks and standardizes raw rows with the same rec
 ``sites``        the sites' names, site id order (a reader that knows them)
 
 ``image_size``   S of the S×S images the model was trained on (image datasets)
+``channels``     their channel order as decoded: ``"RGB"`` or ``"L"`` (grey), values in [0, 1]
 ``normalize``    ``{"mean": [...], "std": [...]}`` per image channel, applied by the model's
                  input hook (:func:`fedxrisk.models.normalize_inputs`) after scaling to [0, 1]
 """
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 KINDS = ("features", "arrays", "images")
+CHANNELS = ("RGB", "L")  # an image model's channel order (Pillow's modes), as its reader decoded them
 AUGMENTATIONS = ("none", "flip", "crop_flip")  # data.augment: training batches only
 IMAGE_DATASETS = ("folder", "sites", "manifest", "chexpert", "chestxray_ih")  # readers taking image_size
 ID_PATTERN = re.compile(r"^((?i:id)|.*[_\- ](?i:id)|.*[a-z](Id|ID))$")  # id, ID, patient_id, PatientID …
@@ -210,6 +212,8 @@ def from_stored(record: Any) -> dict[str, Any]:
     size = out.get("image_size")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError("preprocessing 'image_size' must be a positive integer")
+    if out.get("channels") not in (None, *CHANNELS):
+        raise ValueError(f"preprocessing 'channels' must be one of {list(CHANNELS)}")
     for key in ("id_columns", "label_names", "sites"):
         if not _strings(out.get(key, [])):
             raise ValueError(f"preprocessing {key!r} must be a list of names")
