@@ -334,3 +334,22 @@ def test_csv_rows_are_range_checked_like_npz_rows(heart_run, tmp_path):
     given.write_text("\n".join(",".join(r) for r in scaled) + "\n")
     with pytest.raises(InputError, match=r"values span \[.*\] but the model was trained on inputs in \[0, "):
         predict(run, given)
+
+
+def test_pre_standardized_rows_are_told_from_raw_ones_by_the_column_means_and_a_few_rows_are_not_judged():
+    from fedxrisk.data.preprocessing import STANDARDIZED_ROWS, off_training_scale
+
+    rng = np.random.default_rng(0)
+    raw = np.c_[
+        rng.normal(60, 10, 200), rng.integers(0, 2, 200), rng.random(200) < 0.8
+    ]  # age, two 0/1 columns
+    mean, std = raw.mean(0), raw.std(0)
+    record = {"kind": "features", "features": ["age", "smoker", "treated"], "mean": list(mean), "std": list(std),
+              "range": [float(raw.min()), float(raw.max())]}  # fmt: skip
+    z = (raw - mean) / std
+    refused = off_training_scale(record, z.min(), z.max(), z.mean(0), len(z))
+    assert refused is not None and "pre-standardized" in refused and "(furthest: age (" in refused
+    assert off_training_scale(record, raw.min(), raw.max(), raw.mean(0), len(raw)) is None  # raw rows: scored
+    near_zero = np.zeros(3)  # columns averaging 0, median 2 stds off: judged only over enough rows
+    assert off_training_scale(record, -1.0, 1.0, near_zero, 1) is None  # one row: a raw patient may sit there
+    assert off_training_scale(record, -1.0, 1.0, near_zero, STANDARDIZED_ROWS) is not None

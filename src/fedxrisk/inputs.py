@@ -362,7 +362,7 @@ class ScaleCheck:
         if self.lo > self.hi:  # no finite row
             return None
         means = None if self.total is None else self.total / self.count
-        return prep_record.off_training_scale(prep, self.lo, self.hi, means)
+        return prep_record.off_training_scale(prep, self.lo, self.hi, means, self.count)
 
 
 def _non_finite(path: Path, unit: str, where: list[int]) -> str:

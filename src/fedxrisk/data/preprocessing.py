@@ -6,11 +6,12 @@ builds it (:func:`features`, :func:`value_range`), ``run/folder.py`` stores it i
 ``predict`` and ``evaluate`` need no training data. Values are plain lists, numbers and
 strings, which ``torch.load(weights_only=True)`` reads without running any code.
 
-Keys (each optional; an unknown key is kept as is, so other settings can be added here):
-
 Every number is in ONE space, the raw inputs' (what a user's file holds): a reader that
-standardizes goes through ``data.readers.base.standardize`` (:func:`standardized`), which records the mean, std and range of the raw
-training rows, so ``predict`` checks and standardizes raw rows with the same record.
+standardizes goes through ``data.readers.base.standardize`` (:func:`standardized`), which records
+the mean, std and range of the raw training rows, so ``predict`` checks and standardizes raw rows
+with the same record (:func:`off_training_scale`, one check for every input format).
+
+Keys (each optional; an unknown key is kept as is, so other settings can be added here):
 
 ``kind``         ``"features"`` (named columns) | ``"arrays"`` (an ``.npz``) | ``"images"``
 ``features``     the feature column names in the model's order (tabular CSV, heart_disease, breast_cancer)
@@ -97,17 +98,22 @@ def value_range(x: np.ndarray) -> dict[str, Any]:
 
 OFF_SCALE = 3.0  # median |input column mean − training's| / training std above this: another scale
 STANDARDIZED_RATIO = 2.0  # the rows sit this many times closer to 0 (in training stds) than to the raw means
+STANDARDIZED_ROWS = 20  # rows needed before column means tell pre-standardized rows from raw ones
 
 
-def off_scale(record: Mapping[str, Any], column_mean: np.ndarray) -> str | None:
+def off_scale(
+    record: Mapping[str, Any], column_mean: np.ndarray, rows: int = STANDARDIZED_ROWS
+) -> str | None:
     """Why rows whose columns average ``column_mean`` are not on the (raw) training scale, or None.
 
     Two readings of the rows are compared column by column, in training standard deviations:
     as raw values (distance ``|mean_in − mean| / std``) and as already standardized values (distance
     ``|mean_in|``, training rows averaging 0 there). The rows are refused when the raw reading puts
-    the columns a median > :data:`OFF_SCALE` stds away, or an RMS > 1 std away and
-    :data:`STANDARDIZED_RATIO` times further than the standardized reading (pre-standardized rows,
-    which a median alone misses where most columns are 0/1); the message names the furthest columns."""
+    the columns a median > :data:`OFF_SCALE` stds away, or (from :data:`STANDARDIZED_ROWS` ``rows`` on:
+    a few raw rows, e.g. one patient with every 0/1 column at 0, can sit near 0 too) an RMS > 1 std
+    away and :data:`STANDARDIZED_RATIO` times further than the standardized reading (pre-standardized
+    rows, which a median alone misses where most columns are 0/1); the message names the furthest
+    columns."""
     keys = ("column_mean", "column_std") if "column_mean" in record else ("mean", "std")  # arrays | features
     if keys[0] not in record or keys[1] not in record or len(record[keys[0]]) != len(column_mean):
         return None
@@ -118,9 +124,8 @@ def off_scale(record: Mapping[str, Any], column_mean: np.ndarray) -> str | None:
     as_raw = np.abs(column_mean[varying] - mean[varying]) / std[varying]
     as_standardized = np.abs(column_mean[varying])
     z, rms_raw = float(np.median(as_raw)), float(np.sqrt(np.mean(as_raw**2)))
-    if z <= OFF_SCALE and not (
-        rms_raw > 1.0 and rms_raw > STANDARDIZED_RATIO * np.sqrt(np.mean(as_standardized**2))
-    ):
+    nearer_zero = rms_raw > 1.0 and rms_raw > STANDARDIZED_RATIO * np.sqrt(np.mean(as_standardized**2))
+    if z <= OFF_SCALE and not (nearer_zero and rows >= STANDARDIZED_ROWS):
         return None
     names = np.asarray(record.get("features") or [f"column {j}" for j in range(len(column_mean))])[varying]
     worst = np.argsort(-as_raw)[:3]
@@ -256,9 +261,12 @@ def out_of_range(record: Mapping[str, Any], lo: float, hi: float) -> str | None:
 
 
 def off_training_scale(
-    record: Mapping[str, Any], lo: float, hi: float, column_mean: np.ndarray | None = None
+    record: Mapping[str, Any], lo: float, hi: float, column_mean: np.ndarray | None = None, rows: int = 0
 ) -> str | None:
     """The one scale check of input rows against a model's record, for every input format: why raw
-    inputs spanning ``[lo, hi]`` (columns averaging ``column_mean``) are not on the raw training
-    scale, or None. Both the range and the column statistics are raw-space (:func:`standardize`)."""
-    return out_of_range(record, lo, hi) or (None if column_mean is None else off_scale(record, column_mean))
+    inputs spanning ``[lo, hi]`` (``rows`` rows whose columns average ``column_mean``) are not on the
+    raw training scale, or None. The range and the column statistics are both raw-space
+    (:func:`standardized`)."""
+    if why := out_of_range(record, lo, hi):
+        return why
+    return None if column_mean is None else off_scale(record, column_mean, rows)
