@@ -16,10 +16,11 @@ in training (model's channels and size, [0, 1]); features as written.
 A model that stored its feature names (``model.pt``'s ``preprocessing``) takes CSV
 columns **by name**, in any order: a missing feature column or an extra column
 (neither a feature, ``label``, ``source`` nor an identifier by
-:func:`fedxrisk.data.preprocessing.is_id_column`) is refused. Rows with NaN/inf
-features, and ``.npz`` arrays with NaN/inf values or values far outside the range
-the model was trained on, are refused with one line naming the rows (nothing is
-written): a score of NaN would be a silent wrong answer.
+:func:`fedxrisk.data.preprocessing.is_id_column`) is refused, naming the columns it
+takes. Rows with NaN/inf values are refused with one line naming the rows, and
+``.npz`` or CSV rows far outside the raw training range or pre-standardized are
+refused by one check (:class:`ScaleCheck`) naming the furthest columns (nothing is
+written): a score of NaN or of rows on another scale would be a silent wrong answer.
 """
 
 from __future__ import annotations
