@@ -359,3 +359,23 @@ def test_pre_standardized_rows_are_told_from_raw_ones_by_the_column_means_and_a_
     near_zero = np.zeros(3)  # columns averaging 0, median 2 stds off: judged only over enough rows
     assert off_training_scale(record, -1.0, 1.0, near_zero, 1) is None  # one row: a raw patient may sit there
     assert off_training_scale(record, -1.0, 1.0, near_zero, STANDARDIZED_ROWS) is not None
+
+
+def test_a_model_file_written_before_the_one_space_record_scores_raw_rows(tmp_path):
+    """An ADBench ``X, y`` model.pt from before: range after standardization, mean/std before; raw rows
+    failed the range and standardized rows the column means, so nothing could be scored."""
+    import hashlib
+    import json
+
+    data_dir, run, raw = _train("npz_xy", tmp_path)
+    blob = torch.load(run / "model.pt", weights_only=True)
+    standardized = load_dataset("npz", str(data_dir)).x_train
+    old = {k: blob["preprocessing"][k] for k in ("kind", "mean", "std")}
+    blob["preprocessing"] = {**old, "range": [float(standardized.min()), float(standardized.max())]}
+    torch.save(blob, run / "model.pt")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["model_sha256"] = hashlib.sha256((run / "model.pt").read_bytes()).hexdigest()
+    (run / "summary.json").write_text(json.dumps(summary))
+    given = raw(tmp_path)
+    expected = dataset_data(load_trained(run), "npz", str(data_dir), "train", 0).scores
+    np.testing.assert_allclose(predict(run, given).logits, expected, rtol=1e-4, atol=1e-4)

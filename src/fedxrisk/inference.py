@@ -167,7 +167,7 @@ def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[s
             f"{path}: not a fedxrisk model file (model, input_shape, num_labels or weights malformed)"
         )
     try:
-        prep = from_stored(blob.get("preprocessing"))
+        prep = legacy_record(from_stored(blob.get("preprocessing")))
     except ValueError as e:
         raise InputError(f"{path}: {e}") from None
     try:
@@ -190,6 +190,16 @@ def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[s
         )
     model.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in tensors.items()}})
     return model.eval(), blob, prep
+
+
+def legacy_record(prep: dict[str, Any]) -> dict[str, Any]:
+    """A record written before every number was in raw space (before ``label_names`` was recorded):
+    a standardizing reader's ``range`` there was taken AFTER standardization while its mean/std were
+    raw (ADBench's ``X, y``: no input could pass both checks), so that range is dropped; the column
+    means still catch rows on another scale."""
+    if "mean" in prep and "range" in prep and "label_names" not in prep:
+        return {k: v for k, v in prep.items() if k != "range"}
+    return prep
 
 
 def _label_names(folder: Path, labels: int, recorded: list[str] | None = None) -> list[str]:
