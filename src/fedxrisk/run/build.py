@@ -93,7 +93,7 @@ def build(
         data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
     batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
     facts = data_facts(cfg, data)
-    record_input_range(data.data)  # model.pt carries it: predict refuses inputs on another scale
+    record_contract(data.data)  # model.pt carries it: predict refuses inputs on another scale
     with users_error():  # data.normalize's mean and std against the image channels
         norm = normalization(cfg.normalize, data.data.input_shape[0])
     if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
@@ -166,7 +166,7 @@ def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:
     return batch_size
 
 
-def record_input_range(data: Any) -> None:
+def record_contract(data: Any) -> None:
     """Complete ``data.preprocessing``, the input contract ``model.pt`` carries: the label names, the
     positive class and the site names; and the training inputs' value range when its reader recorded
     none (an image set in [0, 1]: uint8 0–255 pixels given to ``predict`` are then refused, not
