@@ -275,6 +275,8 @@ def test_predict_on_a_readers_own_raw_training_rows_equals_evaluate(case, tmp_pa
     blob = torch.load(run / "model.pt", weights_only=True)["preprocessing"]
     assert blob["label_names"] == list(load_dataset(reader, str(data_dir), **(
         {"image_size": record["image_size"]} if "image_size" in record else {})).label_names)  # fmt: skip
+    if len(trained.input_shape) == 3:  # images: shape in model.pt, channel order in the record
+        assert record["channels"] == {1: "L", 3: "RGB"}[trained.input_shape[0]]
     if case in STANDARDIZING:  # raw-space mean/std and range, and the reader's own standardized rows refused
         assert "mean" in record and "range" in record
         model_rows = load_dataset(reader, str(data_dir)).x_train

@@ -58,7 +58,6 @@ def load_dataset(
                 **data.preprocessing,
                 "kind": "images",
                 "image_size": int(data.x_train.shape[-1]),
-                "channels": "L" if data.x_train.shape[-3] == 1 else "RGB",  # channel order, decoded in [0, 1]
             }
         return data
     if data_dir is not None:

@@ -168,10 +168,11 @@ def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:
 
 def record_contract(data: Any) -> None:
     """Complete ``data.preprocessing``, the input contract ``model.pt`` carries: the label names, the
-    positive class and the site names; and the training inputs' value range when its reader recorded
-    none (an image set in [0, 1]: uint8 0–255 pixels given to ``predict`` are then refused, not
-    scored). Inputs taken as they are only: a reader that standardizes records its raw-space range
-    itself (``data.preprocessing.standardize``), as the model's inputs are not the user's."""
+    positive class, the site names, an image's channel order; and the training inputs' value range
+    when its reader recorded none (an image set in [0, 1]: uint8 0–255 pixels given to ``predict``
+    are then refused, not scored). Inputs taken as they are only: a reader that standardizes records
+    its raw-space range itself (``data.readers.base.standardize``), as the model's inputs are not
+    the user's."""
     from fedxrisk.data.types import positive_record
 
     prep = {**(data.preprocessing or {}), "label_names": [str(n) for n in data.label_names]}
@@ -179,6 +180,9 @@ def record_contract(data: Any) -> None:
         prep["positive_class"] = positive_record(data)
     if data.source_names:
         prep["sites"] = [str(n) for n in data.source_names]
+    shape = tuple(data.input_shape)
+    if len(shape) == 3 and shape[0] in (1, 3) and shape[1] == shape[2]:  # images: decoded L or RGB
+        prep.setdefault("channels", "L" if shape[0] == 1 else "RGB")
     data.preprocessing = prep
     x = data.x_train
     if "range" in prep or "mean" in prep or not isinstance(x, (np.ndarray, torch.Tensor)):
