@@ -54,16 +54,9 @@ def _source_groups(source: Any, where: Any, names: Sequence[str] = ()) -> list[t
 
 
 def _sites_of_dataset(first: TrainedModel, dataset: str, data_dir: str | None, split: str):
-    from fedxrisk.data import DATASETS
-    from fedxrisk.data.loading import load_dataset
-    from fedxrisk.data.types import binarize
+    from fedxrisk.evaluation_data import read_for_model
 
-    if dataset not in DATASETS:
-        raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
-    try:
-        d = binarize(load_dataset(dataset, data_dir), first.config.positive_classes)
-    except ValueError as e:
-        raise InputError(str(e)) from e
+    d = read_for_model(first, dataset, data_dir)
     x, y = (d.x_test, d.y_test) if split == "test" else (d.x_train, d.y_train)
     groups = (d.groups_test if split == "test" else d.groups_train).get("source")
     return torch.as_tensor(x), np.asarray(y), _source_groups(groups, dataset, d.source_names)

@@ -209,20 +209,9 @@ def dataset_data(
     model: TrainedModel | None = None,
 ) -> Scored:  # fmt: skip
     """A registered reader's split, read lazily (file datasets) and decoded chunk by chunk."""
-    from fedxrisk.data import DATASETS
     from fedxrisk.data.lazy import is_lazy
-    from fedxrisk.data.loading import load_dataset
-    from fedxrisk.data.types import binarize
 
-    if dataset not in DATASETS:
-        raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
-    try:
-        data = binarize(
-            load_dataset(dataset, data_dir, lazy=True, on_missing=trained.config.on_missing),
-            trained.config.positive_classes,
-        )
-    except ValueError as e:
-        raise InputError(str(e)) from e
+    data = read_for_model(trained, dataset, data_dir, lazy=True)
     if data.input_shape != trained.input_shape or data.num_labels != trained.num_labels:
         raise InputError(
             f"{dataset}: inputs {list(data.input_shape)} with {data.num_labels} label(s); the model takes "
@@ -241,3 +230,24 @@ def dataset_data(
     )
     where = f" in {data_dir}" if data_dir else ""
     return Scored(y, s, f"{dataset}{where}, {split} split", "site" if groups else None, groups, split)
+
+
+def read_for_model(trained: TrainedModel, dataset: str, data_dir: str | None, lazy: bool = False) -> Any:
+    """A registered reader's data as ``trained`` was trained on it (``evaluate`` and ``cross-site``
+    ``--dataset``): images at the size its model.pt records, missing cells as its run handled them,
+    labels binarized by its positive classes; :class:`InputError` naming a bad dataset or file."""
+    from fedxrisk.data import DATASETS
+    from fedxrisk.data.loading import load_dataset
+    from fedxrisk.data.preprocessing import IMAGE_DATASETS
+    from fedxrisk.data.types import binarize
+
+    if dataset not in DATASETS:
+        raise InputError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
+    size = trained.preprocessing.get("image_size") if dataset in IMAGE_DATASETS else None
+    try:
+        labeled = load_dataset(
+            dataset, data_dir, lazy=lazy, image_size=size, on_missing=trained.config.on_missing
+        )
+        return binarize(labeled, trained.config.positive_classes)
+    except ValueError as e:
+        raise InputError(str(e)) from e

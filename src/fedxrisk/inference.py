@@ -103,11 +103,12 @@ def load_trained(run_dir: str | Path, device: str = "cpu") -> TrainedModel:
     chunk = eval_batch_size(tuple(blob["input_shape"]), parse_bytes(cfg.memory_budget), cfg.eval_batch_size)
     problem = scoring_problem(model, labels, device, chunk)
     params, buffers = problem.init_model()
-    names = _label_names(folder, labels)
+    names = _label_names(folder, labels, prep.get("label_names"))
     summary = _summary(folder / "summary.json")
     standardize = standardization(prep) if prep else feature_standardization(cfg)  # older model.pt
+    positive = prep.get("positive_class") or summary.get("positive_class")  # the model's own record first
     return TrainedModel(folder, cfg, problem, params, buffers, tuple(blob["input_shape"]), names,
-                        standardize, summary.get("positive_class"), prep)  # fmt: skip
+                        standardize, positive, prep)  # fmt: skip
 
 
 def _summary(path: Path) -> dict[str, Any]:
@@ -166,7 +167,7 @@ def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[s
             f"{path}: not a fedxrisk model file (model, input_shape, num_labels or weights malformed)"
         )
     try:
-        prep = from_stored(blob.get("preprocessing"))
+        prep = legacy_record(from_stored(blob.get("preprocessing")))
     except ValueError as e:
         raise InputError(f"{path}: {e}") from None
     try:
@@ -191,12 +192,23 @@ def read_model_file(path: Path) -> tuple[torch.nn.Module, dict[str, Any], dict[s
     return model.eval(), blob, prep
 
 
-def _label_names(folder: Path, labels: int) -> list[str]:
-    """Label names from summary.json (multi-label runs), else ``label0…``; one label: ``["score"]``."""
+def legacy_record(prep: dict[str, Any]) -> dict[str, Any]:
+    """A record written before every number was in raw space (before ``label_names`` was recorded):
+    a standardizing reader's ``range`` there was taken AFTER standardization while its mean/std were
+    raw (ADBench's ``X, y``: no input could pass both checks), so that range is dropped; the column
+    means still catch rows on another scale."""
+    if "mean" in prep and "range" in prep and "label_names" not in prep:
+        return {k: v for k, v in prep.items() if k != "range"}
+    return prep
+
+
+def _label_names(folder: Path, labels: int, recorded: list[str] | None = None) -> list[str]:
+    """Label names of a multi-label run: model.pt's record, else summary.json's (older files), else
+    ``label0…``; one label: ``["score"]``."""
     if labels == 1:
         return ["score"]
-    names = None
-    if (folder / "summary.json").is_file():
+    names = recorded
+    if not names and (folder / "summary.json").is_file():
         names = json.loads((folder / "summary.json").read_text()).get("label_names")
     return list(names) if names and len(names) == labels else [f"label{j}" for j in range(labels)]
 

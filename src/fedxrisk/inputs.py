@@ -16,10 +16,11 @@ in training (model's channels and size, [0, 1]); features as written.
 A model that stored its feature names (``model.pt``'s ``preprocessing``) takes CSV
 columns **by name**, in any order: a missing feature column or an extra column
 (neither a feature, ``label``, ``source`` nor an identifier by
-:func:`fedxrisk.data.preprocessing.is_id_column`) is refused. Rows with NaN/inf
-features, and ``.npz`` arrays with NaN/inf values or values far outside the range
-the model was trained on, are refused with one line naming the rows (nothing is
-written): a score of NaN would be a silent wrong answer.
+:func:`fedxrisk.data.preprocessing.is_id_column`) is refused, naming the columns it
+takes. Rows with NaN/inf values are refused with one line naming the rows, and
+``.npz`` or CSV rows far outside the raw training range or pre-standardized are
+refused by one check (:class:`ScaleCheck`) naming the furthest columns (nothing is
+written): a score of NaN or of rows on another scale would be a silent wrong answer.
 """
 
 from __future__ import annotations
@@ -210,20 +211,16 @@ def _npz(path: Path, input_shape: tuple[int, ...], prep: dict) -> Input:
             chunks = (whole[i : i + batch_size] for i in range(0, len(whole), batch_size))
         else:
             chunks = _npy_rows(path, key, shape, dtype, row_bytes, batch_size)
-        start, bad, lo, hi, columns = 0, [], np.inf, -np.inf, ColumnMeans()
+        start, bad, scale = 0, [], ScaleCheck()
         for x in chunks:
             x = np.array(x, dtype=np.float32)
             finite = np.isfinite(x.reshape(len(x), -1)).all(1)
             bad += [start + j for j in np.flatnonzero(~finite)]
-            if finite.any():
-                lo, hi = min(lo, float(x[finite].min())), max(hi, float(x[finite].max()))
-                columns.add(x[finite])
-            yield Batch([(start + j,) for j in range(len(x))], x)
+            yield scale.seen(Batch([(start + j,) for j in range(len(x))], x))
             start += len(x)
         if bad:
             raise InputError(_non_finite(path, "index", bad))
-        why = (prep_record.out_of_range(prep, lo, hi) or columns.off_scale(prep)) if start else None
-        if why:
+        if why := scale.problem(prep):
             raise InputError(f"{path}: array {key!r}: {why}; nothing was scored")
 
     return Input(path, "npz", int(shape[0]), ("index",), [], read)
@@ -290,7 +287,8 @@ def _feature_columns(path: Path, header: list[str], input_shape: tuple[int, ...]
         shown = [header[i] for i in features]
         raise InputError(
             f"{path}: {len(features)} feature column(s) {shown[:8]}{'…' if len(shown) > 8 else ''}; "
-            f"the model expects {input_shape[0]}"
+            f"the model expects {input_shape[0]}, taken by position (its model.pt records no column names: "
+            "the columns of its training array, in order)"
         )
     return features
 
@@ -310,7 +308,7 @@ def _tabular(path: Path, header: list[str], input_shape: tuple[int, ...], prep: 
         ids: list[tuple[Any, ...]] = []
         values: list[list[float]] = []
         bad: list[int] = []
-        columns = ColumnMeans()
+        scale = ScaleCheck()
         for r, row in enumerate(rows):
             if len(row) != len(header):
                 raise DataFileError(f"{path} row {r + 2}: {len(row)} fields, header has {len(header)}")
@@ -322,40 +320,50 @@ def _tabular(path: Path, header: list[str], input_shape: tuple[int, ...], prep: 
                 bad.append(r + 2)
             ids.append((row[id_col] if id_col is not None else r,))
             if len(values) == batch_size:
-                yield columns.seen(Batch(ids, np.array(values, dtype=np.float32)))
+                yield scale.seen(Batch(ids, np.array(values, dtype=np.float32)))
                 ids, values = [], []
         if values:
-            yield columns.seen(Batch(ids, np.array(values, dtype=np.float32)))
+            yield scale.seen(Batch(ids, np.array(values, dtype=np.float32)))
         if bad:
             raise InputError(_non_finite(path, "line", bad))
-        if (why := columns.off_scale(prep)) is not None:
+        if (why := scale.problem(prep)) is not None:
             raise InputError(f"{path}: {why}; nothing was scored")
 
     columns = (header[id_col],) if id_col is not None else ("row",)
     return Input(path, "tabular", count, columns, [], read)
 
 
-class ColumnMeans:
-    """The running mean of each column of 2-D input rows (other shapes: none), for the scale check."""
+class ScaleCheck:
+    """The range and running column means of the finite input rows, checked against the model's record
+    (:func:`fedxrisk.data.preprocessing.off_training_scale`) the same way for every input format."""
 
     def __init__(self) -> None:
         self.total: np.ndarray | None = None
         self.count = 0
+        self.lo, self.hi = np.inf, -np.inf
 
     def add(self, rows: np.ndarray) -> None:
-        if rows.ndim != 2 or not len(rows):
+        """Count ``rows`` (finite ones only)."""
+        rows = rows[np.isfinite(rows.reshape(len(rows), -1)).all(1)] if len(rows) else rows
+        if not len(rows):
             return
-        sums = rows.sum(0, dtype=np.float64)
-        self.total = sums if self.total is None else self.total + sums
-        self.count += len(rows)
+        self.lo, self.hi = min(self.lo, float(rows.min())), max(self.hi, float(rows.max()))
+        if rows.ndim == 2:
+            sums = rows.sum(0, dtype=np.float64)
+            self.total = sums if self.total is None else self.total + sums
+            self.count += len(rows)
 
     def seen(self, batch: Batch) -> Batch:
         """``batch``, its finite rows counted."""
-        self.add(batch.x[np.isfinite(batch.x).all(1)])
+        self.add(batch.x)
         return batch
 
-    def off_scale(self, prep: dict) -> str | None:
-        return None if self.total is None else prep_record.off_scale(prep, self.total / self.count)
+    def problem(self, prep: dict) -> str | None:
+        """Why the rows seen are not on the scale the model was trained on, or None."""
+        if self.lo > self.hi:  # no finite row
+            return None
+        means = None if self.total is None else self.total / self.count
+        return prep_record.off_training_scale(prep, self.lo, self.hi, means, self.count)
 
 
 def _non_finite(path: Path, unit: str, where: list[int]) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedxrisk.data.preprocessing import features
 from fedxrisk.data.registry import register
 from fedxrisk.data.types import LabeledData, split
 
@@ -28,12 +27,11 @@ def load_breast_cancer() -> LabeledData:
     """
     from sklearn.datasets import load_breast_cancer as sk_bc
 
+    from fedxrisk.data.readers.base import standardize  # here: the readers register after the bundled sets
+
     d = sk_bc()
     data = split("breast_cancer", d.data.astype(np.float32), d.target.astype(np.int64), 2)
-    mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
-    data.preprocessing = features([str(n) for n in d.feature_names], mean, std)
-    data.x_train = ((data.x_train - mean) / std).astype(np.float32)
-    data.x_test = ((data.x_test - mean) / std).astype(np.float32)
+    standardize(data, [str(n) for n in d.feature_names])
     data.label_names, data.default_positive = ("malignant", "benign"), (0,)
     return data
 

@@ -6,15 +6,24 @@ builds it (:func:`features`, :func:`value_range`), ``run/folder.py`` stores it i
 ``predict`` and ``evaluate`` need no training data. Values are plain lists, numbers and
 strings, which ``torch.load(weights_only=True)`` reads without running any code.
 
+Every number is in ONE space, the raw inputs' (what a user's file holds): a reader that
+standardizes goes through ``data.readers.base.standardize`` (:func:`standardized`), which records
+the mean, std and range of the raw training rows, so ``predict`` checks and standardizes raw rows
+with the same record (:func:`off_training_scale`, one check for every input format).
+
 Keys (each optional; an unknown key is kept as is, so other settings can be added here):
 
-``kind``         ``"features"`` (columns of a table) | ``"arrays"`` (an ``.npz``) | ``"images"``
-``features``     the feature column names in the model's order (tabular CSV, breast_cancer)
+``kind``         ``"features"`` (named columns) | ``"arrays"`` (an ``.npz``) | ``"images"``
+``features``     the feature column names in the model's order (tabular CSV, heart_disease, breast_cancer)
 ``mean``/``std`` per-feature standardization of raw inputs, ``(x - mean) / std``
 ``id_columns``   columns of the training CSV that were identifiers, never features
-``range``        ``[min, max]`` of the raw training inputs (an ``.npz``): inputs far outside are refused
+``range``        ``[min, max]`` of the raw training inputs: inputs far outside are refused
+``column_mean``/``column_std``  per-column scale of raw training rows taken as they are (an ``.npz``)
+``label_names``  the data's class (or label) names; ``positive_class``: ``{"ids", "names"}`` scored 1
+``sites``        the sites' names, site id order (a reader that knows them)
 
 ``image_size``   S of the S×S images the model was trained on (image datasets)
+``channels``     their channel order as decoded: ``"RGB"`` or ``"L"`` (grey), values in [0, 1]
 ``normalize``    ``{"mean": [...], "std": [...]}`` per image channel, applied by the model's
                  input hook (:func:`fedxrisk.models.normalize_inputs`) after scaling to [0, 1]
 """
@@ -29,6 +38,7 @@ from typing import Any
 import numpy as np
 
 KINDS = ("features", "arrays", "images")
+CHANNELS = ("RGB", "L")  # an image model's channel order (Pillow's modes), as its reader decoded them
 AUGMENTATIONS = ("none", "flip", "crop_flip")  # data.augment: training batches only
 IMAGE_DATASETS = ("folder", "sites", "manifest", "chexpert", "chestxray_ih")  # readers taking image_size
 ID_PATTERN = re.compile(r"^((?i:id)|.*[_\- ](?i:id)|.*[a-z](Id|ID))$")  # id, ID, patient_id, PatientID …
@@ -54,6 +64,19 @@ def features(
     }
 
 
+def standardized(
+    raw_train: np.ndarray, names: Sequence[str] | None = None, id_columns: Sequence[str] = ()
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """(record, mean, std) of features standardized with the RAW training rows' mean and std (+1e-8):
+    the record holds ``names`` (None: an unnamed array, taken by position), mean, std and the range,
+    all in raw space (``data.readers.base.standardize`` is the one path readers call)."""
+    mean, std = raw_train.mean(0), raw_train.std(0) + 1e-8
+    record = features(names, mean, std, id_columns) if names is not None else {
+        "kind": "arrays", "mean": [float(v) for v in mean], "std": [float(v) for v in std]}  # fmt: skip
+    found = value_range(raw_train).get("range")
+    return {**record, **({"range": found} if found else {})}, mean, std
+
+
 RANGE_ROWS = 10_000  # rows read for the range of a large (memory-mapped) array, evenly spaced
 
 
@@ -74,11 +97,23 @@ def value_range(x: np.ndarray) -> dict[str, Any]:
 
 
 OFF_SCALE = 3.0  # median |input column mean − training's| / training std above this: another scale
+STANDARDIZED_RATIO = 2.0  # the rows sit this many times closer to 0 (in training stds) than to the raw means
+STANDARDIZED_ROWS = 20  # rows needed before column means tell pre-standardized rows from raw ones
 
 
-def off_scale(record: Mapping[str, Any], column_mean: np.ndarray) -> str | None:
-    """Why rows whose columns average ``column_mean`` are not on the training scale (pre-standardized
-    rows given to a model trained on raw values, or the reverse), or None when they are."""
+def off_scale(
+    record: Mapping[str, Any], column_mean: np.ndarray, rows: int = STANDARDIZED_ROWS
+) -> str | None:
+    """Why rows whose columns average ``column_mean`` are not on the (raw) training scale, or None.
+
+    Two readings of the rows are compared column by column, in training standard deviations:
+    as raw values (distance ``|mean_in − mean| / std``) and as already standardized values (distance
+    ``|mean_in|``, training rows averaging 0 there). The rows are refused when the raw reading puts
+    the columns a median > :data:`OFF_SCALE` stds away, or (from :data:`STANDARDIZED_ROWS` ``rows`` on:
+    a few raw rows, e.g. one patient with every 0/1 column at 0, can sit near 0 too) an RMS > 1 std
+    away and :data:`STANDARDIZED_RATIO` times further than the standardized reading (pre-standardized
+    rows, which a median alone misses where most columns are 0/1); the message names the furthest
+    columns."""
     keys = ("column_mean", "column_std") if "column_mean" in record else ("mean", "std")  # arrays | features
     if keys[0] not in record or keys[1] not in record or len(record[keys[0]]) != len(column_mean):
         return None
@@ -86,12 +121,19 @@ def off_scale(record: Mapping[str, Any], column_mean: np.ndarray) -> str | None:
     varying = std > 0
     if not varying.any():
         return None
-    z = float(np.median(np.abs(column_mean[varying] - mean[varying]) / std[varying]))
-    if z <= OFF_SCALE:
+    as_raw = np.abs(column_mean[varying] - mean[varying]) / std[varying]
+    as_standardized = np.abs(column_mean[varying])
+    z, rms_raw = float(np.median(as_raw)), float(np.sqrt(np.mean(as_raw**2)))
+    nearer_zero = rms_raw > 1.0 and rms_raw > STANDARDIZED_RATIO * np.sqrt(np.mean(as_standardized**2))
+    if z <= OFF_SCALE and not (nearer_zero and rows >= STANDARDIZED_ROWS):
         return None
+    names = np.asarray(record.get("features") or [f"column {j}" for j in range(len(column_mean))])[varying]
+    worst = np.argsort(-as_raw)[:3]
+    shown = ", ".join(f"{names[j]} ({as_raw[j]:.1f})" for j in worst)
     return (
         f"the columns average a median {z:.1f} training standard deviations away from the training data's "
-        "(pre-standardized or rescaled rows?); give the raw values the model was trained on"
+        f"(furthest: {shown}); they look pre-standardized or rescaled: give the raw values the model was "
+        "trained on"
     )
 
 
@@ -175,10 +217,26 @@ def from_stored(record: Any) -> dict[str, Any]:
     size = out.get("image_size")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError("preprocessing 'image_size' must be a positive integer")
-    ids = out.get("id_columns", [])
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(n, str) for n in ids):
-        raise ValueError("preprocessing 'id_columns' must be a list of column names")
+    if out.get("channels") not in (None, *CHANNELS):
+        raise ValueError(f"preprocessing 'channels' must be one of {list(CHANNELS)}")
+    for key in ("id_columns", "label_names", "sites"):
+        if not _strings(out.get(key, [])):
+            raise ValueError(f"preprocessing {key!r} must be a list of names")
+    positive = out.get("positive_class")
+    if positive is not None and not (
+        isinstance(positive, Mapping)
+        and isinstance(positive.get("ids"), (list, tuple))
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in positive["ids"])
+        and (positive.get("names") is None or _strings(positive["names"]))
+    ):
+        raise ValueError(
+            "preprocessing 'positive_class' must be {'ids': [class ids], 'names': [names] or None}"
+        )
     return out
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value)
 
 
 def standardization(record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -200,3 +258,15 @@ def out_of_range(record: Mapping[str, Any], lo: float, hi: float) -> str | None:
             "scale them as the training data were"
         )
     return None
+
+
+def off_training_scale(
+    record: Mapping[str, Any], lo: float, hi: float, column_mean: np.ndarray | None = None, rows: int = 0
+) -> str | None:
+    """The one scale check of input rows against a model's record, for every input format: why raw
+    inputs spanning ``[lo, hi]`` (``rows`` rows whose columns average ``column_mean``) are not on the
+    raw training scale, or None. The range and the column statistics are both raw-space
+    (:func:`standardized`)."""
+    if why := out_of_range(record, lo, hi):
+        return why
+    return None if column_mean is None else off_scale(record, column_mean, rows)

@@ -93,7 +93,7 @@ def build(
         data.augment = RandomCropFlip(padding=padding, seed=cfg.seed)
     batch_size = check_batch_size(cfg.batch_size, data.shard_sizes)  # capped at the largest shard
     facts = data_facts(cfg, data)
-    record_input_range(data.data)  # model.pt carries it: predict refuses inputs on another scale
+    record_contract(data.data)  # model.pt carries it: predict refuses inputs on another scale
     with users_error():  # data.normalize's mean and std against the image channels
         norm = normalization(cfg.normalize, data.data.input_shape[0])
     if norm is not None:  # stored with the model (data/preprocessing.py), applied by its input hook
@@ -166,12 +166,26 @@ def check_batch_size(batch_size: int, shard_sizes: list[int]) -> int:
     return batch_size
 
 
-def record_input_range(data: Any) -> None:
-    """Add the training inputs' value range to ``data.preprocessing`` when its reader recorded none
-    (an image set in [0, 1]: uint8 0–255 pixels given to ``predict`` are then refused, not scored)."""
-    prep = data.preprocessing or {}
+def record_contract(data: Any) -> None:
+    """Complete ``data.preprocessing``, the input contract ``model.pt`` carries: the label names, the
+    positive class, the site names, an image's channel order; and the training inputs' value range
+    when its reader recorded none (an image set in [0, 1]: uint8 0–255 pixels given to ``predict``
+    are then refused, not scored). Inputs taken as they are only: a reader that standardizes records
+    its raw-space range itself (``data.readers.base.standardize``), as the model's inputs are not
+    the user's."""
+    from fedxrisk.data.types import positive_record
+
+    prep = {**(data.preprocessing or {}), "label_names": [str(n) for n in data.label_names]}
+    if getattr(data, "positive_classes", None):  # a binary task: which classes score 1
+        prep["positive_class"] = positive_record(data)
+    if data.source_names:
+        prep["sites"] = [str(n) for n in data.source_names]
+    shape = tuple(data.input_shape)
+    if len(shape) == 3 and shape[0] in (1, 3) and shape[1] == shape[2]:  # images: decoded L or RGB
+        prep.setdefault("channels", "L" if shape[0] == 1 else "RGB")
+    data.preprocessing = prep
     x = data.x_train
-    if "range" in prep or prep.get("kind") == "features" or not isinstance(x, (np.ndarray, torch.Tensor)):
+    if "range" in prep or "mean" in prep or not isinstance(x, (np.ndarray, torch.Tensor)):
         return
     found = value_range(x.numpy() if isinstance(x, torch.Tensor) else x).get("range")
     if found is not None:

@@ -14,7 +14,14 @@ from fedxrisk.data.checks import check_class_ids, check_features, check_integer_
 from fedxrisk.data.decode import npz_member
 from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
 from fedxrisk.data.missing import apply_missing, is_missing
-from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
+from fedxrisk.data.readers.base import (
+    DataFileError,
+    MissingDataError,
+    codes,
+    require_dir,
+    split_labeled,
+    standardize,
+)
 from fedxrisk.data.registry import register
 from fedxrisk.data.types import LabeledData
 
@@ -57,7 +64,7 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
             f"{path}: missing array(s) {missing} (has {sorted(arrays)}); expected:\n{NPZ_LAYOUT}"
         )
     if xy:
-        return _read_xy(path, arrays, lazy)
+        return _read_xy(path, arrays)
     y_train, y_test = arrays["y_train"], arrays["y_test"]
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
@@ -97,9 +104,9 @@ def read_npz(data_dir: str | Path | None) -> LabeledData:
     )
 
 
-def _read_xy(path: Path, arrays: dict[str, np.ndarray], lazy: bool) -> LabeledData:
+def _read_xy(path: Path, arrays: dict[str, np.ndarray]) -> LabeledData:
     """ADBench's layout: all rows in ``X``, labels in ``y``; a fixed stratified split, then
-    features standardized with the training rows' mean and std (per sample when ``lazy``)."""
+    features standardized with the training rows' mean and std (per sample when read lazily)."""
     x, y = arrays["X"], arrays["y"]
     check_features(x, f"{path}: X")
     if y.ndim != 1 or len(y) != len(x):
@@ -110,16 +117,7 @@ def _read_xy(path: Path, arrays: dict[str, np.ndarray], lazy: bool) -> LabeledDa
     if np.bincount(y).min() < 2:
         raise DataFileError(f"{path}: every class needs at least 2 rows to split into train and test")
     data = split_labeled(path.stem, x.astype(np.float32), y, int(y.max()) + 1)
-    raw_train, raw_test = data.x_train, data.x_test
-    mean, std = raw_train.mean(0), raw_train.std(0) + 1e-8
-    data.preprocessing = {"kind": "arrays", "mean": mean.tolist(), "std": std.tolist()}
-    if lazy:
-        data.x_train = LazySamples(ArraySource(raw_train, f"{path.name}:X[train]", mean=mean, std=std))  # type: ignore[assignment]
-        data.x_test = LazySamples(ArraySource(raw_test, f"{path.name}:X[test]", mean=mean, std=std))  # type: ignore[assignment]
-    else:
-        data.x_train = ((raw_train - mean) / std).astype(np.float32)
-        data.x_test = ((raw_test - mean) / std).astype(np.float32)
-    return data
+    return standardize(data)  # unnamed columns: by position; the record in raw space
 
 
 def _read_table(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None, list[str]]:
@@ -199,17 +197,8 @@ def read_tabular_csv(data_dir: str | Path | None, on_missing: str = "error") -> 
     if data.y_train.min() < 0:
         raise DataFileError(f"tabular: labels must be ≥ 0 in {root}")
     names = apply_missing(data, names, on_missing, str(root))
-    mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
     ids = [c for c in header if preprocessing.is_id_column(c) and c not in ("label", "source")]
-    data.preprocessing = preprocessing.features(names, mean, std, ids)
-    if reading_lazily():  # parsed rows stay raw; standardized per sample when decoded
-        raw_train, raw_test = data.x_train, data.x_test
-        data.x_train = LazySamples(ArraySource(raw_train, "tabular:train", mean=mean, std=std))  # type: ignore[assignment]
-        data.x_test = LazySamples(ArraySource(raw_test, "tabular:test", mean=mean, std=std))  # type: ignore[assignment]
-        return data
-    data.x_train = ((data.x_train - mean) / std).astype(np.float32)
-    data.x_test = ((data.x_test - mean) / std).astype(np.float32)
-    return data
+    return standardize(data, names, ids)
 
 
 def _header(path: Path) -> list[str]:

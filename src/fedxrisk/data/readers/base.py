@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fedxrisk.data.decode import read_bytes  # noqa: F401  (re-exported)
+from fedxrisk.data.preprocessing import standardized
 from fedxrisk.data.types import SPLIT_SEED, TEST_FRACTION, LabeledData
 from fedxrisk.errors import DataFileError, MissingDataError, missing_data_dir  # noqa: F401  (re-exported)
 
@@ -79,6 +80,28 @@ def split_labeled(
         label_names=label_names,
         groups_test={k: v[test_idx] for k, v in groups.items()},  # each site's own test rows
     )
+
+
+def standardize(
+    data: LabeledData, names: Sequence[str] | None = None, id_columns: Sequence[str] = (), lazy: bool = True
+) -> LabeledData:
+    """The one recording path of a reader that standardizes its features: ``data`` (holding RAW rows
+    ``[N, F]``) gets its rows standardized with the training rows' mean and std — per sample when
+    reading lazily, unless ``lazy`` is False (a small table kept in memory) — and the record of that
+    in raw space (:func:`fedxrisk.data.preprocessing.standardized`: names, mean, std, range), which
+    ``model.pt`` carries so ``predict`` takes and checks raw rows."""
+    from fedxrisk.data.lazy import ArraySource, LazySamples, reading_lazily
+
+    raw_train, raw_test = np.asarray(data.x_train), np.asarray(data.x_test)
+    record, mean, std = standardized(raw_train, names, id_columns)
+    data.preprocessing = {**(data.preprocessing or {}), **record}
+    if lazy and reading_lazily():  # parsed rows stay raw; standardized per sample when decoded
+        data.x_train = LazySamples(ArraySource(raw_train, f"{data.name}:train", mean=mean, std=std))  # type: ignore[assignment]
+        data.x_test = LazySamples(ArraySource(raw_test, f"{data.name}:test", mean=mean, std=std))  # type: ignore[assignment]
+    else:
+        data.x_train = ((raw_train - mean) / std).astype(np.float32)
+        data.x_test = ((raw_test - mean) / std).astype(np.float32)
+    return data
 
 
 def codes(values: Sequence[str]) -> tuple[np.ndarray, list[str]]:

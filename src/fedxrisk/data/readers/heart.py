@@ -7,8 +7,9 @@ a stratified 66/34 train/test split with seed 43 (unstratified when a class has
 fewer than 3 patients). Then, pooled: the 8 numeric columns, ``cp`` one-hot (2, 3, 4;
 1 dropped) and ``restecg`` one-hot as FLamby's code produces it (see :func:`encode`),
 standardized with the training rows' mean and standard deviation (FLamby does not
-standardize). On the UCI files: 740 patients
-(Cleveland 303, Hungarian 261, Switzerland 46, VA 130), 486 train / 254 test, 16 features.
+standardize); ``model.pt`` records the encoded columns' names (:func:`feature_names`) and their
+raw mean/std, so ``predict`` takes a CSV of encoded, unstandardized rows by name. On the UCI files:
+740 patients (Cleveland 303, Hungarian 261, Switzerland 46, VA 130), 486 train / 254 test, 16 features.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from fedxrisk.data.checks import read_text
-from fedxrisk.data.readers.base import DataFileError, MissingDataError, require_dir
+from fedxrisk.data.readers.base import DataFileError, MissingDataError, require_dir, standardize
 from fedxrisk.data.registry import register
 from fedxrisk.data.types import LabeledData
 
@@ -135,10 +136,17 @@ def read_heart_disease(data_dir: str | Path | None, encoding: str = "flamby") ->
             parts[name].append((x[rows], y[rows], np.full(len(rows), source, dtype=np.int64)))
     x_tr, y_tr, s_tr = (np.concatenate(a) for a in zip(*parts["train"]))
     x_te, y_te, s_te = (np.concatenate(a) for a in zip(*parts["test"]))
-    mean, std = x_tr.mean(0), x_tr.std(0) + 1e-8
-    return LabeledData(
-        "heart_disease", ((x_tr - mean) / std).astype(np.float32), y_tr,
-        ((x_te - mean) / std).astype(np.float32), y_te, 2,
+    data = LabeledData(
+        "heart_disease", x_tr, y_tr, x_te, y_te, 2,
         groups_train={"source": s_tr}, label_names=("no disease", "disease"), groups_test={"source": s_te},
         default_positive=(1,), source_names=HOSPITALS,
     )  # fmt: skip
+    return standardize(data, feature_names(encoding), lazy=False)  # names, raw-space mean/std/range
+
+
+def feature_names(encoding: str) -> list[str]:
+    """The encoded columns' names, in :func:`encode`'s order (``predict`` takes a CSV by these names)."""
+    names = (
+        [COLUMNS[c] for c in NUMERIC] + [f"cp_{c}" for c in CP[1:]] + [f"restecg_{c}" for c in RESTECG[1:]]
+    )
+    return names if encoding == "onehot" else names + [f"restecg_text_{c}" for c in RESTECG]
