@@ -40,7 +40,15 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad, grad_and_value
 
-from fedxrisk.algorithms.base import Batch, ClientInfo, Collective, RoundContext, State, StepContext
+from fedxrisk.algorithms.base import (
+    Batch,
+    ClientInfo,
+    Collective,
+    RoundContext,
+    State,
+    StepContext,
+    register,
+)
 from fedxrisk.algorithms.fedavg import LocalSGDM
 from fedxrisk.algorithms.fedxl import _draw
 from fedxrisk.algorithms.pairwise_base import MOMENTUM_INITS, PairwiseBase, _masked_mean, log_u_in_order
@@ -51,8 +59,11 @@ SURVIVAL_ALGORITHMS: dict[str, type] = {}
 
 
 def survival_algorithm(cls: type) -> type:
+    """Registers a survival algorithm in :data:`ALGORITHMS` (``task = "survival"``: a run refuses
+    it on binary data and binary algorithms on survival data) and in :data:`SURVIVAL_ALGORITHMS`."""
+    cls.task = "survival"
     SURVIVAL_ALGORITHMS[cls.name] = cls
-    return cls
+    return register(cls)
 
 
 @survival_algorithm
@@ -61,6 +72,7 @@ class FedAvgCox(LocalSGDM):
     """FedAvg with local momentum SGD on the local-batch Cox loss (FLamby's baseline)."""
 
     name = "fedavg_cox"
+    monitor = "val_cindex"
     default_lr = 0.1
     couples_samples = "its Cox loss couples the patients of a batch through their risk sets"
 
@@ -74,6 +86,7 @@ class _SurvivalPools(PairwiseBase):
     """FeDXL's pools, momentum and averaging for survival: pools of (η, T, …) instead of scores."""
 
     couples_samples = "its X-risk couples every patient with other sites' patients (risk sets, pairs)"
+    needs_both_classes = False  # a site without an event still gives its patients to the risk sets
     collectives = ("mean", "pool")
     positives_per_batch: int = 0  # uniform batches: events are found by ``y``
     tau: int = 2

@@ -16,6 +16,7 @@ def list_() -> None:
     catalog = load()  # generated from the registries; no torch import
     table = Table(title="algorithms")
     table.add_column("name")
+    table.add_column("task")
     table.add_column("default lr", justify="right")
     table.add_column("communicates")
     table.add_column("hyperparameters (defaults)")
@@ -24,7 +25,7 @@ def list_() -> None:
         window = f" (I = {entry['window']})" if entry["window"] else ""
         budget = entry.get("lr_pos_budget")
         scaled = f" (≤ {budget:g}/(p(1−p)))" if budget else ""
-        table.add_row(name, f"{entry['default_lr']:g}{scaled}{window}", ", ".join(entry["communicates"]), hp)
+        table.add_row(name, entry.get("task", "binary"), f"{entry['default_lr']:g}{scaled}{window}", ", ".join(entry["communicates"]), hp)
     out = Console()
     out.print(table)
     out.print(
@@ -33,3 +34,7 @@ def list_() -> None:
     )
     for key in ("datasets", "partitions", "models", "engines"):
         out.print(f"{key + ':':<11} " + ", ".join(catalog[key]))
+    out.print(
+        "task:      binary algorithms train on binary data; survival algorithms (Cox, C-index) on survival "
+        f"datasets ({', '.join(catalog.get('survival_datasets', []))}): see docs/survival.md"
+    )
