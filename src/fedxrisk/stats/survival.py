@@ -45,7 +45,7 @@ def _entry(c: float, draws: np.ndarray, events: int, patients: int, level: float
     if not np.isfinite(c):
         out["note"] = "no comparable pair (no event before another patient's time): no C-index"
     elif events < MIN_EVENTS:
-        out["note"] = f"only {events} test event(s): too few for an interval (C rests on a handful of patients)"
+        out["note"] = f"only {events} test event(s): too few for an interval"
     elif c in (0.0, 1.0):
         out["note"] = (
             f"C = {c:g}: every comparable pair agrees, so resampling the patients cannot leave {c:g}; "
