@@ -20,7 +20,15 @@ import numpy as np
 from fedxrisk.inference import InputError, TrainedModel
 
 # evaluate's options that have no survival meaning (AUROC curves, thresholds, calibration, …)
-BINARY_ONLY = ("manifest", "against", "at_specificity", "at_sensitivity", "calibration", "personal", "dp_epsilon")
+BINARY_ONLY = (
+    "manifest",
+    "against",
+    "at_specificity",
+    "at_sensitivity",
+    "calibration",
+    "personal",
+    "dp_epsilon",
+)
 FILES = ("evaluation.json", "evaluation.md")
 
 
@@ -70,9 +78,13 @@ def survival_data(
         except ValueError as e:
             raise InputError(str(e)) from e
         if d.input_shape != trained.input_shape:
-            raise InputError(f"{dataset}: inputs {list(d.input_shape)}; the model takes {list(trained.input_shape)}")
+            raise InputError(
+                f"{dataset}: inputs {list(d.input_shape)}; the model takes {list(trained.input_shape)}"
+            )
         where = f"{dataset}{f' in {data_dir}' if data_dir else ''}, {split} split"
-    x, y, groups = (d.x_test, d.y_test, d.groups_test) if split == "test" else (d.x_train, d.y_train, d.groups_train)
+    x, y, groups = (
+        (d.x_test, d.y_test, d.groups_test) if split == "test" else (d.x_train, d.y_train, d.groups_train)
+    )
     scores = np.asarray(trained.model_logits(x), np.float64).ravel()
     return groups["time"], y.numpy(), scores, groups.get("source"), tuple(d.source_names), where
 

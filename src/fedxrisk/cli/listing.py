@@ -25,7 +25,13 @@ def list_() -> None:
         window = f" (I = {entry['window']})" if entry["window"] else ""
         budget = entry.get("lr_pos_budget")
         scaled = f" (≤ {budget:g}/(p(1−p)))" if budget else ""
-        table.add_row(name, entry.get("task", "binary"), f"{entry['default_lr']:g}{scaled}{window}", ", ".join(entry["communicates"]), hp)
+        table.add_row(
+            name,
+            entry.get("task", "binary"),
+            f"{entry['default_lr']:g}{scaled}{window}",
+            ", ".join(entry["communicates"]),
+            hp,
+        )
     out = Console()
     out.print(table)
     out.print(

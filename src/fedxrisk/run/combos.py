@@ -137,17 +137,22 @@ def _task(cfg: RunConfig) -> None:
     task = table("algorithms")[cfg.algorithm].get("task", "binary")
     if survival and task != "survival":
         raise ConfigError(
-            f"algorithm {cfg.algorithm!r} trains on binary labels, but {cfg.dataset!r} is survival data "
-            "(an event flag with a time); choose a survival algorithm: fedavg_cox, fedxl2_cox or fedxl1_cindex"
+            f"dataset {cfg.dataset!r} is survival data (an event flag with a time) but {cfg.algorithm!r} "
+            "trains on binary labels; choose a survival algorithm: fedavg_cox, fedxl2_cox or fedxl1_cindex"
         )
     if task == "survival" and not survival:
         raise ConfigError(
-            f"algorithm {cfg.algorithm!r} needs survival data (an event flag with a time), but "
+            f"{cfg.algorithm!r} is a survival algorithm (Cox, C-index: an event flag with a time), but dataset "
             f"{cfg.dataset!r} has binary labels; choose a survival dataset ({', '.join(table('survival_datasets'))})"
         )
     if cfg.monitor is not None and (cfg.monitor == "val_cindex") != survival:
         want = "val_cindex (survival data)" if survival else "a binary metric (val_auroc, val_ap, …)"
         raise ConfigError(f"experiment.monitor = {cfg.monitor!r} on {cfg.dataset!r}: use {want} or drop it")
+    if survival and cfg.personal != "none":
+        raise ConfigError(
+            f"model.personal = {cfg.personal!r} on survival data: the per-site models are scored by AUROC, "
+            "not the C-index; use personal = 'none'"
+        )
     if survival and cfg.engine == "distributed":
         raise ConfigError(
             "engine = 'distributed' on survival data: its validation C-index is not computed across "

@@ -26,9 +26,9 @@ from fedxrisk.algorithms import Algorithm
 from fedxrisk.data.types import describe_positive, positive_record
 from fedxrisk.engines.validation import federated_validation
 from fedxrisk.errors import RunFailure
+from fedxrisk.metrics import SURVIVAL_KEYS, is_survival
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
-from fedxrisk.metrics import SURVIVAL_KEYS, is_survival
 from fedxrisk.run.folder import (
     HISTORY_FIELDS,
     LAST_MODEL,
@@ -161,7 +161,9 @@ def train(
             folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL, prep)
             params, buffers = chosen.params, chosen.buffers or {}
         summary["model_sha256"] = folder.save_model(cfg.model, shape, labels, params, buffers, MODEL, prep)
-        if survival and primary:  # the model.pt's test C-index, pooled and per site, with patient-bootstrap CIs
+        if (
+            survival and primary
+        ):  # the model.pt's test C-index, pooled and per site, with patient-bootstrap CIs
             summary["test_cindex"] = json_safe(survival_summary(setup, params, buffers))
     folder.write_summary(summary)
     if failure is not None:

@@ -267,4 +267,6 @@ def read_survival_dir(data_dir: str | Path | None) -> LabeledData:
     for candidate in (root / "survival.csv", root / "survival.npz"):
         if candidate.is_file():
             return read_survival_table(candidate)
-    raise MissingDataError(f"survival: no survival.csv or survival.npz in {root}; expected:\n{SURVIVAL_LAYOUT}")
+    raise MissingDataError(
+        f"survival: no survival.csv or survival.npz in {root}; expected:\n{SURVIVAL_LAYOUT}"
+    )
