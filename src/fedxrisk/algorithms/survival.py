@@ -94,7 +94,7 @@ class _SurvivalPools(PairwiseBase):
     EVENT_FIELDS = ("score", "time")
     ALL_FIELDS = ("score", "time")
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.positives_per_batch != 0:
             raise ValueError("survival X-risks draw uniform batches: positives_per_batch must be 0")
         if self.momentum_init not in MOMENTUM_INITS:
@@ -103,6 +103,9 @@ class _SurvivalPools(PairwiseBase):
             raise ValueError(f"beta must lie in (0, 1], got {self.beta}")
         if self.tau < 1 or self.passive_samples < 1:
             raise ValueError(f"tau and passive_samples must be ≥ 1, got {self.tau}, {self.passive_samples}")
+
+    def __post_init__(self) -> None:
+        self.check_hyperparameters()
         self.uniforms_per_step = 2 * self.passive_samples  # first S for H1 (events), next S for H2 (all)
 
     def init(self, client: ClientInfo) -> State:
@@ -196,8 +199,8 @@ class FeDXL2Cox(_SurvivalPools):
     beta: float = 0.1
     gamma: float = 0.1  # moving-average rate of u
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {self.gamma}")
 
@@ -258,8 +261,8 @@ class FeDXL1CIndex(_SurvivalPools):
 
     surrogate: str = "logistic"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         check_surrogate(self.surrogate)
 
     def _all_extra(self, batch: Batch) -> dict[str, torch.Tensor]:

@@ -16,10 +16,10 @@ def list_() -> None:
     catalog = load()  # generated from the registries; no torch import
     table = Table(title="algorithms")
     table.add_column("name")
-    table.add_column("task")
     table.add_column("default lr", justify="right")
     table.add_column("communicates")
     table.add_column("hyperparameters (defaults)")
+    table.add_column("task")
     for name, entry in catalog["algorithms"].items():
         hp = ", ".join(f"{k}={v}" for k, v in entry["hyperparameters"].items())
         window = f" (I = {entry['window']})" if entry["window"] else ""
@@ -27,10 +27,10 @@ def list_() -> None:
         scaled = f" (≤ {budget:g}/(p(1−p)))" if budget else ""
         table.add_row(
             name,
-            entry.get("task", "binary"),
             f"{entry['default_lr']:g}{scaled}{window}",
             ", ".join(entry["communicates"]),
             hp,
+            entry.get("task", "binary"),
         )
     out = Console()
     out.print(table)
