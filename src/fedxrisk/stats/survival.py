@@ -59,6 +59,34 @@ def _entry(c: float, draws: np.ndarray, events: int, patients: int, level: float
     return out
 
 
+def _resample_counts(site: np.ndarray, draws: int, seed: int) -> np.ndarray:
+    """``[draws, n]`` multinomial counts: each draw resamples the patients within each site."""
+    rng = np.random.default_rng([seed, 41])
+    w = np.zeros((draws, len(site)))
+    for k in np.unique(site):
+        rows = np.flatnonzero(site == k)
+        w[:, rows] = rng.multinomial(len(rows), np.full(len(rows), 1 / len(rows)), size=draws)
+    return w
+
+
+def bootstrap_draws(
+    times: Any, events: Any, scores: Any, sites: Any, draws: int = DRAWS, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(pooled C, mean over sites of the sites' C) of each of ``draws`` resamples of the patients
+    within each site; the same ``seed`` draws the same resamples for another model's scores of the
+    same patients (paired), so per-draw values of several models (seeds) can be averaged."""
+    t, e, s = _survival_arrays(times, events, scores)
+    site = np.asarray(sites).ravel()
+    w = _resample_counts(site, draws, seed)
+    k_all, m_all = _pair_matrices(t, e, s)
+    per_site = []
+    for k in np.unique(site):
+        rows = np.flatnonzero(site == k)
+        per_site.append(_weighted_c(k_all[np.ix_(rows, rows)], m_all[np.ix_(rows, rows)], w[:, rows]))
+    with np.errstate(invalid="ignore"):
+        return _weighted_c(k_all, m_all, w), np.nanmean(np.stack(per_site), 0)
+
+
 def cindex_report(
     times: Any,
     events: Any,
@@ -74,11 +102,7 @@ def cindex_report(
     t, e, s = _survival_arrays(times, events, scores)
     site = np.zeros(len(t), np.int64) if sites is None else np.asarray(sites).ravel()
     ids = [int(v) for v in np.unique(site)]
-    rng = np.random.default_rng([seed, 41])
-    w = np.zeros((draws, len(t)))
-    for k in ids:
-        rows = np.flatnonzero(site == k)
-        w[:, rows] = rng.multinomial(len(rows), np.full(len(rows), 1 / len(rows)), size=draws)
+    w = _resample_counts(site, draws, seed)
     ones = np.ones((1, len(t)))
     k_all, m_all = _pair_matrices(t, e, s)
     pooled = _entry(
