@@ -187,3 +187,41 @@ def test_no_interval_where_c_is_one_or_events_are_few():
     assert "C = 1" in report["pooled"]["note"]
     few = cindex_report(t, (t < 4).astype(int), np.random.default_rng(0).normal(size=20), draws=50)
     assert few["pooled"]["low"] is None and "only 3 test event(s)" in few["pooled"]["note"]
+
+
+def test_a_generic_time_event_table_runs_by_site_name_and_equals_lifelines(tmp_path):
+    """``--dataset survival``: <data_dir>/survival.csv with time, event, features, source and split."""
+    rng = np.random.default_rng(1)
+    n = 120
+    x = rng.normal(size=(n, 2))
+    t, c = rng.exponential(np.exp(-x[:, 0])) * 100, rng.exponential(300, n)
+    site, split = (
+        np.array(["north", "south", "east"])[np.arange(n) % 3],
+        np.where(np.arange(n) % 4 == 0, "test", "train"),
+    )
+    rows = [
+        [f"{min(a, b):.2f}", int(a <= b), *map(str, xi), s, sp]
+        for a, b, xi, s, sp in zip(t, c, x, site, split)
+    ]
+    with (tmp_path / "survival.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["time", "event", "age", "grade", "source", "split"], *rows])
+    out = tmp_path / "run"
+    args = ["run", "--dataset", "survival", "--data-dir", str(tmp_path), "-a", "fedavg_cox", "--rounds", "2",
+            "--set", "data.partition=source", "--clients", "3", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    test = split == "test"
+    with (tmp_path / "new.csv").open("w", newline="") as f:
+        csv.writer(f).writerows(
+            [["patient_id", "age", "grade"], *([i, *map(str, xi)] for i, xi in enumerate(x[test]))]
+        )
+    result = CliRunner().invoke(
+        main, ["predict", str(out), str(tmp_path / "new.csv"), "--out", str(tmp_path / "r.csv")]
+    )
+    assert result.exit_code == 0, result.output
+    with (tmp_path / "r.csv").open() as f:
+        risk = np.array([float(r["risk"]) for r in csv.DictReader(f)])
+    report = json.loads((out / "summary.json").read_text())["test_cindex"]
+    times, events = np.minimum(t, c)[test].round(2), (t <= c)[test].astype(int)
+    assert report["pooled"]["c_index"] == pytest.approx(concordance_index(times, -risk, events), abs=1e-9)
+    assert set(report["per_site"]) == {"north", "south", "east"}
