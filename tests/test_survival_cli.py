@@ -225,3 +225,21 @@ def test_a_generic_time_event_table_runs_by_site_name_and_equals_lifelines(tmp_p
     times, events = np.minimum(t, c)[test].round(2), (t <= c)[test].astype(int)
     assert report["pooled"]["c_index"] == pytest.approx(concordance_index(times, -risk, events), abs=1e-9)
     assert set(report["per_site"]) == {"north", "south", "east"}
+
+
+@pytest.mark.slow
+def test_load_run_reads_a_survival_run_and_cross_site_and_plot_refuse_it(survival_run, tmp_path):
+    from fedxrisk import load_run
+
+    run = load_run(survival_run)
+    assert (
+        run.history[-1]["test_cindex"]
+        == json.loads((survival_run / "summary.json").read_text())["final"]["test_cindex"]
+    )
+    for args in (
+        ["cross-site", str(survival_run), "--out", str(tmp_path / "cs")],
+        ["plot", str(survival_run), "--out", str(tmp_path / "pl")],
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and "fedxrisk evaluate RUN" in result.output, result.output
+        assert not (tmp_path / args[-1]).exists()
