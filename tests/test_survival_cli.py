@@ -243,3 +243,24 @@ def test_load_run_reads_a_survival_run_and_cross_site_and_plot_refuse_it(surviva
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and "fedxrisk evaluate RUN" in result.output, result.output
         assert not (tmp_path / args[-1]).exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"personal": "head", "model": "mlp"}, "model.personal = 'head' on survival data"),
+        ({"engine": "distributed"}, "engine = 'distributed' on survival data"),
+        ({"monitor": "val_auroc"}, "experiment.monitor = 'val_auroc'"),
+        ({"privacy": {"level": "client"}, "selection": "best", "validation": 0.2}, "validation release"),
+    ],
+)
+def test_what_survival_does_not_support_is_refused_in_one_line(settings, said):
+    from fedxrisk.run.checks import check
+    from fedxrisk.run.spec import RunConfig
+
+    messages = [
+        str(e)
+        for e in check(RunConfig(dataset="tcga_brca", data_dir="unused", algorithm="fedavg_cox", **settings))
+    ]
+    assert [m for m in messages if said in m and "\n" not in m], messages
+    assert not check(RunConfig(dataset="tcga_brca", data_dir="unused", algorithm="fedavg_cox"))  # the control

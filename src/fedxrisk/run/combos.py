@@ -148,6 +148,11 @@ def _task(cfg: RunConfig) -> None:
     if cfg.monitor is not None and (cfg.monitor == "val_cindex") != survival:
         want = "val_cindex (survival data)" if survival else "a binary metric (val_auroc, val_ap, …)"
         raise ConfigError(f"experiment.monitor = {cfg.monitor!r} on {cfg.dataset!r}: use {want} or drop it")
+    if survival and cfg.privacy is not None and (cfg.selection == "best" or cfg.early_stopping):
+        raise ConfigError(
+            "[privacy] with experiment.selection = 'best' or early stopping on survival data: the private "
+            "validation release is of AUROC histograms, not the C-index; use selection = 'last' without early stopping"
+        )
     if survival and cfg.personal != "none":
         raise ConfigError(
             f"model.personal = {cfg.personal!r} on survival data: the per-site models are scored by AUROC, "
