@@ -73,18 +73,17 @@ def survival_run(tcga, tmp_path_factory):
 
 
 def _predicted(run, tcga, tmp_path):
-    _, test = tcga
-    path = tmp_path / "patients.csv"
-    with path.open("w", newline="") as f:
-        csv.writer(f).writerows([["patient_id", *(f"f{j}" for j in range(39))],
-                                 *([p, *(str(float(v)) for v in x)] for p, x in zip(test["pid"], test["x"]))])  # fmt: skip
+    """``predict`` on the reader's own brca.csv (pid identifies a row, E and T are skipped): the test
+    patients' risk scores, in the run's test order."""
+    root, test = tcga
     out = tmp_path / "risk.csv"
-    result = CliRunner().invoke(main, ["predict", str(run), str(path), "--out", str(out), "-q"])
+    result = CliRunner().invoke(main, ["predict", str(run), str(root / "brca.csv"), "--out", str(out), "-q"])
     assert result.exit_code == 0, result.output
     with out.open() as f:
         table = list(csv.DictReader(f))
-    assert [r["patient_id"] for r in table] == test["pid"] and list(table[0]) == ["patient_id", "risk"]
-    return np.array([float(r["risk"]) for r in table])
+    assert list(table[0]) == ["pid", "risk"] and len(table) == sum(REGIONS)
+    risk = {r["pid"]: float(r["risk"]) for r in table}
+    return np.array([risk[p] for p in test["pid"]])
 
 
 @pytest.mark.slow

@@ -175,9 +175,10 @@ def from_stored(record: Any) -> dict[str, Any]:
     size = out.get("image_size")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError("preprocessing 'image_size' must be a positive integer")
-    ids = out.get("id_columns", [])
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(n, str) for n in ids):
-        raise ValueError("preprocessing 'id_columns' must be a list of column names")
+    for key in ("id_columns", "outcome_columns"):  # outcome: a survival table's time/event, not inputs
+        ids = out.get(key, [])
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(n, str) for n in ids):
+            raise ValueError(f"preprocessing {key!r} must be a list of column names")
     return out
 
 

@@ -138,6 +138,7 @@ def describe(entry: dict[str, Any]) -> str:
     """``0.812 [0.74, 0.87] (57 events)``, or the value with its note when there is no interval."""
     c = entry["c_index"]
     value = "—" if c is None or not np.isfinite(c) else f"{c:.3f}"
+    events = f"{entry['events']} event{'' if entry['events'] == 1 else 's'}"
     if entry.get("low") is not None:
-        return f"{value} [{entry['low']:.3f}, {entry['high']:.3f}] ({entry['events']} events)"
-    return f"{value} ({entry['events']} events; {entry.get('note', 'no interval')})"
+        return f"{value} [{entry['low']:.3f}, {entry['high']:.3f}] ({events})"
+    return f"{value} ({events}; {entry.get('note', 'no interval')})"

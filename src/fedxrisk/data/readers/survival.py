@@ -91,13 +91,16 @@ def check_survival(times: np.ndarray, events: np.ndarray, where: str) -> None:
         raise DataFileError(f"{where}: no event observed (every patient censored); nothing to learn from")
 
 
-def _standardized(data: LabeledData, names: list[str]) -> LabeledData:
+def _standardized(
+    data: LabeledData, names: list[str], ids: tuple[str, ...], outcome: tuple[str, ...]
+) -> LabeledData:
     """``data`` with its features standardized by the training rows' mean and std, recorded (raw
-    space, with the column names) in ``preprocessing``: ``predict`` takes raw rows by name."""
+    space, with the column names) in ``preprocessing``: ``predict`` takes raw rows by name, the
+    reader's own file included (its ``ids`` identify a row, its ``outcome`` columns are skipped)."""
     mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
     data.x_train = ((data.x_train - mean) / std).astype(np.float32)
     data.x_test = ((data.x_test - mean) / std).astype(np.float32)
-    data.preprocessing = features(names, mean, std)
+    data.preprocessing = {**features(names, mean, std, ids), "outcome_columns": list(outcome)}
     return data
 
 
@@ -149,7 +152,7 @@ def read_tcga_brca(data_dir: str | Path | None) -> LabeledData:
         groups_test={"source": out["test"][3], "time": out["test"][2]},
         default_positive=(1,), source_names=tuple(f"region {k}" for k in range(REGIONS)),
     )  # fmt: skip
-    return _standardized(data, header[1:-2])
+    return _standardized(data, header[1:-2], ("pid",), ("E", "T"))
 
 
 def tss_regions(data_dir: str | Path) -> dict[str, int]:
@@ -247,11 +250,11 @@ def read_survival_table(
             groups_train={k: v[~test] for k, v in groups.items()}, label_names=SURVIVAL_LABELS,
             groups_test={k: v[test] for k, v in groups.items()}, default_positive=(1,), source_names=sites,
         )  # fmt: skip
-        return _standardized(data, names)
+        return _standardized(data, names, (), (time, event, "split"))
     data = split_labeled(name, x, y, 2, groups=groups, label_names=SURVIVAL_LABELS)
     data.default_positive = (1,)
     data.source_names = sites
-    return _standardized(data, names)
+    return _standardized(data, names, (), (time, event, "split"))
 
 
 SURVIVAL_LAYOUT = (
