@@ -117,7 +117,10 @@ def test_evaluate_reproduces_the_summary_and_agrees_with_predict(survival_run, t
     result = CliRunner().invoke(main, ["evaluate", str(survival_run), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "region 5" in result.output and "pooled" in result.output
-    evaluated = json.loads((out / "evaluation.json").read_text())["test_cindex"]
+    written = json.loads((out / "evaluation.json").read_text())
+    evaluated, fed = written["test_cindex"], written["federated"]
+    assert abs(fed["c_index"] - evaluated["pooled"]["c_index"]) <= fed["bound"] + 1e-12  # no score pooled
+    assert "without site or event flag" in fed["note"]
     summary = json.loads((survival_run / "summary.json").read_text())["test_cindex"]
     assert evaluated == summary  # same model, patients, resamples (seed 0)
     risk = _predicted(survival_run, tcga, tmp_path)
@@ -263,3 +266,33 @@ def test_what_survival_does_not_support_is_refused_in_one_line(settings, said):
     ]
     assert [m for m in messages if said in m and "\n" not in m], messages
     assert not check(RunConfig(dataset="tcga_brca", data_dir="unused", algorithm="fedavg_cox"))  # the control
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_federated_c_index_lies_within_its_bound_of_the_pooled_one(seed):
+    """Tied times and scores (whole days, rounded scores) across three sites: C_fed within ± bound of
+    lifelines on the pooled scores; with coarse time bins the bound grows but still holds."""
+    from fedxrisk.stats.federated_cindex import federated_cindex
+
+    rng = np.random.default_rng(seed)
+    sites = []
+    for n in (40, 25, 12):
+        s = rng.normal(size=n).round(1)
+        sites.append((rng.integers(0, 60, n).astype(float), rng.integers(0, 2, n), s))
+    t, e, s = (np.concatenate(part) for part in zip(*sites))
+    exact = concordance_index(t, -s, e)
+    for bins in (256, 8):
+        fed = federated_cindex(sites, time_bins=bins)
+        assert abs(fed.c_index - exact) <= fed.bound + 1e-12 and fed.bound > 0
+
+
+def test_the_federated_c_index_is_exact_when_no_bin_holds_two_patients():
+    from fedxrisk.stats.federated_cindex import federated_cindex
+
+    rng = np.random.default_rng(5)
+    t = rng.permutation(60).astype(float) * 10 + 5  # distinct times, 10 apart: one per time bin of 600/60
+    s = (rng.permutation(60) - 30) * 0.25  # distinct scores, 0.25 apart: one per score bin of 32/4095
+    e = rng.integers(0, 2, 60)
+    sites = [(t[:30], e[:30], s[:30]), (t[30:], e[30:], s[30:])]
+    fed = federated_cindex(sites, time_bins=60)
+    assert fed.bound == 0 and fed.c_index == pytest.approx(concordance_index(t, -s, e), abs=1e-12)

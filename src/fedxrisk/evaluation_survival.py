@@ -113,6 +113,7 @@ def evaluate_survival(
         "data": where,
         "metric": "Harrell's C-index of the model's risk scores (higher = earlier event)",
         "test_cindex": report,
+        "federated": federated_block(times, events, scores, sites),
         "warnings": [],
     }
     result["files"] = [str(folder / f) for f in FILES]
@@ -123,6 +124,27 @@ def evaluate_survival(
     make_folder(folder)
     write_together({folder / n: text_writer(t) for n, t in texts.items()}, "no evaluation file was written")
     return result
+
+
+FEDERATED_NOTE = (
+    "computed without pooling risk scores: two secure sums (fedxrisk.stats.federated_cindex); released: "
+    "the pooled count of patients per (time bin, score bin), without site or event flag, the largest "
+    "time and four sums; with fine bins a cell often holds one patient, so the binned (time, score) pairs "
+    "are revealed, not who or where"
+)
+
+
+def federated_block(times: Any, events: Any, scores: Any, sites: Any) -> dict[str, Any] | None:
+    """The pooled C-index computed federated (none without sites), with its bound and disclosure."""
+    from dataclasses import asdict
+
+    from fedxrisk.stats.federated_cindex import federated_cindex
+
+    if sites is None or len(np.unique(sites)) < 2:
+        return None
+    site = np.asarray(sites)
+    parts = [(times[site == k], events[site == k], scores[site == k]) for k in np.unique(site)]
+    return {**asdict(federated_cindex(parts)), "note": FEDERATED_NOTE}
 
 
 def markdown_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
@@ -141,4 +163,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["| group | C-index [95% CI] (test events) |", "|---|---|"]
     lines += [f"| {group} | {text} |" for group, text in markdown_rows(result["test_cindex"])]
     lines += ["", f"Intervals: {result['test_cindex']['interval']}."]
+    fed = result.get("federated")
+    if fed:
+        lines += ["", f"Pooled C-index computed federated: {fed['c_index']:.4f} (± {fed['bound']:.4f} binning "
+                  f"bound), {fed['note']}."]  # fmt: skip
     return "\n".join(lines) + "\n"
