@@ -161,9 +161,8 @@ def train(
             folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL, prep)
             params, buffers = chosen.params, chosen.buffers or {}
         summary["model_sha256"] = folder.save_model(cfg.model, shape, labels, params, buffers, MODEL, prep)
-        if (
-            survival and primary
-        ):  # the model.pt's test C-index, pooled and per site, with patient-bootstrap CIs
+        # model.pt's test C-index, pooled and per site, with patient-bootstrap CIs
+        if survival and primary:
             summary["test_cindex"] = json_safe(survival_summary(setup, params, buffers))
     folder.write_summary(summary)
     if failure is not None:
@@ -339,15 +338,15 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
 
 def survival_summary(setup: Setup, params, buffers) -> dict[str, Any]:
     """summary.json ``test_cindex``: Harrell's C of the saved model's test risk scores, pooled, per site
-    and the mean over sites, with patient-bootstrap intervals (:func:`fedxrisk.stats.survival.cindex_report`)."""
+    and the mean over sites, with patient-bootstrap intervals (:func:`fedxrisk.stats.survival.cindex_report`,
+    resampling seed 0: ``fedxrisk evaluate RUN`` with its default ``--seed`` reproduces it)."""
     from fedxrisk.metrics import predict
     from fedxrisk.stats.survival import cindex_report
 
     d = setup.data.data
     scores = predict(setup.problem, params, buffers, d.x_test)
     return cindex_report(
-        d.groups_test["time"], d.y_test.numpy(), scores, d.groups_test.get("source"), d.source_names,
-        seed=setup.config.seed,
+        d.groups_test["time"], d.y_test.numpy(), scores, d.groups_test.get("source"), d.source_names, seed=0
     )  # fmt: skip
 
 
