@@ -188,7 +188,7 @@ def test_no_interval_where_c_is_one_or_events_are_few():
     assert report["pooled"]["c_index"] == 1.0 and report["pooled"]["low"] is None
     assert "C = 1" in report["pooled"]["note"]
     few = cindex_report(t, (t < 4).astype(int), np.random.default_rng(0).normal(size=20), draws=50)
-    assert few["pooled"]["low"] is None and "only 3 test event(s)" in few["pooled"]["note"]
+    assert few["pooled"]["low"] is None and "only 3 event(s)" in few["pooled"]["note"]
 
 
 def test_a_generic_time_event_table_runs_by_site_name_and_equals_lifelines(tmp_path):

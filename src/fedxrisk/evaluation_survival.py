@@ -160,7 +160,7 @@ def markdown_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 def markdown(result: dict[str, Any]) -> str:
     """evaluation.md of a survival run."""
     lines = [f"# Evaluation of {result['run']}", "", f"Data: {result['data']}. {result['metric']}.", ""]
-    lines += ["| group | C-index [95% CI] (test events) |", "|---|---|"]
+    lines += ["| group | C-index [95% CI] (events) |", "|---|---|"]
     lines += [f"| {group} | {text} |" for group, text in markdown_rows(result["test_cindex"])]
     lines += ["", f"Intervals: {result['test_cindex']['interval']}."]
     fed = result.get("federated")

@@ -23,7 +23,7 @@ import numpy as np
 
 from fedxrisk.stats.concordance import _survival_arrays, comparable_pairs
 
-MIN_EVENTS = 5  # fewer test events than this: a C-index without an interval (said in its note)
+MIN_EVENTS = 5  # fewer events than this: a C-index without an interval (said in its note)
 DRAWS = 1000
 
 
@@ -45,7 +45,7 @@ def _entry(c: float, draws: np.ndarray, events: int, patients: int, level: float
     if not np.isfinite(c):
         out["note"] = "no comparable pair (no event before another patient's time): no C-index"
     elif events < MIN_EVENTS:
-        out["note"] = f"only {events} test event(s): too few for an interval"
+        out["note"] = f"only {events} event(s): too few for an interval"
     elif c in (0.0, 1.0):
         out["note"] = (
             f"C = {c:g}: every comparable pair agrees, so resampling the patients cannot leave {c:g}; "
@@ -121,7 +121,7 @@ def cindex_report(
     out = {
         "pooled": pooled,
         "per_site": per_site,
-        "interval": f"{level:.0%} percentile interval over {draws} resamples of the test patients within "
+        "interval": f"{level:.0%} percentile interval over {draws} resamples of the evaluated patients within "
         f"each site (seed {seed}); Harrell's C, ties in score count ½",
     }
     if len(ids) > 1 and site_values:
