@@ -209,7 +209,8 @@ def test_a_generic_time_event_table_runs_by_site_name_and_equals_lifelines(tmp_p
         csv.writer(f).writerows([["time", "event", "age", "grade", "source", "split"], *rows])
     out = tmp_path / "run"
     args = ["run", "--dataset", "survival", "--data-dir", str(tmp_path), "-a", "fedavg_cox", "--rounds", "2",
-            "--set", "data.partition=source", "--clients", "3", "--out", str(out)]  # fmt: skip
+            "--set", "data.partition=source", "--clients", "3", "--set", "server.optimizer=adam",
+            "--set", "server.lr=0.01", "--out", str(out)]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     test = split == "test"
@@ -227,6 +228,9 @@ def test_a_generic_time_event_table_runs_by_site_name_and_equals_lifelines(tmp_p
     times, events = np.minimum(t, c)[test].round(2), (t <= c)[test].astype(int)
     assert report["pooled"]["c_index"] == pytest.approx(concordance_index(times, -risk, events), abs=1e-9)
     assert set(report["per_site"]) == {"north", "south", "east"}
+    assert (
+        json.loads((out / "summary.json").read_text())["config"]["server"]["optimizer"] == "adam"
+    )  # FedAdam-Cox
 
 
 @pytest.mark.slow
