@@ -300,3 +300,17 @@ def test_the_federated_c_index_is_exact_when_no_bin_holds_two_patients():
     sites = [(t[:30], e[:30], s[:30]), (t[30:], e[30:], s[30:])]
     fed = federated_cindex(sites, time_bins=60)
     assert fed.bound == 0 and fed.c_index == pytest.approx(concordance_index(t, -s, e), abs=1e-12)
+
+
+def test_the_studys_bootstrap_draws_are_the_reports_resamples():
+    """benchmarks/survival.py averages bootstrap_draws over seeds: one model's draws give exactly
+    cindex_report's pooled and mean-over-sites intervals (the same resamples of the same patients)."""
+    from fedxrisk.stats.survival import bootstrap_draws
+
+    rng = np.random.default_rng(2)
+    t, e, s, site = rng.uniform(1, 50, 90), rng.integers(0, 2, 90), rng.normal(size=90), np.arange(90) % 3
+    pooled, mean_sites = bootstrap_draws(t, e, s, site, draws=200, seed=0)
+    report = cindex_report(t, e, s, site, draws=200, seed=0)
+    assert [report["pooled"]["low"], report["pooled"]["high"]] == list(np.quantile(pooled, [0.025, 0.975]))
+    got = [report["mean_over_sites"]["low"], report["mean_over_sites"]["high"]]
+    assert got == pytest.approx(list(np.quantile(mean_sites, [0.025, 0.975])), abs=1e-12)
