@@ -314,3 +314,17 @@ def test_the_studys_bootstrap_draws_are_the_reports_resamples():
     assert [report["pooled"]["low"], report["pooled"]["high"]] == list(np.quantile(pooled, [0.025, 0.975]))
     got = [report["mean_over_sites"]["low"], report["mean_over_sites"]["high"]]
     assert got == pytest.approx(list(np.quantile(mean_sites, [0.025, 0.975])), abs=1e-12)
+
+
+@pytest.mark.slow
+def test_tune_maximises_the_validation_c_index(tcga, tmp_path):
+    root, _ = tcga
+    out = tmp_path / "tune"
+    args = ["tune", "--dataset", "tcga_brca", "--data-dir", str(root), "-a", "fedavg_cox", "--rounds", "2",
+            "--trials", "2", "--set", "data.partition=source", "--clients", "6", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    best = json.loads((out / "best.json").read_text())
+    trial = json.loads((out / best["folder"] / "summary.json").read_text())
+    assert best["monitor"] == "val_cindex" and trial["selected"]["monitor"] == "val_cindex"
+    assert best["value"] == pytest.approx(trial["selected"]["value"])
