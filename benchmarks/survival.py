@@ -258,21 +258,48 @@ def _bootstrap_counts(per_seed: dict, base: dict, fed) -> str:
     return f"{up} / {down}"
 
 
+def patient_ci(per_seed: dict, fed, draws: int = 1000) -> str:
+    """95 % patient-bootstrap intervals of the row's seed-mean regional and pooled test C-index: each
+    draw resamples the test patients within each region (the same draws for every seed and row),
+    every seed's selected model is scored on it, and the seeds' values are averaged."""
+    from fedxrisk.stats.survival import bootstrap_draws
+
+    if fed is None or not per_seed:
+        return "—"
+    te, y = fed.data.groups_test, fed.data.y_test.numpy()
+    pooled, regional = zip(*(bootstrap_draws(te["time"], y, np.array(c["test_scores"]), te["source"], draws)
+                             for c in per_seed.values()))  # fmt: skip
+    with np.errstate(invalid="ignore"):
+        reg, pool = np.nanmean(np.stack(regional), 0), np.nanmean(np.stack(pooled), 0)
+    lo_r, hi_r = np.nanquantile(reg, [0.025, 0.975])
+    lo_p, hi_p = np.nanquantile(pool, [0.025, 0.975])
+    return f"[{lo_r:.3f}, {hi_r:.3f}] / [{lo_p:.3f}, {hi_p:.3f}]"
+
+
+def test_events(fed) -> str:
+    """Test patients and events per region (what each regional C-index rests on)."""
+    te, y = fed.data.groups_test, fed.data.y_test.numpy()
+    cells = [f"region {r}: {int((te['source'] == r).sum())} patients, {int(y[te['source'] == r].sum())} events"
+             for r in range(6)]  # fmt: skip
+    return "Test set per region: " + "; ".join(cells) + f"; pooled: {len(y)} patients, {int(y.sum())} events."
+
+
 def render(results: dict[str, Any], data_dir: str | None) -> str:
     sel = selected(results)
     base, adam = sel.get("fedavg_cox", {}), sel.get("fedavg_cox+adam")
     fed = load(data_dir) if data_dir else None
     lines = [
-        "| row | mean regional test C-index | pooled test C-index | vs fedavg_cox (regional, paired t) "
+        "| row | mean regional test C-index (mean ± SD over seeds) | pooled test C-index (mean ± SD over seeds) "
+        "| patient-bootstrap 95% CI over the test patients: mean regional / pooled | vs fedavg_cox (regional, paired t) "
         "| vs fedavg_cox+adam (regional, paired t) | vs fedavg_cox: seeds with pooled-test p < 0.05 "
         "(paired bootstrap) up / down | selected lr (server rows: the server's step) | runs that diverged (NaN) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, per_seed in sel.items():
         seeds = sorted(per_seed)
         if not seeds:
             lines.append(f"| {name} | no validation C-index at any lr and seed (its validation part has no "
-                         "comparable pair) | — | — | — | — | — | — |")  # fmt: skip
+                         "comparable pair) | — | — | — | — | — | — | — |")  # fmt: skip
             continue
         reg = np.array([np.nanmean(per_seed[s]["regional"]) for s in seeds])
         pooled = np.array([per_seed[s]["pooled"] for s in seeds])
@@ -281,10 +308,13 @@ def render(results: dict[str, Any], data_dir: str | None) -> str:
         diverged = sum("diverged_at" in c for c in name_cells)
         lines.append(
             f"| {name} | {np.nanmean(reg):.3f} ± {np.nanstd(reg):.3f} | {np.nanmean(pooled):.3f} ± "
-            f"{np.nanstd(pooled):.3f} | {_versus(per_seed, base)} | {'—' if adam is None else _versus(per_seed, adam)} "
+            f"{np.nanstd(pooled):.3f} | {patient_ci(per_seed, fed)} | {_versus(per_seed, base)} | {'—' if adam is None else _versus(per_seed, adam)} "
             f"| {_bootstrap_counts(per_seed, base, fed)} | {', '.join(f'{v:.3g}' for v in lrs)} "
             f"| {diverged} of {len(name_cells)} |"
         )
+    if fed is not None:
+        lines += ["", test_events(fed), "± is the SD of the row's value over the training seeds (the same test "
+                  "patients); the bracketed intervals resample the test patients (1,000 draws within each region)."]  # fmt: skip
     lines += ["", "FLamby's published numbers on the same split (5 seeds; their training budgets):", "",
               "| FLamby row | mean regional test C-index | pooled test C-index |", "|---|---|---|"]  # fmt: skip
     for name, (reg, pooled) in FLAMBY.items():

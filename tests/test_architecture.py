@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "fedxrisk.experiment", "fedxrisk.inference", "fedxrisk.inputs", "fedxrisk.prediction",
         "fedxrisk.evaluation", "fedxrisk.evaluation_data", "fedxrisk.evaluation_report",
         "fedxrisk.evaluation_federated", "fedxrisk.evaluation_against", "fedxrisk.evaluation_clinic",
-        "fedxrisk.evaluation_personal",
+        "fedxrisk.evaluation_personal", "fedxrisk.evaluation_survival",
         "fedxrisk.evaluation_cross", "fedxrisk.plots", "fedxrisk.compare",
         "fedxrisk.tune",
     )),

@@ -68,7 +68,7 @@ def test_round0_of_a_run_from_a_finished_run_equals_its_final_metrics(finished, 
 @pytest.mark.parametrize("engine", ["loop", pytest.param("vmap", marks=pytest.mark.slow)])
 def test_every_algorithm_starts_from_exactly_the_loaded_weights(finished, engine):
     saved = _weights(finished.out_dir)
-    for name in ALGORITHMS:
+    for name in [n for n, cls in ALGORITHMS.items() if cls.task == "binary"]:  # BASE is binary data
         cfg = RunConfig(
             **BASE | {"algorithm": name, "engine": engine, "batch_size": 32}, init_from=str(finished.out_dir)
         )

@@ -34,5 +34,5 @@ def test_auc_objectives_still_refuse_one_class_clients(tmp_path):
 
 
 def test_only_the_cross_entropy_family_accepts_one_class_clients():
-    ce = {name for name, cls in ALGORITHMS.items() if not cls.needs_both_classes}
+    ce = {name for name, cls in ALGORITHMS.items() if not cls.needs_both_classes and cls.task == "binary"}
     assert ce == {"localsgdm", "fedprox", "scaffold", "localsgdm_rl", "ditto"}

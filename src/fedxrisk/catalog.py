@@ -93,6 +93,7 @@ def _entry(cls: Any) -> dict[str, Any]:
         "lr_pos_budget": getattr(cls, "lr_pos_budget", None),  # lr·p(1 − p) kept by default_lr_for
         "window": cls.fixed_window,
         "monitor": cls.monitor,
+        "task": cls.task,
         "hyperparameters": {k: _jsonable(v) for k, v in defaults.items()},
         "types": {k: type_name(hints.get(k, type(v) if v is not None else Any)) for k, v in defaults.items()},
         "search_space": search_space(cls.default_lr, defaults, cls.name),
@@ -112,10 +113,12 @@ def _layout(loader: Any) -> str:
 
 def _datasets(key: str) -> Any:
     from fedxrisk.data import DATASETS
-    from fedxrisk.data.registry import FILE_DATASETS, SIZED_DATASETS
+    from fedxrisk.data.registry import FILE_DATASETS, SIZED_DATASETS, SURVIVAL_DATASETS
 
     if key == "file_datasets":
         return {name: _layout(DATASETS[name]) for name in DATASETS if name in FILE_DATASETS}
+    if key == "survival_datasets":
+        return list(SURVIVAL_DATASETS)
     return list(SIZED_DATASETS if key == "sized_datasets" else DATASETS)
 
 
@@ -125,7 +128,7 @@ def _table(key: str) -> Any:
         from fedxrisk.algorithms import ALGORITHMS
 
         return {name: _entry(cls) for name, cls in ALGORITHMS.items()}
-    if key in ("datasets", "sized_datasets", "file_datasets"):
+    if key in ("datasets", "sized_datasets", "file_datasets", "survival_datasets"):
         return _datasets(key)
     if key == "partitions":
         from fedxrisk.data import PARTITIONS
@@ -146,7 +149,7 @@ def _table(key: str) -> Any:
 
 TABLES = (
     "algorithms", "datasets", "partitions", "models", "engines", "buffer_policies", "pos_ratio_modes",
-    "sized_datasets", "file_datasets",
+    "sized_datasets", "file_datasets", "survival_datasets",
 )  # fmt: skip
 
 
@@ -178,7 +181,7 @@ _LIVE = {
 
 def table(key: str) -> Any:
     """One table (a name of :data:`TABLES`): ``algorithms`` maps a name to its entry (``default_lr``,
-    ``window``, ``monitor``, ``hyperparameters``, ``types``), ``file_datasets`` a name to its folder
+    ``window``, ``monitor``, ``task``, ``hyperparameters``, ``types``), ``file_datasets`` a name to its folder
     layout, the others are lists. The live registry once its module is loaded, else the committed file."""
     return _table(key) if _LIVE.get(key, "") in sys.modules else _committed()[key]
 

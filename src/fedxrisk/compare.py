@@ -110,6 +110,14 @@ def build_variants(
     algorithms = [resolve(name, ALGORITHMS) for name in algorithms]  # paper spellings → registry keys
     if len(set(algorithms)) < len(algorithms):
         raise ConfigError(f"an algorithm is listed twice: {algorithms}")
+    from fedxrisk.catalog import table
+
+    dataset = base.get("data", {}).get("dataset")
+    if dataset in table("survival_datasets") or any(ALGORITHMS[a].task == "survival" for a in algorithms):
+        raise ConfigError(
+            "fedxrisk compare tabulates AUROC; survival runs are not compared by it yet: run each algorithm "
+            "with `fedxrisk run` and read its summary.json test_cindex (docs/survival.md)"
+        )
     hyper = {name: hyperparameter_types(name) for name in algorithms}
     shared = set(section_keys("algorithm"))
     for key in algorithm_table:

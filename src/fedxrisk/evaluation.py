@@ -35,6 +35,7 @@ from fedxrisk.evaluation_clinic import calibration_report, operating_points
 from fedxrisk.evaluation_data import Progress, Scored, _manifest_data, dataset_data, run_data
 from fedxrisk.evaluation_federated import federated_report
 from fedxrisk.evaluation_report import FILES, PAUC_FPR, console_tables, markdown, write_files
+from fedxrisk.evaluation_survival import evaluate_survival, is_survival_run, refuse_binary_options
 from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
 from fedxrisk.outfiles import check_folder, refuse_inputs
 
@@ -132,6 +133,11 @@ def evaluate(
     if taken and not overwrite:
         raise InputError(f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or --out")
     trained = load_trained(run_dir, device)
+    if is_survival_run(trained):  # Harrell's C per site and pooled (evaluation_survival.py)
+        refuse_binary_options(dict(manifest=manifest, against=against, at_specificity=at_specificity,
+                                   at_sensitivity=at_sensitivity, calibration=calibration, personal=personal,
+                                   dp_epsilon=dp_epsilon))  # fmt: skip
+        return evaluate_survival(trained, folder, dataset, data_dir, split, bootstrap, seed)
     other = None if against is None else load_trained(against, device)
     workers = resolve_workers(workers)
     if other is not None:

@@ -110,6 +110,13 @@ def cross_site(
             f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or another --out"
         )
     models = [load_trained(r, device) for r in runs]
+    from fedxrisk.evaluation_survival import is_survival_run
+
+    if any(is_survival_run(m) for m in models):
+        raise InputError(
+            "cross-site tabulates AUROC; a survival run's per-site C-index is `fedxrisk evaluate RUN` "
+            "(Harrell's C per site and pooled, patient-bootstrap CIs)"
+        )
     first = models[0]
     for m in models[1:]:
         if m.input_shape != first.input_shape or m.num_labels != 1:

@@ -268,7 +268,7 @@ def _feature_columns(path: Path, header: list[str], input_shape: tuple[int, ...]
             i for i, c in enumerate(header) if c not in NON_FEATURES and not prep_record.is_id_column(c)
         ]
     else:
-        skip = {*NON_FEATURES, *prep.get("id_columns", [])}
+        skip = {*NON_FEATURES, *prep.get("id_columns", []), *prep.get("outcome_columns", [])}
         missing = [n for n in names if n not in header]
         extra = [c for c in header if c not in names and c not in skip and not prep_record.is_id_column(c)]
         if missing or extra:

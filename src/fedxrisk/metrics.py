@@ -124,6 +124,8 @@ def evaluate(problem: Problem, params: Tree, buffers: Tree, data: FederatedData)
     """
     if data.data.y_test.dim() == 2:
         return evaluate_multilabel(problem, params, buffers, data)  # type: ignore[return-value]
+    if is_survival(data.data):
+        return evaluate_survival(problem, params, buffers, data)
     y_test = data.data.y_test.numpy()
     s_test = predict(problem, params, buffers, data.data.x_test)
     s_train = predict(problem, params, buffers, data.data.x_train)
@@ -155,3 +157,40 @@ def final_metrics(
     if multi:
         out |= {"test_auroc_per_label": aurocs, "test_ap_per_label": aps}
     return out
+
+
+SURVIVAL_KEYS = ("test_cindex", "client_cindex_mean", "client_cindex_std")  # a survival run's test columns
+
+
+def is_survival(data) -> bool:
+    """Survival data (:mod:`fedxrisk.data.readers.survival`): ``y`` is the event flag, ``time`` beside it."""
+    return "time" in getattr(data, "groups_train", {})
+
+
+def cindex(times: np.ndarray, events: np.ndarray, scores: np.ndarray) -> float:
+    """Harrell's C of risk ``scores`` (:mod:`fedxrisk.stats.concordance`); NaN when no pair is comparable."""
+    from fedxrisk.stats.concordance import c_index
+
+    scores = np.asarray(scores, np.float64).ravel()
+    if len(scores) == 0 or not np.isfinite(scores).all():
+        return math.nan
+    try:
+        return c_index(times, events, scores)
+    except ValueError:  # no comparable pair
+        return math.nan
+
+
+def evaluate_survival(problem: Problem, params: Tree, buffers: Tree, data: FederatedData) -> dict[str, float]:
+    """Survival data: the pooled test C-index (Harrell's) of the global model's risk scores, and each
+    client's C-index on its own training shard (mean/std over the clients with a comparable pair)."""
+    d = data.data
+    s_test = predict(problem, params, buffers, d.x_test)
+    s_train = predict(problem, params, buffers, d.x_train)
+    t_train, e_train = d.groups_train["time"], d.y_train.numpy()
+    clients = [cindex(t_train[sh], e_train[sh], s_train[sh]) for sh in data.shards]
+    valid = [c for c in clients if not math.isnan(c)]
+    return {
+        "test_cindex": cindex(d.groups_test["time"], d.y_test.numpy(), s_test),
+        "client_cindex_mean": float(np.mean(valid)) if valid else math.nan,
+        "client_cindex_std": float(np.std(valid)) if valid else math.nan,
+    }

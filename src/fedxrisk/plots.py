@@ -334,6 +334,11 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path) -> list[Path]:
     sources = find_runs(paths)
     runs = [load_run(p) for p in sources]
     check_one_dataset(runs, sources)
+    if any("test_cindex" in run.summary for run in runs):
+        raise ConfigError(
+            "plot draws test AUROC curves; a survival run's test_cindex per round is in its history.csv "
+            "and its C-index with CIs in summary.json (fedxrisk evaluate RUN)"
+        )
     return plot_groups(group_runs(runs), out)
 
 

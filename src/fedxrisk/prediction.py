@@ -7,7 +7,9 @@ columns are named ``prob`` / ``logit`` for a single-label model and
 ``prob_<label>`` / ``logit_<label>`` otherwise. Values have 9 significant
 digits, so a logit reads back as exactly the float32 the model returned.
 Models trained with AUC losses rank well but are not calibrated: a probability
-here orders inputs, it is not a risk estimate.
+here orders inputs, it is not a risk estimate. A survival run writes one ``risk`` column
+whatever ``scores`` says: the model's logit η, the Cox risk score (higher = earlier event; the
+scores ``evaluate`` computes Harrell's C of).
 
 Identifier cells a spreadsheet would take for a formula (``=…``, ``+…``, ``-…``,
 ``@…``) are written with a leading ``'`` (:func:`fedxrisk.textsafe.csv_cell`).
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fedxrisk.evaluation_survival import is_survival_run
 from fedxrisk.inference import InputError, load_trained, resolve_workers
 from fedxrisk.inputs import open_input
 from fedxrisk.outfiles import check_creatable, make_folder, refuse_inputs, refuse_symlink, replace_atomic
@@ -45,12 +48,15 @@ class Predictions:
     logits: np.ndarray
     label_names: list[str]
     positive: str | None = None  # the positive class's name (one-label runs that record it)
+    survival: bool = False  # a survival run: one ``risk`` column, the logit (higher = earlier event)
 
     @property
     def probabilities(self) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-self.logits.astype(np.float64)))
 
     def columns(self, scores: str = "prob") -> list[str]:
+        if self.survival:
+            return ["risk"]
         kinds = ("prob", "logit") if scores == "both" else (scores,)
         if self.label_names == ["score"]:
             return [f"{k}_{self.positive}" if self.positive else k for k in kinds]
@@ -113,7 +119,7 @@ def predict(
     width = trained.num_labels
     result = Predictions(
         source.id_columns, ids, np.concatenate(logits) if logits else np.zeros((0, width), np.float32),
-        trained.label_names, _positive_name(trained.positive),
+        trained.label_names, _positive_name(trained.positive), is_survival_run(trained),
     )  # fmt: skip
     if out is not None:
         write_csv(result, Path(out), scores)
@@ -123,7 +129,8 @@ def predict(
 def write_csv(pred: Predictions, out: Path, scores: str = "prob") -> None:
     """The predictions as CSV, through a temporary file and a rename."""
     blocks = {"prob": pred.probabilities, "logit": pred.logits}
-    values = np.hstack([blocks[k] for k in (("prob", "logit") if scores == "both" else (scores,))])
+    kinds = ("logit",) if pred.survival else ("prob", "logit") if scores == "both" else (scores,)
+    values = np.hstack([blocks[k] for k in kinds])
 
     def write(f) -> None:
         writer = csv.writer(f)

@@ -10,6 +10,7 @@ from fedxrisk.algorithms import (  # noqa: F401  (registration, in this order)
     fedxl,
     localpair,
     scgdam,
+    survival,
 )
 from fedxrisk.algorithms.base import (
     ALGORITHMS,

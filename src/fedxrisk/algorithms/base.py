@@ -138,6 +138,8 @@ class Algorithm:
             one class is ordinary (no ``allow_missing_class`` needed).
         monitor: the validation column model selection and early stopping follow by
             default (``val_auroc``; the pAUC and AP objectives their own metric).
+        task: the data it trains on: ``"binary"`` (labels 0/1) or ``"survival"`` (an event
+            flag with a time: :mod:`fedxrisk.algorithms.survival`); a run refuses the other.
         restarts_w: (hyperparameter, value) under which ``communicate`` replaces w at a stage's
             end by another point than the round's mean (a server optimizer then steps from it).
         acts_at_stage_end: ``communicate`` changes the state at a stage's last round
@@ -173,6 +175,7 @@ class Algorithm:
     positives_per_batch: int = 0
     begin_batch: ClassVar[bool] = False
     needs_both_classes: ClassVar[bool] = True
+    task: ClassVar[str] = "binary"
     monitor: ClassVar[str] = "val_auroc"
     acts_at_stage_end: ClassVar[bool] = False
     restarts_w: ClassVar[tuple[str, Any] | None] = None

@@ -40,7 +40,15 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad, grad_and_value
 
-from fedxrisk.algorithms.base import Batch, ClientInfo, Collective, RoundContext, State, StepContext
+from fedxrisk.algorithms.base import (
+    Batch,
+    ClientInfo,
+    Collective,
+    RoundContext,
+    State,
+    StepContext,
+    register,
+)
 from fedxrisk.algorithms.fedavg import LocalSGDM
 from fedxrisk.algorithms.fedxl import _draw
 from fedxrisk.algorithms.pairwise_base import MOMENTUM_INITS, PairwiseBase, _masked_mean, log_u_in_order
@@ -51,8 +59,11 @@ SURVIVAL_ALGORITHMS: dict[str, type] = {}
 
 
 def survival_algorithm(cls: type) -> type:
+    """Registers a survival algorithm in :data:`ALGORITHMS` (``task = "survival"``: a run refuses
+    it on binary data and binary algorithms on survival data) and in :data:`SURVIVAL_ALGORITHMS`."""
+    cls.task = "survival"
     SURVIVAL_ALGORITHMS[cls.name] = cls
-    return cls
+    return register(cls)
 
 
 @survival_algorithm
@@ -61,6 +72,7 @@ class FedAvgCox(LocalSGDM):
     """FedAvg with local momentum SGD on the local-batch Cox loss (FLamby's baseline)."""
 
     name = "fedavg_cox"
+    monitor = "val_cindex"
     default_lr = 0.1
     couples_samples = "its Cox loss couples the patients of a batch through their risk sets"
 
@@ -74,6 +86,7 @@ class _SurvivalPools(PairwiseBase):
     """FeDXL's pools, momentum and averaging for survival: pools of (η, T, …) instead of scores."""
 
     couples_samples = "its X-risk couples every patient with other sites' patients (risk sets, pairs)"
+    needs_both_classes = False  # a site without an event still gives its patients to the risk sets
     collectives = ("mean", "pool")
     positives_per_batch: int = 0  # uniform batches: events are found by ``y``
     tau: int = 2
@@ -81,7 +94,7 @@ class _SurvivalPools(PairwiseBase):
     EVENT_FIELDS = ("score", "time")
     ALL_FIELDS = ("score", "time")
 
-    def __post_init__(self) -> None:
+    def check_hyperparameters(self) -> None:
         if self.positives_per_batch != 0:
             raise ValueError("survival X-risks draw uniform batches: positives_per_batch must be 0")
         if self.momentum_init not in MOMENTUM_INITS:
@@ -90,6 +103,9 @@ class _SurvivalPools(PairwiseBase):
             raise ValueError(f"beta must lie in (0, 1], got {self.beta}")
         if self.tau < 1 or self.passive_samples < 1:
             raise ValueError(f"tau and passive_samples must be ≥ 1, got {self.tau}, {self.passive_samples}")
+
+    def __post_init__(self) -> None:
+        self.check_hyperparameters()
         self.uniforms_per_step = 2 * self.passive_samples  # first S for H1 (events), next S for H2 (all)
 
     def init(self, client: ClientInfo) -> State:
@@ -183,8 +199,8 @@ class FeDXL2Cox(_SurvivalPools):
     beta: float = 0.1
     gamma: float = 0.1  # moving-average rate of u
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma (u's moving-average rate) must lie in (0, 1], got {self.gamma}")
 
@@ -245,8 +261,8 @@ class FeDXL1CIndex(_SurvivalPools):
 
     surrogate: str = "logistic"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_hyperparameters(self) -> None:
+        super().check_hyperparameters()
         check_surrogate(self.surrogate)
 
     def _all_extra(self, batch: Batch) -> dict[str, torch.Tensor]:

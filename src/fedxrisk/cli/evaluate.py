@@ -99,6 +99,12 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
         click.echo(printable(result["files"][0]))
         return
     out = Console()
+    if result.get("task") == "survival":
+        from fedxrisk.evaluation_survival import markdown
+
+        for line in markdown(result).splitlines():
+            out.print(printable(line), markup=False)
+        return
     for table in console_tables(result):
         out.print(table)
     for line in personal_lines(result) + clinic_lines(result):

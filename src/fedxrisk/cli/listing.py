@@ -19,12 +19,19 @@ def list_() -> None:
     table.add_column("default lr", justify="right")
     table.add_column("communicates")
     table.add_column("hyperparameters (defaults)")
+    table.add_column("task")
     for name, entry in catalog["algorithms"].items():
         hp = ", ".join(f"{k}={v}" for k, v in entry["hyperparameters"].items())
         window = f" (I = {entry['window']})" if entry["window"] else ""
         budget = entry.get("lr_pos_budget")
         scaled = f" (≤ {budget:g}/(p(1−p)))" if budget else ""
-        table.add_row(name, f"{entry['default_lr']:g}{scaled}{window}", ", ".join(entry["communicates"]), hp)
+        table.add_row(
+            name,
+            f"{entry['default_lr']:g}{scaled}{window}",
+            ", ".join(entry["communicates"]),
+            hp,
+            entry.get("task", "binary"),
+        )
     out = Console()
     out.print(table)
     out.print(
@@ -33,3 +40,7 @@ def list_() -> None:
     )
     for key in ("datasets", "partitions", "models", "engines"):
         out.print(f"{key + ':':<11} " + ", ".join(catalog[key]))
+    out.print(
+        "task:      binary algorithms train on binary data; survival algorithms (Cox, C-index) on survival "
+        f"datasets ({', '.join(catalog.get('survival_datasets', []))}): see docs/survival.md"
+    )

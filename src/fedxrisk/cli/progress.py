@@ -32,14 +32,15 @@ class Bar:
             tenth = 10 * done // max(total, 1)
             if row and tenth > self.tenth:
                 self.tenth = tenth
-                text = f"{self.description} round {done}/{total}, test AUROC {row['test_auroc']:.4f}"
+                name, value = _headline(row)
+                text = f"{self.description} round {done}/{total}, {name} {value:.4f}"
                 self.progress.console.print(text.strip(), markup=False, highlight=False, soft_wrap=True)
             return
         if self.task is None:
             if not self.progress.live.is_started:
                 self.progress.start()
             self.task = self.progress.add_task(self.description, total=total, auroc="   -  ")
-        auroc = f"{row['test_auroc']:.4f}" if row else None
+        auroc = f"{_headline(row)[1]:.4f}" if row else None
         self.progress.update(self.task, completed=done, total=total, **({"auroc": auroc} if auroc else {}))
 
 
@@ -86,3 +87,8 @@ def rows_progress(description: str) -> Iterator[Any]:
             progress.update(tasks[0], completed=done, total=total)
 
         yield update
+
+
+def _headline(row: dict[str, Any]) -> tuple[str, float]:
+    """The row's test metric: AUROC, or a survival run's C-index."""
+    return ("test C-index", row["test_cindex"]) if "test_cindex" in row else ("test AUROC", row["test_auroc"])

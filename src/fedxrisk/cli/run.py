@@ -269,7 +269,16 @@ def _print_summary(s: dict[str, Any], out: Any) -> None:
     sel = s.get("selected")
     if sel and sel["selection"] == "best":  # the model in model.pt, chosen on validation
         rows.append((f"selected on {sel['monitor']}", f"{_fmt(sel['value'])} (round {sel['round']})"))
-        rows.append(("selected test_auroc", _fmt(sel["test_auroc"])))
+        key = "test_cindex" if "test_cindex" in sel else "test_auroc"
+        rows.append((f"selected {key}", _fmt(sel.get(key))))
+    if s.get("test_cindex"):  # a survival run: model.pt's C-index with its patient-bootstrap interval
+        from fedxrisk.stats.survival import describe
+
+        report = s["test_cindex"]
+        rows.append(("test C-index, pooled [95% CI]", describe(report["pooled"])))
+        if "mean_over_sites" in report:
+            rows.append(("test C-index, mean over sites", describe(report["mean_over_sites"])))
+        rows += [(f"test C-index, {name}", describe(entry)) for name, entry in report["per_site"].items()]
     comm = s["communication"]
     rows.append(("bytes up / client", f"{comm['bytes_up_per_client']:,}"))
     rows.append(("bytes down / client", f"{comm['bytes_down_per_client']:,}"))

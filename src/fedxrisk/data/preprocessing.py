@@ -219,7 +219,8 @@ def from_stored(record: Any) -> dict[str, Any]:
         raise ValueError("preprocessing 'image_size' must be a positive integer")
     if out.get("channels") not in (None, *CHANNELS):
         raise ValueError(f"preprocessing 'channels' must be one of {list(CHANNELS)}")
-    for key in ("id_columns", "label_names", "sites"):
+    # outcome_columns: a survival table's time/event columns, neither inputs nor identifiers
+    for key in ("id_columns", "outcome_columns", "label_names", "sites"):
         if not _strings(out.get(key, [])):
             raise ValueError(f"preprocessing {key!r} must be a list of names")
     positive = out.get("positive_class")

@@ -77,6 +77,7 @@ class BinaryData:
     groups_test: dict[str, np.ndarray] = field(default_factory=dict)
     preprocessing: dict[str, Any] = field(default_factory=dict)
     source_names: tuple[str, ...] = ()  # the name of each source id, where the reader knows it
+    groups_val: dict[str, np.ndarray] = field(default_factory=dict)  # carved validation rows' groups (time)
 
     def __post_init__(self) -> None:
         for split in ("train", "test", "val"):

@@ -166,6 +166,7 @@ def _move_to_validation(data: FederatedData, kept: list[np.ndarray], held: list[
         groups_train={k: v[train] for k, v in b.groups_train.items()},
         x_val=b.x_train[vrows],
         y_val=b.y_train[vrows],
+        groups_val={k: v[val] for k, v in b.groups_train.items()},  # survival: the held-out times
     )
     shards = [np.searchsorted(train, s) for s in kept]
     val_shards = [np.arange(starts[k], starts[k + 1]) for k in range(len(held))]

@@ -30,7 +30,7 @@ import torch
 
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.engines.privacy.validation import ValidationRelease, coarsen, finish, noise, site_mass
-from fedxrisk.metrics import PAUC_FPRS, auroc, average_precision, partial_auroc, predict
+from fedxrisk.metrics import PAUC_FPRS, auroc, average_precision, cindex, is_survival, partial_auroc, predict
 from fedxrisk.problem import Problem
 from fedxrisk.stats.histogram import (
     histogram_ap,
@@ -69,8 +69,12 @@ def validation_scores(
 
 
 def exact_validation(problem: Problem, params: Tree, buffers: Tree, data: FederatedData) -> dict[str, float]:
-    """``val_*`` metrics from the scores of every client's validation data (per label, then averaged)."""
+    """``val_*`` metrics from the scores of every client's validation data (per label, then averaged);
+    survival data: ``val_cindex``, Harrell's C of the pooled validation patients' risk scores."""
     y, s = validation_scores(problem, params, buffers, data)
+    if is_survival(data.data):
+        rows = np.concatenate(list(data.val_shards))  # type: ignore[arg-type]
+        return {"val_cindex": cindex(data.data.groups_val["time"][rows], y.ravel(), s.ravel())}
     cols = range(y.shape[1])
     out = {"val_auroc": _mean([auroc(y[:, j], s[:, j]) for j in cols])}
     out["val_ap"] = _mean([average_precision(y[:, j], s[:, j]) for j in cols])
@@ -163,7 +167,7 @@ def federated_validation(
             return dict.fromkeys(_ALL_KEYS, math.nan)
         return released_validation(counts, release, sim.round)
     if data.val_shards is None:
-        return dict.fromkeys(_ALL_KEYS, math.nan)
+        return dict.fromkeys(("val_cindex",) if is_survival(data.data) else _ALL_KEYS, math.nan)
     if release is not None:
         return _private(sim, problem, data, release)
     params, buffers = sim.global_model()

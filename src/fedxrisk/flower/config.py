@@ -90,6 +90,17 @@ SITE_ENGINES = ("loop", "vmap")  # one client per site: loop and vmap run it ide
 
 def check_honoured(run: RunConfig) -> None:
     """One-line :class:`ConfigError` for a setting set that a Flower deployment does not honour."""
+    from fedxrisk.catalog import algorithm, table
+
+    if (
+        run.dataset in table("survival_datasets")
+        or (algorithm(run.algorithm) or {}).get("task") == "survival"
+    ):
+        raise ConfigError(
+            f"run-config dataset {run.dataset!r} / algorithm {run.algorithm!r} is a survival run, which a Flower "
+            "deployment does not honour (its sites report AUROC histograms, not C-index pairs); run it with "
+            "`fedxrisk run` (docs/survival.md)"
+        )
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in NOT_HONOURED}
     for name, (what, way_out) in NOT_HONOURED.items():
         value = getattr(run, name)

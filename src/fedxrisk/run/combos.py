@@ -129,6 +129,42 @@ def _validation_release(cfg: RunConfig) -> None:
         )
 
 
+def _task(cfg: RunConfig) -> None:
+    """An algorithm trains on its task's data: survival algorithms (an event flag with a time) on the
+    survival datasets, the others on binary labels; survival runs in process only (no histogram
+    validation, no DP accounting of its pools, no Flower app yet)."""
+    survival = cfg.dataset in table("survival_datasets")
+    task = table("algorithms")[cfg.algorithm].get("task", "binary")
+    if survival and task != "survival":
+        raise ConfigError(
+            f"dataset {cfg.dataset!r} is survival data (an event flag with a time) but {cfg.algorithm!r} "
+            "trains on binary labels; choose a survival algorithm: fedavg_cox, fedxl2_cox or fedxl1_cindex"
+        )
+    if task == "survival" and not survival:
+        raise ConfigError(
+            f"{cfg.algorithm!r} is a survival algorithm (Cox, C-index: an event flag with a time), but dataset "
+            f"{cfg.dataset!r} has binary labels; choose a survival dataset ({', '.join(table('survival_datasets'))})"
+        )
+    if cfg.monitor is not None and (cfg.monitor == "val_cindex") != survival:
+        want = "val_cindex (survival data)" if survival else "a binary metric (val_auroc, val_ap, …)"
+        raise ConfigError(f"experiment.monitor = {cfg.monitor!r} on {cfg.dataset!r}: use {want} or drop it")
+    if survival and cfg.privacy is not None and (cfg.selection == "best" or cfg.early_stopping):
+        raise ConfigError(
+            "[privacy] with experiment.selection = 'best' or early stopping on survival data: the private "
+            "validation release is of AUROC histograms, not the C-index; use selection = 'last' without early stopping"
+        )
+    if survival and cfg.personal != "none":
+        raise ConfigError(
+            f"model.personal = {cfg.personal!r} on survival data: the per-site models are scored by AUROC, "
+            "not the C-index; use personal = 'none'"
+        )
+    if survival and cfg.engine == "distributed":
+        raise ConfigError(
+            "engine = 'distributed' on survival data: its validation C-index is not computed across "
+            "ranks; use engine = 'loop' or 'vmap'"
+        )
+
+
 def _local_steps(cfg: RunConfig) -> None:
     if isinstance(cfg.local_steps, int) and cfg.local_steps < 1:
         raise ConfigError(f"local_steps must be ≥ 1, got {cfg.local_steps}")
@@ -137,4 +173,4 @@ def _local_steps(cfg: RunConfig) -> None:
 CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     _local_steps, _server_keys, *(_server_value(k) for k in SERVER_KEYS), _personal_model, _validation_release,
 )  # fmt: skip
-ALGORITHM_CHECKS: tuple[Callable[[RunConfig], None], ...] = (_positives, _server_algorithm)
+ALGORITHM_CHECKS: tuple[Callable[[RunConfig], None], ...] = (_task, _positives, _server_algorithm)

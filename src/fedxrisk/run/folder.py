@@ -45,6 +45,10 @@ HISTORY_FIELDS = (
     "client_auroc_mean", "client_auroc_std", "bytes_up_per_client",
     "bytes_down_per_client", "wall_seconds",
 )  # fmt: skip
+SURVIVAL_FIELDS = (  # a survival run's history.csv: Harrell's C instead of AUROC (metrics.evaluate_survival)
+    "round", "step", "stage", "lr", "train_loss", "test_cindex", "val_cindex", "client_cindex_mean",
+    "client_cindex_std", "bytes_up_per_client", "bytes_down_per_client", "wall_seconds",
+)  # fmt: skip
 CHECKPOINT = "checkpoint.pt"
 FINAL_STATE = "final_state.pt"  # a finished run's last checkpoint: --resume RUN --rounds N extends it
 CHECKPOINT_FORMAT = 1
@@ -127,7 +131,8 @@ class RunResult:
                 'RunResult.table() needs pandas: pip install "fedxrisk[pandas]"; '
                 "RunResult.history has the same rows as a list of dicts"
             ) from e
-        return pd.DataFrame(self.history, columns=list(HISTORY_FIELDS))
+        survival = bool(self.history) and "test_cindex" in self.history[0]
+        return pd.DataFrame(self.history, columns=list(SURVIVAL_FIELDS if survival else HISTORY_FIELDS))
 
 
 def start_run_folder(cfg: RunConfig, out: Path) -> None:

@@ -26,9 +26,19 @@ from fedxrisk.algorithms import Algorithm
 from fedxrisk.data.types import describe_positive, positive_record
 from fedxrisk.engines.validation import federated_validation
 from fedxrisk.errors import RunFailure
+from fedxrisk.metrics import SURVIVAL_KEYS, is_survival
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
-from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
+from fedxrisk.run.folder import (
+    HISTORY_FIELDS,
+    LAST_MODEL,
+    MODEL,
+    PAUC_KEYS,
+    SURVIVAL_FIELDS,
+    RunFolder,
+    RunResult,
+    json_safe,
+)
 from fedxrisk.run.identity import fingerprint
 from fedxrisk.run.personalize import finish_personal, personal_fields, personal_row, save_site_models
 from fedxrisk.run.privacy_outputs import (
@@ -59,8 +69,12 @@ def train(
     for cb in callbacks:
         if cb.state_key in saved:
             cb.load_state_dict(saved[cb.state_key])
+    survival = is_survival(setup.data.data)  # Harrell's C instead of AUROC: metrics.evaluate_survival
+    headline = "test_cindex" if survival else "test_auroc"
+    if survival:
+        folder.fields = SURVIVAL_FIELDS
     if setup.privacy is not None:
-        folder.fields = (*HISTORY_FIELDS, *privacy_fields(setup.privacy))
+        folder.fields = (*(SURVIVAL_FIELDS if survival else HISTORY_FIELDS), *privacy_fields(setup.privacy))
         folder.model_mark = model_mark(setup.privacy)
         if primary:
             print(setup.privacy.describe(), file=sys.stderr)
@@ -111,7 +125,7 @@ def train(
                             row |= privacy_row(setup.privacy, sim.round)
                         append(row)
                         history.append(row)
-                        if best is None or _better(row["test_auroc"], best["test_auroc"]):
+                        if best is None or _better(row[headline], best[headline]):
                             best = row
                     evaluated(row)
                 if cfg.checkpoint_every and sim.round % cfg.checkpoint_every == 0 and not sim.done:
@@ -147,6 +161,9 @@ def train(
             folder.save_model(cfg.model, shape, labels, params, buffers, LAST_MODEL, prep)
             params, buffers = chosen.params, chosen.buffers or {}
         summary["model_sha256"] = folder.save_model(cfg.model, shape, labels, params, buffers, MODEL, prep)
+        # model.pt's test C-index, pooled and per site, with patient-bootstrap CIs
+        if survival and primary:
+            summary["test_cindex"] = json_safe(survival_summary(setup, params, buffers))
     folder.write_summary(summary)
     if failure is not None:
         raise failure
@@ -202,7 +219,7 @@ def selected_record(cfg, history: list[dict[str, Any]], chosen: BestModel | None
     row = chosen.row if chosen is not None and chosen.row is not None else (history[-1] if history else None)
     if row is None:
         return None
-    keys = ("test_auroc", "test_ap", *PAUC_KEYS, "test_auroc_per_label", "test_ap_per_label")
+    keys = ("test_auroc", "test_ap", *PAUC_KEYS, "test_auroc_per_label", "test_ap_per_label", "test_cindex")
     return {
         "selection": "last" if chosen is None or fallback else "best",
         "round": row["round"],
@@ -274,7 +291,8 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
     cfg, sim = setup.config, setup.simulation
     final = history[-1] if history else {}
     keys = ("test_auroc", "test_ap", *PAUC_KEYS, "client_auroc_mean", "client_auroc_std", "train_loss")
-    keys = (*keys, "round")
+    keys = (*keys, "round") if "test_cindex" not in final else (*SURVIVAL_KEYS, "train_loss", "round")
+    headline = "test_cindex" if "test_cindex" in final else "test_auroc"
     return json_safe(
         {
             "status": "failed" if failure else "completed",
@@ -292,9 +310,9 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "positive_class": positive_record(setup.data.data),
             "test_oracle": {
                 "note": ORACLE_NOTE,
-                "test_auroc": best["test_auroc"],
+                headline: best[headline],
                 "round": best["round"],
-                **_best_of(history, PAUC_KEYS),
+                **_best_of(history, PAUC_KEYS if headline == "test_auroc" else ()),
             }
             if best
             else None,  # fmt: skip
@@ -316,6 +334,20 @@ def _summary(setup: Setup, history, best, wall: float, failure: Exception | None
             "torch_version": torch.__version__,
         }
     )
+
+
+def survival_summary(setup: Setup, params, buffers) -> dict[str, Any]:
+    """summary.json ``test_cindex``: Harrell's C of the saved model's test risk scores, pooled, per site
+    and the mean over sites, with patient-bootstrap intervals (:func:`fedxrisk.stats.survival.cindex_report`,
+    resampling seed 0: ``fedxrisk evaluate RUN`` with its default ``--seed`` reproduces it)."""
+    from fedxrisk.metrics import predict
+    from fedxrisk.stats.survival import cindex_report
+
+    d = setup.data.data
+    scores = predict(setup.problem, params, buffers, d.x_test)
+    return cindex_report(
+        d.groups_test["time"], d.y_test.numpy(), scores, d.groups_test.get("source"), d.source_names, seed=0
+    )  # fmt: skip
 
 
 def _hparams(alg: Algorithm) -> dict[str, Any]:

@@ -53,7 +53,10 @@ def read_history(path: Path) -> list[dict[str, Any]]:
             header = reader.fieldnames or []
     except (UnicodeDecodeError, csv.Error) as e:
         raise ConfigError(f"{path}: not a readable history ({str(e).splitlines()[0]})") from None
-    missing = [c for c in HISTORY_NUMBERS if c not in header]
+    numbers = HISTORY_NUMBERS  # a survival run's history has the C-index instead (run/folder.py)
+    if "test_cindex" in header:
+        numbers = tuple("test_cindex" if c == "test_auroc" else c for c in HISTORY_NUMBERS)
+    missing = [c for c in numbers if c not in header]
     if missing:
         raise ConfigError(f"{path}: not a fedxrisk history (no column(s) {missing})")
     history = []
@@ -62,7 +65,7 @@ def read_history(path: Path) -> list[dict[str, Any]]:
             count = len(header) + len(row.get(None) or []) - sum(v is None for v in row.values())
             raise ConfigError(f"{path} line {line}: {count} field(s), the header has {len(header)}")
         parsed = {k: parse_cell(v) for k, v in row.items()}
-        bad = [c for c in HISTORY_NUMBERS if not isinstance(parsed[c], (int, float))]
+        bad = [c for c in numbers if not isinstance(parsed[c], (int, float))]
         if bad:
             raise ConfigError(f"{path} line {line}: {bad[0]} = {row[bad[0]]!r} is not a number")
         history.append(parsed)

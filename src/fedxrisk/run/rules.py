@@ -56,7 +56,13 @@ def _dirichlet_alpha(cfg: RunConfig) -> None:
 
 
 SELECTIONS = ("last", "best")
-MONITORS = ("val_auroc", "val_ap", "val_pauc30_norm", "val_pauc50_norm")  # engines/validation.py VAL_KEYS
+MONITORS = (
+    "val_auroc",
+    "val_ap",
+    "val_pauc30_norm",
+    "val_pauc50_norm",
+    "val_cindex",
+)  # engines/validation.py VAL_KEYS
 
 
 def _validation(cfg: RunConfig) -> None:

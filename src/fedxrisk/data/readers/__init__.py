@@ -26,6 +26,7 @@ from fedxrisk.data.readers.manifest import (
 from fedxrisk.data.readers.arrays import read_npz, read_tabular_csv
 from fedxrisk.data.readers.medmnist import read_medmnist
 from fedxrisk.data.readers.heart import read_heart_disease
+from fedxrisk.data.readers.survival import read_survival_dir, read_tcga_brca
 
 # isort: on
 from fedxrisk.data.readers.base import DataFileError, MissingDataError
@@ -41,6 +42,8 @@ __all__ = [
     "MissingDataError",
     "load_image",
     "read_chestxray_ih",
+    "read_survival_dir",
+    "read_tcga_brca",
     "read_chexpert",
     "read_cifar10",
     "read_cifar100",

@@ -34,7 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fedxrisk.data.preprocessing import features
 from fedxrisk.data.readers.base import DataFileError, MissingDataError, codes, require_dir, split_labeled
+from fedxrisk.data.registry import register
 from fedxrisk.data.types import LabeledData
 
 TCGA_FILES = ("brca.csv", "train_test_split.csv", "centers.csv")
@@ -89,11 +91,20 @@ def check_survival(times: np.ndarray, events: np.ndarray, where: str) -> None:
         raise DataFileError(f"{where}: no event observed (every patient censored); nothing to learn from")
 
 
-def _standardized(x_tr: np.ndarray, x_te: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mean, std = x_tr.mean(0), x_tr.std(0) + 1e-8
-    return ((x_tr - mean) / std).astype(np.float32), ((x_te - mean) / std).astype(np.float32)
+def _standardized(
+    data: LabeledData, names: list[str], ids: tuple[str, ...], outcome: tuple[str, ...]
+) -> LabeledData:
+    """``data`` with its features standardized by the training rows' mean and std, recorded (raw
+    space, with the column names) in ``preprocessing``: ``predict`` takes raw rows by name, the
+    reader's own file included (its ``ids`` identify a row, its ``outcome`` columns are skipped)."""
+    mean, std = data.x_train.mean(0), data.x_train.std(0) + 1e-8
+    data.x_train = ((data.x_train - mean) / std).astype(np.float32)
+    data.x_test = ((data.x_test - mean) / std).astype(np.float32)
+    data.preprocessing = {**features(names, mean, std, ids), "outcome_columns": list(outcome)}
+    return data
 
 
+@register("tcga_brca", files=True, task="survival")
 def read_tcga_brca(data_dir: str | Path | None) -> LabeledData:
     """Fed-TCGA-BRCA with FLamby's static split and regions (see the module doc)."""
     root = require_dir(data_dir, "tcga_brca", TCGA_LAYOUT)
@@ -134,14 +145,14 @@ def read_tcga_brca(data_dir: str | Path | None) -> LabeledData:
     mixed = {k: sorted(v) for k, v in seen.items() if len(v) > 1}
     if mixed or len({min(v) for v in seen.values()}) != len(seen):
         raise DataFileError(f"tcga_brca: the split's regions disagree with centers.csv's ({mixed or seen})")
-    x_tr, x_te = _standardized(out["train"][0], out["test"][0])
-    return LabeledData(
-        "tcga_brca", x_tr, out["train"][1], x_te, out["test"][1], 2,
+    data = LabeledData(
+        "tcga_brca", out["train"][0], out["train"][1], out["test"][0], out["test"][1], 2,
         groups_train={"source": out["train"][3], "time": out["train"][2]},
         label_names=SURVIVAL_LABELS,
         groups_test={"source": out["test"][3], "time": out["test"][2]},
         default_positive=(1,), source_names=tuple(f"region {k}" for k in range(REGIONS)),
     )  # fmt: skip
+    return _standardized(data, header[1:-2], ("pid",), ("E", "T"))
 
 
 def tss_regions(data_dir: str | Path) -> dict[str, int]:
@@ -170,6 +181,7 @@ def read_survival_table(
         numeric = {k: _numbers(columns[k], path, k) for k in (["x"] if "x" in columns else feature_names)}
         if "x" in numeric:
             x = numeric["x"].reshape(len(numeric["x"]), -1)
+            feature_names = [f"x{i}" for i in range(x.shape[1])]
         else:
             x = np.stack(list(numeric.values()), 1) if numeric else None
         lengths = {k: len(v) for k, v in columns.items() if k in (time, event, "source", "split", *numeric)}
@@ -216,6 +228,7 @@ def read_survival_table(
         raise DataFileError(
             f"{path}: {bad.size} row(s) with NaN/inf features (data rows {rows}, 0-based); fix or drop them"
         )
+    names = list(feature_names)
     groups, sites = {"time": times}, ()
     if "source" in columns:
         groups["source"], names_of_sources = codes([str(v) for v in columns["source"]])
@@ -232,14 +245,31 @@ def read_survival_table(
         test = split == "test"
         if test.all() or not test.any():
             raise DataFileError(f"{path}: the split column must mark both train and test rows")
-        x_tr, x_te = _standardized(x[~test], x[test])
-        return LabeledData(
-            name, x_tr, y[~test], x_te, y[test], 2,
+        data = LabeledData(
+            name, x[~test], y[~test], x[test], y[test], 2,
             groups_train={k: v[~test] for k, v in groups.items()}, label_names=SURVIVAL_LABELS,
             groups_test={k: v[test] for k, v in groups.items()}, default_positive=(1,), source_names=sites,
         )  # fmt: skip
+        return _standardized(data, names, (), (time, event, "split"))
     data = split_labeled(name, x, y, 2, groups=groups, label_names=SURVIVAL_LABELS)
-    data.x_train, data.x_test = _standardized(data.x_train, data.x_test)
     data.default_positive = (1,)
     data.source_names = sites
-    return data
+    return _standardized(data, names, (), (time, event, "split"))
+
+
+SURVIVAL_LAYOUT = (
+    "  <data_dir>/survival.csv (a header; columns time, event (1 = event, 0 = censored), numeric features;\n"
+    "  optional source (site names) and split (train/test)), or survival.npz with the same arrays"
+)
+
+
+@register("survival", files=True, task="survival")
+def read_survival_dir(data_dir: str | Path | None) -> LabeledData:
+    """The generic time/event table ``survival.csv`` (or ``.npz``) of ``data_dir`` (module doc)."""
+    root = require_dir(data_dir, "survival", SURVIVAL_LAYOUT)
+    for candidate in (root / "survival.csv", root / "survival.npz"):
+        if candidate.is_file():
+            return read_survival_table(candidate)
+    raise MissingDataError(
+        f"survival: no survival.csv or survival.npz in {root}; expected:\n{SURVIVAL_LAYOUT}"
+    )
