@@ -221,9 +221,12 @@ class PoissonSampler:
         """q_k·n_k per client: the fixed denominator of DP-SGD's noisy mean."""
         return np.array([q * n for q, n in zip(self.rates, self.sizes)], dtype=np.float64)
 
-    def next(self) -> np.ndarray:
-        out = np.full((len(self.sizes), self.capacity), PADDING, dtype=np.int64)
-        for row, (k, n, q) in enumerate(zip(self.clients, self.sizes, self.rates)):
+    def next(self, rows: Sequence[int] | None = None) -> np.ndarray:
+        """The step's padded batches of every client (of ``rows``: a round's participants)."""
+        picked = range(len(self.sizes)) if rows is None else rows
+        out = np.full((len(picked), self.capacity), PADDING, dtype=np.int64)
+        for row, i in enumerate(picked):
+            k, n, q = self.clients[i], self.sizes[i], self.rates[i]
             chosen = np.flatnonzero(self.source.spawn(SAMPLING_STREAM, self.draws, k).uniform(n) <= q)
             if len(chosen) > self.capacity:
                 raise RuntimeError(

@@ -320,7 +320,7 @@ class Simulation(RunReporting):
 
     def _batch(self, positions, step: int = -1, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         if self.algorithm.poisson_batches:  # instance-level DP: a padded Poisson batch and its noise
-            return dp.private_batch(self, positions, step)
+            return dp.private_batch(self, positions, step, rows)
         batch = self.local_data.batch(positions, self.device, rows)
         extra = self.algorithm.uniforms_per_step
         if extra:
