@@ -322,14 +322,15 @@ class Simulation(RunReporting):
         if self.algorithm.poisson_batches:  # instance-level DP: a padded Poisson batch and its noise
             return dp.private_batch(self, positions, step, rows)
         batch = self.local_data.batch(positions, self.device, rows)
-        extra = self.algorithm.uniforms_per_step
-        if extra:
+        if extra := self.algorithm.uniforms_per_step:
             mine = None if rows is None else rows.cpu().numpy()
             batch["uniform"] = torch.from_numpy(self.sampler.uniforms(extra, mine)).to(self.device)
         return batch
 
     def _next_batch(self, step: int, rows: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        return self._batch(self.sampler.next(*([] if rows is None else [rows.cpu().numpy()])), step, rows)
+        if rows is None:  # (tests spy on ``_batch`` with two arguments)
+            return self._batch(self.sampler.next(), step)
+        return self._batch(self.sampler.next(rows.cpu().numpy()), step, rows)
 
     def run_round(self) -> RoundPlan:
         """I local steps on every client, then the algorithm's communication (:func:`client_round`)."""

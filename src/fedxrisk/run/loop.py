@@ -138,7 +138,7 @@ def train(
         summary["early_stopping"] = {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}
     summary["resumed_at_rounds"] = resumed
     summary |= json_safe(sim.summary_extra())  # e.g. Flower's sites and deployment
-    if getattr(sim, "participation", None) is not None and primary:  # who took part (docs/participation.md)
+    if sim.participation is not None and primary:  # who took part (docs/participation.md)
         summary["participation"] = record_participation(folder.path, sim.participation, sim.round)
     if failure is None or (failure.keeps_model and history):  # the models before the summary: it commits
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
