@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from tests.helpers import make_sim, max_abs_diff, run_all
 from torch.func import functional_call
 
 from fedxrisk.cli import main
@@ -24,6 +23,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.experiment import RunConfig, run_experiment
 from fedxrisk.run.build import build
 from fedxrisk.run.checks import check
+from helpers import make_sim, max_abs_diff, run_all
 
 
 def sampled_sim(alg: str, engine: str = "loop", m: int | float = 2, clients: int = 5, **kw) -> Simulation:
@@ -182,3 +182,30 @@ def test_more_clients_per_round_than_the_data_has_is_refused_when_built():
         dataclasses.replace(RunConfig(), clients_per_round=None).to_dict().get("clients_per_round", "absent")
         == "absent"
     )
+
+
+# -- Flower: the server draws the sites of each round ----------------------------------------------
+def test_flower_clients_per_round_equals_the_loop_engine(tmp_path):
+    from fedxrisk.flower.wire import unflatten
+    from fedxrisk.tree import tmap
+    from test_flower_protocol import run_config, run_local, trial_nodes
+
+    k, rounds = 4, 3
+    rc = run_config(
+        "codasca", tmp_path, lr=0.05, rounds=rounds, stages=1, **{"min-nodes": k, "clients-per-round": 2}
+    )
+    summary, transport = run_local(rc, trial_nodes(k))
+    base = make_sim(
+        "codasca", "loop", clients=k, rounds=rounds, local_steps=rc["local-steps"], batch_size=rc["batch-size"],
+        lr=rc["lr"], stages=1, partition="iid", imratio=0.3, seed=0,
+    )  # fmt: skip
+    part = Participation(2, k, seed=0)
+    sim = run_all(
+        Simulation(base.algorithm, base.data, base.schedule, base.batch_size, 0, "loop", participation=part)
+    )
+    params, _ = sim.global_model()
+    assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    for c, node in enumerate(sorted(transport.saved)):  # absent rounds kept exactly (control variates too)
+        site_state = unflatten(transport.saved[node].arrays["state"])
+        assert max_abs_diff(site_state, tmap(lambda x, c=c: x[c : c + 1], sim.states)) < 1e-6
+    assert (tmp_path / "participation.csv").read_text() == participation_csv(part, rounds)
