@@ -35,7 +35,7 @@ from fedxrisk.engines.launch import DEFAULT_TIMEOUT, check_launch, client_layout
 from fedxrisk.engines.participation import Participation, round_collective
 from fedxrisk.engines.privacy import ClientDP
 from fedxrisk.engines.simulation import Simulation
-from fedxrisk.errors import DistributedError
+from fedxrisk.errors import ConfigError, DistributedError
 from fedxrisk.tree import Tree, index, is_finite, leaves, tmap
 
 # re-exported: the run layer imports these from here until it imports them from their rooms
@@ -71,6 +71,11 @@ class DistributedSimulation(Simulation):
         noise: Any = None,
         participation: Participation | None = None,
     ):
+        if participation is not None and "pool" in getattr(algorithm, "collectives", ()):
+            raise ConfigError(
+                f"data.clients_per_round with {algorithm.name} on the distributed engine: a rank without a "
+                "participant cannot send score records of the round's shape; use engine loop, vmap or compile"
+            )
         self.group = DistGroup.current(timeout, device)
         self.layout = client_layout(data.num_clients, self.group.world_size, clients_per_rank)
         mine = self.layout[self.group.rank]
