@@ -71,8 +71,11 @@ class ClientSampler:
     def _refill(self, count: int, rows: np.ndarray | None = None) -> None:
         """Top up every queue (of ``rows``, default all) holding fewer than ``count`` positions with
         fresh permutations."""
-        short = np.flatnonzero(self._end - self._start < count)
-        for k in short if rows is None else np.intersect1d(short, rows):
+        if rows is None:
+            short = np.flatnonzero(self._end - self._start < count)
+        else:  # only these clients: the others' queues are not looked at (a round's participants)
+            short = rows[self._end[rows] - self._start[rows] < count]
+        for k in short:
             queue = self._buf[k, self._start[k] : self._end[k]]
             parts = [queue]
             have = len(queue)

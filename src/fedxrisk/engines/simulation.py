@@ -184,10 +184,10 @@ class AutoEngine(Engine):
         self.chosen = "vmap"
 
     def configure(self, sim: Simulation) -> None:
-        compilations = len({p.lr for p in sim.plans})
         flops, conv = forward_flops_per_sample(sim)
-        steps = sum(p.window for p in sim.plans)
-        self.chosen = choose_engine(sim.num_clients, steps, compilations, flops if conv else 0)
+        steps, compilations = sum(p.window for p in sim.plans), len({p.lr for p in sim.plans})
+        stepped = sim.participation.count if sim.participation else sim.num_clients  # clients per step
+        self.chosen = choose_engine(stepped, steps, compilations, flops if conv else 0)
         self.inner = LoopEngine() if self.chosen == "loop" else ENGINES[self.chosen](self.chunk_size)
 
     def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
