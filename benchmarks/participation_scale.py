@@ -5,7 +5,7 @@
 
 Each K runs as a fresh ``python -m fedxrisk.cli run`` process: CODASCA on synthetic data with
 20 training samples per client (so the data grows with K), the linear model, 100 clients per round
-(``data.clients_per_round``), I = 4 local steps of batch 8, the vmap engine, 6 rounds, one
+(``data.clients_per_round``), I = 4 local steps of batch 8, the vmap engine, 12 rounds, one
 evaluation at the end. Reported per K: the round time (history.csv's wall clock at the last round
 / rounds: set-up and the final evaluation excluded), the whole process's wall time and its peak
 RSS (``os.wait4``'s ``ru_maxrss``), and the stacked client state's bytes per client (the
@@ -99,7 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--per-round", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     runs = []

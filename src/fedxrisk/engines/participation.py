@@ -115,7 +115,9 @@ def round_mask(
     if privacy is not None:
         return privacy.sampled(round_, clients)
     mask = None if participation is None else participation.mask(round_)
-    return None if mask is None else mask[clients]
+    if mask is None or clients == list(range(len(mask))):  # every client, in order
+        return mask
+    return mask[torch.as_tensor(clients)]
 
 
 def round_collective(
