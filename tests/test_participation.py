@@ -92,6 +92,15 @@ def test_loop_and_vmap_agree_under_sampling(alg):
     assert max_abs_diff(loop.states, vmap.states) < 1e-5
 
 
+def test_a_resumed_run_draws_the_same_clients_and_batches():
+    full = run_all(sampled_sim("codasca", m=2, clients=5, rounds=4, local_steps=2))
+    first = sampled_sim("codasca", m=2, clients=5, rounds=4, local_steps=2)
+    first.run_round(), first.run_round()
+    resumed = sampled_sim("codasca", m=2, clients=5, rounds=4, local_steps=2)
+    resumed.load_state_dict(first.state_dict())
+    assert max_abs_diff(full.states, run_all(resumed).states) == 0.0
+
+
 # -- (d) the draw --------------------------------------------------------------------------------
 def test_sampled_sets_follow_the_seed_and_differ_across_rounds():
     a, b, other = Participation(3, 10, seed=1), Participation(3, 10, seed=1), Participation(3, 10, seed=2)
