@@ -155,7 +155,8 @@ def _participation(cfg: RunConfig) -> None:
         raise ConfigError(f"clients_per_round must be ≥ 1 (none: every client), got {m}")
     if isinstance(m, int) and isinstance(cfg.clients, int) and m > cfg.clients:
         raise ConfigError(
-            f"clients_per_round = {m} exceeds the {cfg.clients} clients (data.clients); set at most {cfg.clients}"
+            f"clients_per_round = {m} exceeds the {cfg.clients} clients (data.clients; on Flower set it to the "
+            f"number of sites); set at most {cfg.clients}"
         )
     if isinstance(m, float) and not 0.0 < m <= 1.0:
         raise ConfigError(
