@@ -42,13 +42,22 @@ FEDXL_SPEC = ("fedxl2", 3, "auto", 2, 1, "mlp", "average")
 FEDXL_OPTIONS = {"positives_per_batch": 4, "passive_samples": 4}
 
 
-def build(alg, clients, per_rank, steps, stages, model, policy, options=None, rounds=ROUNDS, seed=0):
-    """``options``: a dict, or a tuple of (name, value) pairs (scenario specs stay hashable)."""
+# issue 43: 2 of 4 clients per round (seed 3), 2 clients per rank: a rank may hold no participant
+PARTICIPATION_SPECS = [("codasca", 4, 2, 2, 1, "mlp", "average"), ("scaffold", 4, 2, 2, 1, "mlp", "average")]
+
+
+def build(
+    alg, clients, per_rank, steps, stages, model, policy, options=None, rounds=ROUNDS, seed=0, part=None
+):
+    """``options``: a dict, or a tuple of (name, value) pairs (scenario specs stay hashable);
+    ``part``: a :class:`~fedxrisk.engines.participation.Participation`."""
     data = make_federated("digits", clients, "class", 0.3, seed)
     net = build_model(model, data.data.input_shape, seed)
     algorithm = ALGORITHMS[alg](Problem(net, data.data.pos_ratio, policy, "global"), **dict(options or {}))
     schedule = Schedule.build(rounds, steps, 0.1, stages)
-    return DistributedSimulation(algorithm, data, schedule, 8, seed, clients_per_rank=per_rank, timeout=60)
+    return DistributedSimulation(
+        algorithm, data, schedule, 8, seed, clients_per_rank=per_rank, timeout=60, participation=part
+    )
 
 
 # (algorithm, model.personal, model, stages): 4 clients, 2 per rank (tests/test_personal.py's runs)
@@ -161,6 +170,16 @@ def main(out: Path) -> None:
         )
 
     results["streamed"] = streamed_run(out)
+
+    from fedxrisk.engines.participation import Participation
+
+    results["participation"] = []
+    for spec in PARTICIPATION_SPECS:
+        sim = build(*spec, rounds=3, part=Participation(2, 4, seed=3))
+        while not sim.done:
+            sim.run_round()
+        results["participation"].append({"spec": spec, "states": sim.state_dict()["states"],
+                                         "train_loss": sim.train_loss()})  # fmt: skip
 
     # checkpoint: stop after 2 rounds, resume in a fresh simulation
     spec = ("codasca", 3, "auto", 3, 2, "mlp", "average")

@@ -162,6 +162,8 @@ class Algorithm:
             (``batch["mask"]`` marks the records of a padded batch); set by DP-SGD.
         noise_per_step: float64 N(0, 1) draws the engine adds to each batch as
             ``batch["noise"]`` from the run's secret noise source; set by DP-SGD.
+        idle_fill: state entries whose per-client shape a local step changes (FeDXL's score
+            records), with the value a client sitting a round out holds in them (nothing recorded).
     """
 
     name: ClassVar[str] = ""
@@ -186,6 +188,7 @@ class Algorithm:
     gradient_estimator: GradientEstimator = MeanGradient()
     poisson_batches: bool = False
     noise_per_step: int = 0
+    idle_fill: ClassVar[dict[str, float]] = {}
 
     problem: Problem
 

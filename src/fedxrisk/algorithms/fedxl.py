@@ -87,6 +87,7 @@ class FeDXL1(PairwiseBase):
     """
 
     name = "fedxl1"
+    idle_fill = {"rec_pos": INVALID, "rec_neg": INVALID, "rec_log_u": 0.0}  # absent: nothing recorded
     couples_samples = "its pairwise loss couples positives and negatives of all clients"
     communicates = ("w", "m", "pool_pos", "pool_neg", "count_pos", "count_neg")  # m only if beta < 1
     collectives = ("mean", "pool")

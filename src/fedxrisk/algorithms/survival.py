@@ -108,6 +108,12 @@ class _SurvivalPools(PairwiseBase):
         self.check_hyperparameters()
         self.uniforms_per_step = 2 * self.passive_samples  # first S for H1 (events), next S for H2 (all)
 
+    @property
+    def idle_fill(self) -> dict[str, float]:  # type: ignore[override]
+        """A client sitting a round out records nothing: its record slots are empty (valid 0)."""
+        pools = (("ev", self.EVENT_FIELDS), ("all", self.ALL_FIELDS))
+        return {f"rec_{pool}_{f}": 0.0 for pool, fields in pools for f in (*fields, "valid")}
+
     def init(self, client: ClientInfo) -> State:
         state = self._init_model()
         for pool, fields in (("ev", self.EVENT_FIELDS), ("all", self.ALL_FIELDS)):

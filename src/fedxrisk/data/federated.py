@@ -89,11 +89,14 @@ class FederatedData:
             return None
         return [site_name(self.data.source_names, site[0]) for site in sites]
 
-    def batch(self, positions: np.ndarray, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    def batch(
+        self, positions: np.ndarray, device: torch.device | str = "cpu", rows: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         """Stacked batch for local positions ``[K, B]``: x, y, index (global), local_index, and
-        ``time`` for survival data (float32: days and the like are exact)."""
+        ``time`` for survival data (float32: days and the like are exact). ``rows``: the clients
+        the positions belong to (a round's participants), default all."""
         local = torch.from_numpy(positions)
-        index = self._table[self._rows, local]
+        index = self._table[self._rows if rows is None else rows.cpu().reshape(-1, 1), local]
         if self.stream is not None:  # decoded (and augmented) by DataLoader workers
             x = self.stream.fetch(index.numpy(), self.augment)
         else:

@@ -68,9 +68,14 @@ class ClientSampler:
         """Each client's upcoming positions (a copy)."""
         return [self._buf[k, a:b].copy() for k, (a, b) in enumerate(zip(self._start, self._end))]
 
-    def _refill(self, count: int) -> None:
-        """Top up every queue holding fewer than ``count`` positions with fresh permutations."""
-        for k in np.flatnonzero(self._end - self._start < count):
+    def _refill(self, count: int, rows: np.ndarray | None = None) -> None:
+        """Top up every queue (of ``rows``, default all) holding fewer than ``count`` positions with
+        fresh permutations."""
+        if rows is None:
+            short = np.flatnonzero(self._end - self._start < count)
+        else:  # only these clients: the others' queues are not looked at (a round's participants)
+            short = rows[self._end[rows] - self._start[rows] < count]
+        for k in short:
             queue = self._buf[k, self._start[k] : self._end[k]]
             parts = [queue]
             have = len(queue)
@@ -85,24 +90,31 @@ class ClientSampler:
             self._buf[k, : len(queue)] = queue
             self._start[k], self._end[k] = 0, len(queue)
 
-    def _draw(self, count: int) -> np.ndarray:
-        self._refill(count)
-        cols = self._start[:, None] + np.arange(count)
-        out = np.take_along_axis(self._buf, cols, axis=1)
-        self._start += count
+    def _draw(self, count: int, rows: np.ndarray | None = None) -> np.ndarray:
+        self._refill(count, rows)
+        if rows is None:
+            cols = self._start[:, None] + np.arange(count)
+            out = np.take_along_axis(self._buf, cols, axis=1)
+            self._start += count
+            return out
+        cols = self._start[rows, None] + np.arange(count)  # only these clients' streams advance
+        out = np.take_along_axis(self._buf[rows], cols, axis=1)
+        self._start[rows] += count
         return out
 
-    def next(self) -> np.ndarray:
-        """The next mini-batch of every client: local positions, shape ``[K, B]``."""
-        return self._draw(self.batch_size)
+    def next(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The next mini-batch of every client (of ``rows``: a round's participants): local
+        positions, shape ``[K, B]``."""
+        return self._draw(self.batch_size, rows)
 
     def sample(self, count: int) -> np.ndarray:
         """``count`` positions per client (cycling through epochs if the shard is small)."""
         return self._draw(count)
 
-    def uniforms(self, count: int) -> np.ndarray:
-        """``count`` U(0, 1) numbers per client, for algorithms that sample (e.g. score pools)."""
-        return np.stack([rng.random(count, dtype=np.float32) for rng in self.rngs])
+    def uniforms(self, count: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """``count`` U(0, 1) numbers per client (of ``rows``), for algorithms that sample (e.g. score pools)."""
+        rngs = self.rngs if rows is None else [self.rngs[k] for k in rows]
+        return np.stack([rng.random(count, dtype=np.float32) for rng in rngs])
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -153,12 +165,12 @@ class ClassSampler(ClientSampler):
         self.class_queues[k][c] = queue[count:]
         return queue[:count]
 
-    def next(self) -> np.ndarray:
+    def next(self, rows: np.ndarray | None = None) -> np.ndarray:
         b1, b2 = self.positives, self.batch_size - self.positives
         return np.stack(
             [
                 np.concatenate([self._draw_class(k, 0, b1), self._draw_class(k, 1, b2)])
-                for k in range(len(self.sizes))
+                for k in (range(len(self.sizes)) if rows is None else rows)
             ]
         )
 
@@ -212,9 +224,12 @@ class PoissonSampler:
         """q_k·n_k per client: the fixed denominator of DP-SGD's noisy mean."""
         return np.array([q * n for q, n in zip(self.rates, self.sizes)], dtype=np.float64)
 
-    def next(self) -> np.ndarray:
-        out = np.full((len(self.sizes), self.capacity), PADDING, dtype=np.int64)
-        for row, (k, n, q) in enumerate(zip(self.clients, self.sizes, self.rates)):
+    def next(self, rows: Sequence[int] | None = None) -> np.ndarray:
+        """The step's padded batches of every client (of ``rows``: a round's participants)."""
+        picked = range(len(self.sizes)) if rows is None else rows
+        out = np.full((len(picked), self.capacity), PADDING, dtype=np.int64)
+        for row, i in enumerate(picked):
+            k, n, q = self.clients[i], self.sizes[i], self.rates[i]
             chosen = np.flatnonzero(self.source.spawn(SAMPLING_STREAM, self.draws, k).uniform(n) <= q)
             if len(chosen) > self.capacity:
                 raise RuntimeError(

@@ -5,8 +5,10 @@ distributed engine) runs each round, on the clients it holds. A Flower site runs
 halves, :func:`local_steps` and :func:`communicate`, in separate messages, because a ClientApp
 cannot wait for the server's answer and replays ``communicate`` instead (flower/site.py).
 
-Under client sampling (``mask``: bool ``[K]``, None without DP) a client not drawn takes no step,
-gets its stage average defined and keeps its own control variate, as
+Under client sampling (``mask``: bool ``[K]``, None when every client takes part: DP's draw or
+``data.clients_per_round``, :mod:`fedxrisk.engines.participation`) only the drawn clients' rows are
+stepped (gathered, stepped, put back: time ∝ participants); a client not drawn takes no step and
+draws no batch, gets its stage average defined and keeps its own control variate, as
 :mod:`fedxrisk.engines.privacy.sampling` says; for a mask of all True these are the identity.
 """
 
@@ -21,6 +23,7 @@ import torch
 from fedxrisk.algorithms.base import Algorithm, RoundContext, StepContext
 from fedxrisk.algorithms.schedule import RoundPlan
 from fedxrisk.engines import privacy as dp
+from fedxrisk.engines.participation import put_rows, take_rows
 from fedxrisk.tree import Tree
 
 Positions = Callable[[int], np.ndarray]  # draws that many positions per client (the auxiliary sampler)
@@ -32,19 +35,22 @@ def local_steps(
     engine: Any,
     states: Tree,
     plan: RoundPlan,
-    next_batch: Callable[[int], Tree],
+    next_batch: Callable[[int, torch.Tensor | None], Tree],
     mask: torch.Tensor | None = None,
 ) -> Tree:
-    """The round's ``plan.window`` local steps on every client (``engine.local_steps``), each on
-    ``next_batch(step)`` (the global step: instance-level DP's noise is drawn for it); the clients
-    outside ``mask`` keep their state and are made ready for ``communicate``."""
-    start = states
-    for i in range(plan.window):
+    """The round's ``plan.window`` local steps on every client in ``mask`` (``engine.local_steps`` on
+    their rows only), each on ``next_batch(step, rows)`` (the global step: instance-level DP's noise
+    is drawn for it; ``rows``: the participants' row indices, None for all); the clients outside
+    ``mask`` keep their state and are made ready for ``communicate``."""
+    rows = None if mask is None else mask.nonzero().flatten()
+    part = states if rows is None else take_rows(states, rows)
+    for i in range(plan.window if rows is None or len(rows) else 0):
         ctx = StepContext(plan.first_step + i, i, plan.round, plan.stage, plan.lr, plan.window)
-        states = engine.local_steps(algorithm.local_step, ctx, states, next_batch(ctx.step))
-    if mask is not None:
-        states = dp.before_communicate(mask, dp.keep_idle(mask, states, start))
-    return states
+        part = engine.local_steps(algorithm.local_step, ctx, part, next_batch(ctx.step, rows))
+    if mask is None:
+        return part
+    states = put_rows(states, rows, part, getattr(algorithm, "idle_fill", {}))
+    return dp.before_communicate(mask, states)
 
 
 def extra_positions(
@@ -86,7 +92,7 @@ def client_round(
     states: Tree,
     plans: list[RoundPlan],
     r: int,
-    next_batch: Callable[[int], Tree],
+    next_batch: Callable[[int, torch.Tensor | None], Tree],
     sample: Positions,
     to_batch: ToBatch,
     collective: Callable[[Tree], Any],

@@ -32,9 +32,10 @@ from fedxrisk.algorithms.schedule import Schedule
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.engines.dist_collective import DistCollective, DistGroup
 from fedxrisk.engines.launch import DEFAULT_TIMEOUT, check_launch, client_layout, launched_rank
+from fedxrisk.engines.participation import Participation, round_collective
 from fedxrisk.engines.privacy import ClientDP
 from fedxrisk.engines.simulation import Simulation
-from fedxrisk.errors import DistributedError
+from fedxrisk.errors import ConfigError, DistributedError
 from fedxrisk.tree import Tree, index, is_finite, leaves, tmap
 
 # re-exported: the run layer imports these from here until it imports them from their rooms
@@ -68,7 +69,13 @@ class DistributedSimulation(Simulation):
         engine: str | None = None,
         privacy: ClientDP | None = None,
         noise: Any = None,
+        participation: Participation | None = None,
     ):
+        if participation is not None and "pool" in getattr(algorithm, "collectives", ()):
+            raise ConfigError(
+                f"data.clients_per_round with {algorithm.name} on the distributed engine: a rank without a "
+                "participant cannot send score records of the round's shape; use engine loop, vmap or compile"
+            )
         self.group = DistGroup.current(timeout, device)
         self.layout = client_layout(data.num_clients, self.group.world_size, clients_per_rank)
         mine = self.layout[self.group.rank]
@@ -84,6 +91,7 @@ class DistributedSimulation(Simulation):
             clients=mine,
             privacy=privacy,
             noise=noise,
+            participation=participation,
         )
         self.is_primary = self.group.rank == 0
         self._stats: torch.Tensor | None = None
@@ -109,10 +117,11 @@ class DistributedSimulation(Simulation):
         self.group.watchdog.round = self.round
         loss = self.states["loss"].detach().double()
         bad = float(not bool(torch.isfinite(loss).all()) or not is_finite(self.states["w"]))
-        parts = [loss.sum().reshape(1), torch.tensor([bad], dtype=torch.float64, device=loss.device)]
+        mine = loss if self.participation is None else loss[self._participants.to(loss.device)]  # type: ignore[union-attr]
+        parts = [mine.sum().reshape(1), torch.tensor([bad], dtype=torch.float64, device=loss.device)]
         parts += [v.double().sum(0).reshape(-1) for v in self._local_buffers().values()]
         comm = DistCollective(self.group, self.layout, self.engine, self.ledger, torch.cat(parts), self.seed)
-        return comm if self.privacy is None else self.privacy.wrap(comm, self.round, self._participants)
+        return round_collective(comm, self.privacy, self.participation, self.round, self._participants)
 
     def _finite(self, comm: Any) -> bool:  # type: ignore[override]
         self._stats = comm.finish()
@@ -120,10 +129,12 @@ class DistributedSimulation(Simulation):
         return bool(torch.isfinite(self._stats[0])) and float(self._stats[1]) == 0.0
 
     def train_loss(self) -> float:
-        """Mean over all K clients of the last local loss (summed across ranks in the round)."""
+        """Mean over all K clients (the round's participants) of the last local loss (summed across ranks)."""
         if self._stats is None:
             return float(self.states["loss"].mean())
-        return float(self._stats[0]) / self.num_clients
+        return float(self._stats[0]) / (
+            self.num_clients if self.participation is None else self.participation.count
+        )
 
     def global_model(self) -> tuple[Tree, Tree]:
         """As :meth:`Simulation.global_model`, without communication: any rank can evaluate."""

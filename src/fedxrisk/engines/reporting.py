@@ -22,6 +22,7 @@ class RunReporting:
 
     algorithm: Any
     data: Any
+    participation: Any = None  # data.clients_per_round's draw (engines/participation.py); None: every client
 
     def evaluate(self, params: Tree, buffers: Tree) -> dict[str, Any]:
         """A history row's test and per-client metrics of a model, on the run's own data."""

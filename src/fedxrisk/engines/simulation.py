@@ -31,6 +31,7 @@ from fedxrisk.data.sampler import make_samplers
 from fedxrisk.engines import privacy as dp
 from fedxrisk.engines.clientround import client_round
 from fedxrisk.engines.ledger import ByteLedger
+from fedxrisk.engines.participation import Participation, round_collective, round_mask
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.engines.reporting import RunReporting
 from fedxrisk.errors import NonFiniteLoss  # noqa: F401  (re-exported)
@@ -97,11 +98,10 @@ class CompiledEngine(VmapEngine):
     most of its time. The step context is a compile-time constant for the fields
     the algorithm reads (dynamo guards on them): CODA-family steps read only the
     learning rate, so a run compiles once per distinct learning rate (once per
-    stage); an algorithm reading the step counter would recompile every step until
-    torch's recompile limit, after which torch runs it eagerly (symbolic floats do
-    not survive inductor's vmap lowering in torch 2.13, so they are not used).
-    The first call compiles (tens of seconds on a
-    small CPU; cached on disk by torch between processes). If compilation fails
+    stage); an algorithm reading the step counter would recompile every step until torch's
+    recompile limit, then run eagerly (symbolic floats do not survive inductor's vmap lowering
+    in torch 2.13). The first call compiles (tens of seconds on a small CPU; cached on disk by
+    torch between processes); a new number of participants recompiles. If compilation fails
     the engine warns once and continues with eager ``vmap`` (same results to float
     tolerance). ``communicate`` and other per-client functions run eagerly.
     """
@@ -140,9 +140,8 @@ class CompiledEngine(VmapEngine):
         return super().local_steps(step, ctx, states, batch)
 
 
-# client-steps (K × total local steps) per compilation above which ``auto`` compiles:
-# one compilation costs ~30-90 s on a 2-core CPU and saves ~0.1 ms per client-step for
-# the MLP (docs/performance.md); a run compiles once per distinct learning rate
+# client-steps (K × total local steps) per compilation above which ``auto`` compiles: one costs
+# ~30-90 s on a 2-core CPU and saves ~0.1 ms per client-step for the MLP (docs/performance.md)
 AUTO_COMPILE_MIN_CLIENT_STEPS = 500_000
 
 
@@ -174,9 +173,8 @@ class AutoEngine(Engine):
     (ResNet-class), else ``compile`` when a C++ compiler is
     available and the run is long enough to repay compilation (K × local steps ≥
     :data:`AUTO_COMPILE_MIN_CLIENT_STEPS` × the number of distinct learning rates,
-    i.e. of compilations), else ``vmap``; ``loop`` for one client.
-    The choice depends only on the configuration (never on timings), so the same
-    seed gives the same numbers. ``chosen`` names the engine picked."""
+    i.e. of compilations), else ``vmap``. The choice depends only on the configuration (never
+    on timings), so the same seed gives the same numbers. ``chosen`` names the engine picked."""
 
     name = "auto"
 
@@ -186,10 +184,10 @@ class AutoEngine(Engine):
         self.chosen = "vmap"
 
     def configure(self, sim: Simulation) -> None:
-        compilations = len({p.lr for p in sim.plans})
         flops, conv = forward_flops_per_sample(sim)
-        steps = sum(p.window for p in sim.plans)
-        self.chosen = choose_engine(sim.num_clients, steps, compilations, flops if conv else 0)
+        steps, compilations = sum(p.window for p in sim.plans), len({p.lr for p in sim.plans})
+        stepped = sim.participation.count if sim.participation else sim.num_clients  # clients per step
+        self.chosen = choose_engine(stepped, steps, compilations, flops if conv else 0)
         self.inner = LoopEngine() if self.chosen == "loop" else ENGINES[self.chosen](self.chunk_size)
 
     def map_clients(self, fn: Callable[..., Tree], *trees: Tree) -> Tree:
@@ -265,24 +263,27 @@ class Simulation(RunReporting):
         engine_options: dict[str, Any] | None = None,
         privacy: dp.ClientDP | None = None,
         noise: Any = None,
+        participation: Participation | None = None,
     ):
         """``clients``: the global indices of the clients this process holds (default
         all); the others live elsewhere and are reached through :meth:`_collective`.
-        ``privacy``, ``noise``: client-level DP; instance-level DP's NoiseSource (engines/privacy)."""
+        ``privacy``, ``noise``, ``participation``: client-level DP; instance-level DP's NoiseSource
+        (engines/privacy); ``data.clients_per_round`` (engines/participation.py)."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINES)}")
         algorithm.validate_schedule(schedule)
         self.algorithm, self.data, self.schedule = algorithm, data, schedule
-        self.engine = ENGINES[engine](**(engine_options or {}))
-        self.device = torch.device(device)
-        self.batch_size, self.seed = batch_size, seed
-        self.ledger = ByteLedger()
+        self.engine, self.device = ENGINES[engine](**(engine_options or {})), torch.device(device)
+        self.batch_size, self.seed, self.ledger, self.participation = (
+            batch_size,
+            seed,
+            ByteLedger(),
+            participation,
+        )
         self.clients = list(range(data.num_clients)) if clients is None else list(clients)
         self.local_data = data if clients is None else data.subset(clients)
-        positives = algorithm.positives_per_batch  # duck-typed sources (fedxrisk.tasks) have no shards
-        labels = (
-            [self.local_data.data.y_train.numpy()[s] for s in self.local_data.shards] if positives else None
-        )
+        positives, local = algorithm.positives_per_batch, self.local_data  # tasks: no shards, no labels
+        labels = [local.data.y_train.numpy()[s] for s in local.shards] if positives else None
         poisson = dp.poisson_batches(algorithm, noise, data.shard_sizes)  # instance-level DP, else None
         self.sampler, self.aux_sampler = make_samplers(
             self.local_data.shard_sizes, batch_size, seed, self.clients, positives, labels, poisson
@@ -295,7 +296,7 @@ class Simulation(RunReporting):
         self.privacy = None if privacy is None else dp.PrivateAggregator(
             privacy, algorithm, index(self.states, 0), seed, data.num_clients
         )  # fmt: skip
-        self._participants: torch.Tensor | None = None  # this round's sampled clients (DP)
+        self._participants: torch.Tensor | None = None  # this round's sampled clients (of self.clients)
         self.engine.configure(self)
         self._start_stream(begin=True)
         if algorithm.begin_batch:  # before round 0; its bytes count in round 0
@@ -317,21 +318,24 @@ class Simulation(RunReporting):
     def done(self) -> bool:
         return self.round >= len(self.plans)
 
-    def _batch(self, positions, step: int = -1) -> dict[str, torch.Tensor]:
+    def _batch(self, positions, step: int = -1, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         if self.algorithm.poisson_batches:  # instance-level DP: a padded Poisson batch and its noise
-            return dp.private_batch(self, positions, step)
-        batch = self.local_data.batch(positions, self.device)
-        extra = self.algorithm.uniforms_per_step
-        if extra:
-            batch["uniform"] = torch.from_numpy(self.sampler.uniforms(extra)).to(self.device)
+            return dp.private_batch(self, positions, step, rows)
+        batch = self.local_data.batch(positions, self.device, rows)
+        if extra := self.algorithm.uniforms_per_step:
+            mine = None if rows is None else rows.cpu().numpy()
+            batch["uniform"] = torch.from_numpy(self.sampler.uniforms(extra, mine)).to(self.device)
         return batch
+
+    def _next_batch(self, step: int, rows: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        if rows is None:  # (tests spy on ``_batch`` with two arguments)
+            return self._batch(self.sampler.next(), step)
+        return self._batch(self.sampler.next(rows.cpu().numpy()), step, rows)
 
     def run_round(self) -> RoundPlan:
         """I local steps on every client, then the algorithm's communication (:func:`client_round`)."""
         plan = self.plans[self.round]
-        mask = self._participants = (
-            None if self.privacy is None else self.privacy.sampled(plan.round, self.clients)
-        )
+        mask = self._participants = round_mask(self.privacy, self.participation, plan.round, self.clients)
         comms: list[Any] = []  # the round's collective (the distributed engine's finishes the round)
 
         def collective(states: Tree) -> Any:
@@ -341,7 +345,7 @@ class Simulation(RunReporting):
 
         self.states = client_round(
             self.algorithm, self.engine, self.states, self.plans, self.round,
-            lambda step: self._batch(self.sampler.next(), step), self.aux_sampler.sample,
+            self._next_batch, self.aux_sampler.sample,
             lambda positions: self.local_data.batch(positions, self.device), collective, mask,
         )  # fmt: skip
         self.ledger.close_round()
@@ -353,15 +357,16 @@ class Simulation(RunReporting):
     def _collective(self) -> Any:
         """The round's collective (the distributed engine replaces it); private under DP."""
         comm = SimCollective(self.num_clients, self.engine, self.ledger, self.seed)
-        return comm if self.privacy is None else self.privacy.wrap(comm, self.round, self._participants)
+        return round_collective(comm, self.privacy, self.participation, self.round, self._participants)
 
     def _finite(self, comm: Any) -> bool:
         """Whether every client's last loss and model are finite after the round."""
         return bool(torch.isfinite(self.states["loss"]).all()) and is_finite(self.states["w"])
 
     def train_loss(self) -> float:
-        """Mean over clients of the last local step's objective value."""
-        return float(self.states["loss"].mean())
+        """Mean over clients (the last round's participants) of the last local step's objective value."""
+        loss, mask = self.states["loss"], self._participants if self.participation else None
+        return float(loss.mean() if mask is None else loss[mask.to(loss.device)].mean())
 
     def global_model(self) -> tuple[Tree, Tree]:
         """The averaged model: client 0's parameters (equal on all clients after a round; the

@@ -264,6 +264,27 @@ class FlowerConfig:
         )  # data.positives_per_batch vs batch-size: the run layer's rule (run/combos.py)
         check_flower_privacy(self)
         check_secure_config(self)
+        check_flower_participation(run, deploy.secure_aggregation)
+
+
+def check_flower_participation(run: RunConfig, secure: bool) -> None:
+    """``clients-per-round`` on Flower: the server draws the sites of each round among the connected
+    nodes; refused (one line) with SecAgg+ (its sum runs over every site) and for algorithms that pool
+    per-sample records (a site sitting a round out cannot send records of the participants' shape)."""
+    if run.clients_per_round is None:
+        return
+    from fedxrisk.algorithms import ALGORITHMS
+
+    if secure:
+        raise ConfigError(
+            "run-config 'clients-per-round' with secure-aggregation: SecAgg+'s sum runs over every site; "
+            "drop one of the two"
+        )
+    if "pool" in ALGORITHMS[run.algorithm].collectives:
+        raise ConfigError(
+            f"run-config 'clients-per-round' with {run.algorithm}: its per-sample score pools need every "
+            "site each round on Flower; drop clients-per-round (the simulation engines honour it)"
+        )
 
 
 def _flat_names(message: str) -> str:

@@ -29,6 +29,7 @@ import torch
 
 from fedxrisk.algorithms import RoundPlan
 from fedxrisk.engines.ledger import ByteLedger
+from fedxrisk.engines.participation import participation_of
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.engines.privacy.validation import SITE_MASS
 from fedxrisk.engines.reporting import RunReporting
@@ -121,6 +122,7 @@ class Federation(RunReporting):
                 "set validation = FRACTION (trial sites) or give the sites a val.npz / val.csv"
             )
         self.dp = server_dp(self.cfg, parts, sites, self.log)
+        self.participation = participation_of(run, [s.samples for s in sites])  # among the connected sites
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
             f"{self.pos_ratio:.4f}; {run.algorithm} for {run.rounds} rounds, lr {self.plans[0].lr:.4g}"
@@ -257,7 +259,7 @@ class Federation(RunReporting):
         """One request per site; under client sampling each site learns whether it takes part in the
         round the request starts (``active``); ``first``: the site's client index too."""
         start = int(config["start"])
-        active = self.dp.participants(start) if self.dp is not None and start >= 0 else None
+        active = self._participants(start) if start >= 0 else None
         return {
             s.node: Packet(
                 config={
@@ -269,6 +271,18 @@ class Federation(RunReporting):
             )
             for s in self.sites
         }
+
+    def _participants(self, round_: int) -> torch.Tensor | None:
+        """The sites taking part in round ``round_``: DP's draw, or ``clients-per-round``'s; None: all."""
+        if self.dp is not None:
+            return self.dp.participants(round_)
+        return None if self.participation is None else self.participation.mask(round_)
+
+    def _mean(self, stacked: Tree) -> Tree:
+        """The sites' mean; under ``clients-per-round`` the participants' (the others sent zeros)."""
+        if self.participation is None:
+            return tmap(lambda x: x.mean(0), stacked)
+        return tmap(lambda x: x.sum(0) / self.participation.count, stacked)  # type: ignore[union-attr]
 
     def _reduce(self, replies: dict[int, Packet], round_: int) -> tuple[dict[str, torch.Tensor], str, int]:
         """The server side of ``comm.mean`` (mean over sites), ``comm.gather`` (stack of sites) and
@@ -291,7 +305,7 @@ class Federation(RunReporting):
             return flatten(reduced), kind, call
         self.ledger.record(kind, stacked if isinstance(stacked, dict) else {"": stacked}, len(self.sites))
         if kind == "mean":
-            reduced = tmap(lambda x: x.mean(0), stacked) if self.dp is None else self.dp.mean(stacked, round_)
+            reduced = self.dp.mean(stacked, round_) if self.dp is not None else self._mean(stacked)
         elif kind == "gather":  # every site receives all sites' tensors, in client order
             reduced = stacked
         else:

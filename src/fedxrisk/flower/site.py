@@ -215,10 +215,10 @@ class SiteRunner:
         ready for ``communicate`` as the simulation's idle clients are) and the extra batches."""
         plan = self.plans[r]
         stream = self._stream()
-        if stream is not None:  # decode the round's steps ahead, as the simulation's stream does
+        if stream is not None and active:  # decode the round's steps ahead, as the simulation's stream does
             stream.start(sampler_requests(self.sampler, self.algorithm.uniforms_per_step, plan.window))
         mask = None if active else IDLE
-        next_batch = lambda step: self._batch(*self._draw())  # noqa: E731  (no instance-level DP on Flower)
+        next_batch = lambda step, rows: self._batch(*self._draw())  # noqa: E731  (no instance-level DP on Flower)
         self.state = one_round.local_steps(self.algorithm, self.engine, self.state, plan, next_batch, mask)
         last = r + 1 == len(self.plans)
         stage, round_ = one_round.extra_positions(self.algorithm, plan, last, self.aux_sampler.sample)

@@ -18,6 +18,7 @@ from fedxrisk.algorithms import ALGORITHMS, Algorithm
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.data.preprocessing import normalization, value_range
 from fedxrisk.engines import DistributedSimulation, Simulation
+from fedxrisk.engines.participation import participation_of
 from fedxrisk.problem import Problem
 from fedxrisk.run.assemble import assemble, assemble_model, data_facts, users_error, with_data_lr
 from fedxrisk.run.checks import CheckedConfig, checked
@@ -121,15 +122,18 @@ def build(
         parts.client_dp,
         parts.privacy,
     )
+    with users_error():  # data.clients_per_round against the data's number of clients
+        participation = participation_of(cfg, data.shard_sizes)
     if cfg.engine == "distributed":
         sim: Simulation = DistributedSimulation(
-            algorithm, data, schedule, batch_size, cfg.seed, cfg.device,
-            cfg.clients_per_rank, cfg.dist_timeout, privacy=client_dp, noise=instance_noise(cfg),
+            algorithm, data, schedule, batch_size, cfg.seed, cfg.device, cfg.clients_per_rank,
+            cfg.dist_timeout, privacy=client_dp, noise=instance_noise(cfg), participation=participation,
         )  # fmt: skip
     else:
         sim = Simulation(
             algorithm, data, schedule, batch_size, cfg.seed, cfg.engine, cfg.device, privacy=client_dp,
             noise=instance_noise(cfg), engine_options=chunking(cfg.engine, memory, data.num_clients),
+            participation=participation,
         )  # fmt: skip
     return Setup(cfg, data, algorithm.problem, algorithm, sim, choice, source, privacy)
 

@@ -170,7 +170,42 @@ def _local_steps(cfg: RunConfig) -> None:
         raise ConfigError(f"local_steps must be ≥ 1, got {cfg.local_steps}")
 
 
+PARTICIPATION = ("uniform", "weighted")
+
+
+def _participation(cfg: RunConfig) -> None:
+    """``data.clients_per_round`` (a count in [1, K] or a fraction in (0, 1]), ``data.participation``
+    and ``data.participation_seed``; client-level DP draws its participants itself (privacy.sampling_rate)."""
+    m = cfg.clients_per_round
+    if cfg.participation not in PARTICIPATION:
+        raise ConfigError(
+            f"participation must be one of {', '.join(PARTICIPATION)}, got {cfg.participation!r}"
+        )
+    if isinstance(cfg.participation_seed, int) and cfg.participation_seed < 0:
+        raise ConfigError(
+            f"participation_seed must be ≥ 0 (none: the run seed), got {cfg.participation_seed}"
+        )
+    if m is None:
+        return
+    if isinstance(m, int) and m < 1:
+        raise ConfigError(f"clients_per_round must be ≥ 1 (none: every client), got {m}")
+    if isinstance(m, int) and isinstance(cfg.clients, int) and m > cfg.clients:
+        raise ConfigError(
+            f"clients_per_round = {m} exceeds the {cfg.clients} clients (data.clients; on Flower set it to the "
+            f"number of sites); set at most {cfg.clients}"
+        )
+    if isinstance(m, float) and not 0.0 < m <= 1.0:
+        raise ConfigError(
+            f"clients_per_round = {m}: a fraction must lie in (0, 1] (a count is an integer); none: every client"
+        )
+    if cfg.privacy is not None:
+        raise ConfigError(
+            "data.clients_per_round with [privacy]: DP draws each round's clients itself from its secret "
+            "source; drop clients_per_round and set privacy.sampling_rate"
+        )
+
+
 CHECKS: tuple[Callable[[RunConfig], None], ...] = (
-    _local_steps, _server_keys, *(_server_value(k) for k in SERVER_KEYS), _personal_model, _validation_release,
+    _participation, _local_steps, _server_keys, *(_server_value(k) for k in SERVER_KEYS), _personal_model, _validation_release,
 )  # fmt: skip
 ALGORITHM_CHECKS: tuple[Callable[[RunConfig], None], ...] = (_task, _positives, _server_algorithm)

@@ -24,9 +24,11 @@ import torch
 
 from fedxrisk.algorithms import Algorithm
 from fedxrisk.data.types import describe_positive, positive_record
+from fedxrisk.engines.participation import PARTICIPATION_FILE, participation_csv
 from fedxrisk.engines.validation import federated_validation
 from fedxrisk.errors import RunFailure
 from fedxrisk.metrics import SURVIVAL_KEYS, is_survival
+from fedxrisk.outfiles import replace_atomic
 from fedxrisk.run.build import Setup
 from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState, selection_callbacks
 from fedxrisk.run.folder import (
@@ -150,6 +152,8 @@ def train(
         summary["early_stopping"] = {"patience": stopper.patience, "stopped_at_round": stopper.stopped_round}
     summary["resumed_at_rounds"] = resumed
     summary |= json_safe(sim.summary_extra())  # e.g. Flower's sites and deployment
+    if sim.participation is not None and primary:  # who took part (docs/participation.md)
+        summary["participation"] = record_participation(folder.path, sim.participation, sim.round)
     if failure is None or (failure.keeps_model and history):  # the models before the summary: it commits
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
         (params, buffers), personal = finish_personal(setup)  # fine-tunes the sites after the global model
@@ -171,6 +175,13 @@ def train(
         folder.save_final_state(_checkpoint(setup, callbacks, history, best, elapsed(), resumed))
     folder.drop_checkpoint()
     return RunResult(summary, history, folder.path)
+
+
+def record_participation(path: Any, participation: Any, rounds: int) -> dict[str, Any]:
+    """Write ``participation.csv`` (the clients of each round run) and return summary.json's record."""
+    text = participation_csv(participation, rounds)
+    replace_atomic(path / PARTICIPATION_FILE, lambda f: f.write(text))
+    return {**participation.describe(), "record": PARTICIPATION_FILE}
 
 
 def evaluates(cfg: Any, rounds_done: int, total: int) -> bool:

@@ -26,6 +26,13 @@ from fedxrisk.errors import ConfigError  # noqa: F401  (re-exported)
 DEFAULT_LOCAL_STEPS = 8
 # the config file's tables, in the order a config file lists them; RunConfig's fields follow it
 SECTION_ORDER = ("experiment", "data", "model", "algorithm", "engine")
+# the partial-participation settings at their defaults (every client, every round) are left out of
+# summaries and fingerprints, so runs without them stay as they were
+PARTICIPATION_DEFAULTS = (
+    ("clients_per_round", None),
+    ("participation", "uniform"),
+    ("participation_seed", None),
+)
 
 
 def setting(
@@ -97,6 +104,19 @@ class RunConfig:
     )
     test_imratio: float | None = setting(
         None, section="data", help="positive ratio of the test set; none: the test set's own prevalence"
+    )
+    clients_per_round: int | float | None = setting(
+        None, section="data", flag="--clients-per-round",
+        help="clients taking part in each round: a count m (an integer) or a fraction of K (a number "
+        "in (0, 1]); none: every client (docs/participation.md)",
+    )  # fmt: skip
+    participation: str = setting(
+        "uniform",
+        section="data",
+        help='how a round\'s clients are drawn: "uniform" or "weighted" by shard size',
+    )
+    participation_seed: int | None = setting(
+        None, section="data", help="seed of the clients drawn each round; none: the run seed"
     )
     batch_size: int = setting(32, section="data", help="samples per local step", flag="--batch-size")
     allow_missing_class: bool = setting(
@@ -244,7 +264,8 @@ class RunConfig:
         for key in ("privacy", "server"):  # summaries of runs without them stay as they were
             if out[key] is None:
                 del out[key]
-        for key, default in (("personal", "none"), ("finetune_steps", 0)):  # likewise without personalization
+        defaults = (("personal", "none"), ("finetune_steps", 0), *PARTICIPATION_DEFAULTS)
+        for key, default in defaults:  # likewise without personalization or partial participation
             if out[key] == default:
                 del out[key]
         return out

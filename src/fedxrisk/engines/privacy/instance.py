@@ -191,15 +191,19 @@ def poisson_batches(algorithm: Algorithm, source: Any, shard_sizes: Sequence[int
     return (source if source is not None else NoiseSource.secret(), list(shard_sizes))
 
 
-def private_batch(sim: Any, positions: np.ndarray, step: int) -> dict[str, torch.Tensor]:
-    """The batch of one DP-SGD step of ``sim``'s clients (a ``Simulation``): the records of the
-    padded Poisson ``positions``, ``mask``, ``denominator`` q_k n_k and ``noise`` for ``step``.
-    Every engine builds its DP batches here."""
+def private_batch(sim: Any, positions: np.ndarray, step: int, rows: Any = None) -> dict[str, torch.Tensor]:
+    """The batch of one DP-SGD step of ``sim``'s clients (a ``Simulation``; ``rows``: the round's
+    participants, None: all): the records of the padded Poisson ``positions``, ``mask``,
+    ``denominator`` q_k n_k and ``noise`` for ``step``. Every engine builds its DP batches here."""
     positions, mask = unpad(positions)
-    batch = masked_dummies(sim.local_data.batch(positions, sim.device), torch.from_numpy(mask))
+    batch = masked_dummies(sim.local_data.batch(positions, sim.device, rows), torch.from_numpy(mask))
     batch["mask"] = torch.from_numpy(mask).to(sim.device)
-    batch["denominator"] = torch.from_numpy(sim.sampler.expected).to(sim.device)
-    noise = step_noise(sim.sampler.source, step, sim.clients, sim.algorithm.noise_per_step)
+    expected, clients = sim.sampler.expected, sim.clients
+    if rows is not None:
+        picked = rows.cpu().numpy()
+        expected, clients = expected[picked], [clients[i] for i in picked]
+    batch["denominator"] = torch.from_numpy(expected).to(sim.device)
+    noise = step_noise(sim.sampler.source, step, clients, sim.algorithm.noise_per_step)
     return dict(batch, noise=noise.to(sim.device))
 
 

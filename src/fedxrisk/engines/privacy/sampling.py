@@ -8,6 +8,7 @@ engine, each picking its own rows) draws the same set.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +41,18 @@ class ClientSampling:
     def everyone(self) -> bool:
         return self.rate >= 1.0
 
-    def mask(self, source: NoiseSource | int, round_: int, num_clients: int) -> torch.Tensor:
+    def mask(
+        self,
+        source: NoiseSource | int,
+        round_: int,
+        num_clients: int,
+        weights: Sequence[float] | None = None,
+    ) -> torch.Tensor:
         """Bool ``[num_clients]``: who takes part in round ``round_`` (0-based); ``source``: the
-        run's noise source (an integer: :meth:`NoiseSource.reproducible` of it, for tests)."""
+        run's noise source (an integer: :meth:`NoiseSource.reproducible` of it, for tests).
+        ``weights`` (fixed sampling only; the non-DP ``data.participation = "weighted"``): draw the m
+        clients without replacement with probability ∝ weight, by the keys log(u_k)/w_k, the m
+        largest (Efraimidis & Spirakis 2006, A-Res); None: uniform, the m smallest u_k."""
         if self.everyone:
             return torch.ones(num_clients, dtype=torch.bool)
         if not isinstance(source, NoiseSource):
@@ -51,8 +61,13 @@ class ClientSampling:
         if self.kind == "poisson":
             return u < self.rate
         # fixed: the clients holding the m smallest of K uniforms (m without replacement)
+        order = (
+            torch.argsort(u)
+            if weights is None
+            else torch.argsort(u.log() / _weights(weights), descending=True)
+        )
         chosen = torch.zeros(num_clients, dtype=torch.bool)
-        chosen[torch.argsort(u)[: fixed_count(self.rate, num_clients)]] = True
+        chosen[order[: fixed_count(self.rate, num_clients)]] = True
         return chosen
 
     def denominator(self, num_clients: int, participants: int) -> float:
@@ -62,6 +77,13 @@ class ClientSampling:
         if self.kind == "poisson" and not self.everyone:
             return self.rate * num_clients
         return float(participants)
+
+
+def _weights(weights: Sequence[float]) -> torch.Tensor:
+    w = torch.as_tensor(list(weights), dtype=torch.float64)
+    if not bool((w > 0).all()):
+        raise ValueError("client sampling weights must all be > 0")
+    return w
 
 
 def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
