@@ -57,6 +57,8 @@ def _dirichlet_alpha(cfg: RunConfig) -> None:
 
 SELECTIONS = ("last", "best")
 MONITORS = ("val_auroc", "val_ap", "val_pauc30_norm", "val_pauc50_norm")  # engines/validation.py VAL_KEYS
+PERSONAL_MONITORS = ("mean", "worst", "weighted")  # engines/personal.py AGGREGATES
+SITE_MONITORS = tuple(f"site_{m}_{a}" for m in MONITORS for a in PERSONAL_MONITORS)  # site_validation
 
 
 def _validation(cfg: RunConfig) -> None:
@@ -71,8 +73,14 @@ def _validation(cfg: RunConfig) -> None:
 def _selection(cfg: RunConfig) -> None:
     """``selection``, ``monitor`` and ``early_stopping`` are known; the last two need validation data."""
     _choice("selection", cfg.selection, SELECTIONS)
+    _choice("personal_monitor", cfg.personal_monitor, PERSONAL_MONITORS)
     if cfg.monitor is not None:
-        _choice("monitor", cfg.monitor, MONITORS)
+        _choice("monitor", cfg.monitor, MONITORS + SITE_MONITORS)
+        if cfg.monitor in SITE_MONITORS and not cfg.sites_train_own_models():
+            raise ConfigError(
+                f"monitor {cfg.monitor!r} follows the sites' own models: it needs model.personal (or Ditto) "
+                "on an in-process engine; use a val_* monitor"
+            )
     if cfg.early_stopping < 0:
         raise ConfigError(f"early_stopping must be ≥ 0 (0: off), got {cfg.early_stopping}")
     needs = (
