@@ -234,7 +234,9 @@ def test_check_does_not_touch_the_config():
 
 
 def test_the_sections_round_trip_every_setting():
-    cfg = RunConfig(personal="bn", finetune_steps=1)  # to_dict leaves these two out at their defaults
+    cfg = RunConfig(
+        personal="bn", finetune_steps=1, personal_monitor="worst"
+    )  # to_dict leaves these out at their defaults
     doc = config_to_sections(cfg)
     assert set(doc) == set(SECTION_ORDER)
     assert {k for table in doc.values() for k in table} == {s.name for s in SETTINGS.values() if s.section}

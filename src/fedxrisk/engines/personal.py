@@ -147,13 +147,16 @@ def one_class_sites(data: FederatedData) -> list[int]:
     return [k for k, (pos, neg) in enumerate(data.client_counts()) if pos == 0 or neg == 0]
 
 
-def deployed_models(sim: Any, data: FederatedData) -> list[tuple[Tree, Tree]]:
+def deployed_models(
+    sim: Any, data: FederatedData, shared: tuple[Tree, Tree] | None = None
+) -> list[tuple[Tree, Tree]]:
     """What each site deploys: its own model (:func:`site_models`), except a site whose training
-    rows hold one class (:func:`one_class_sites`), which deploys the global model."""
+    rows hold one class (:func:`one_class_sites`), which deploys the global model ``shared``
+    (default: the simulation's global model now; after fine-tuning pass the one before it)."""
     models, fallback = site_models(sim), set(one_class_sites(data))
     if not fallback:
         return models
-    shared = sim.global_model()
+    shared = sim.global_model() if shared is None else shared
     return [shared if k in fallback else own for k, own in enumerate(models)]
 
 

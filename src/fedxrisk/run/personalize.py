@@ -34,6 +34,8 @@ from fedxrisk.run.build import Setup
 from fedxrisk.run.folder import RunFolder
 from fedxrisk.tree import Tree, tmap
 
+DEPLOYED = "_deployed_models"  # finish_personal's models, handed to save_site_models (not in summary.json)
+
 
 def ends_personal(cfg: Any, algorithm: Any) -> bool:
     """Whether a run of ``cfg`` with ``algorithm`` (an instance or its class) ends with one model per
@@ -64,16 +66,17 @@ def finish_personal(setup: Setup, selected: Any = None) -> tuple[tuple[Tree, Tre
         return global_model, sim.personal_summary()
     if selected is not None:
         sim.states = selected
+    shared = sim.global_model()  # model.pt: the selected (else last) global model, before fine-tuning
     fine_tune(sim, cfg.finetune_steps)
     if cfg.engine == "distributed" or not sim.is_primary:
         return global_model, None
     block: dict[str, Any] = {"personal": cfg.personal, "finetune_steps": cfg.finetune_steps}
     if selected is not None:
         block["from_round"] = "selected"
-    models, shared = deployed_models(sim, setup.data), sim.global_model()
+    models = deployed_models(sim, setup.data, shared)
     block |= site_metrics(setup.problem, models, shared, setup.data) | _site_val(setup, models, shared)
     block |= _global_model_sites(setup) | _below_chance_sites(setup, models)
-    return global_model, block
+    return global_model, block | {DEPLOYED: models}  # save_site_models writes and removes them
 
 
 def _site_val(setup: Setup, models: list[tuple[Tree, Tree]], shared: tuple[Tree, Tree]) -> dict[str, float]:
@@ -186,7 +189,9 @@ def save_site_models(setup: Setup, folder: RunFolder, block: dict[str, Any]) -> 
         return block
     data, shape = setup.data.data, setup.data.data.input_shape
     files = {}
-    for k, (params, buffers) in enumerate(deployed_models(setup.simulation, setup.data)):
+    block = dict(block)
+    models = block.pop(DEPLOYED, None) or deployed_models(setup.simulation, setup.data)
+    for k, (params, buffers) in enumerate(models):
         name = f"site_{k}.pt"
         files[name] = folder.save_model(
             setup.config.model, shape, setup.problem.num_labels, params, buffers, name, data.preprocessing
