@@ -8,6 +8,8 @@ disagree by construction.
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 import warnings
 
@@ -121,3 +123,25 @@ def test_a_site_model_below_chance_on_its_validation_is_flagged(opposite_sites):
     low = block["below_chance_sites"]
     assert [s["site"] for s in low] == [2] and low[0]["metric"] == "site_val_auroc"
     assert math.isclose(low[0]["value"], 1 - before["site_val_auroc_2"], abs_tol=1e-9)
+
+
+@pytest.mark.slow  # a tune (3 s)
+def test_tune_follows_the_sites_models_of_a_personalized_run(opposite_sites, tmp_path):
+    pytest.importorskip("optuna")
+    from click.testing import CliRunner
+
+    from fedxrisk.cli import main
+
+    out = tmp_path / "t"
+    args = ["tune", "-a", "localsgdm", "--dataset", "npz", "--data-dir", opposite_sites, "--clients", "4",
+            "--rounds", "2", "--eval-every", "1", "--trials", "1", "--no-prune", "-q", "--out", str(out),
+            "--set", "data.partition=source", "--set", "data.imratio=none", "--set", "model.personal=head",
+            "--set", "algorithm.stages=1", "--set", "experiment.personal_monitor=worst"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    best = json.loads((out / "best.json").read_text())
+    assert best["monitor"] == "site_val_auroc_worst"
+    rows = list(csv.DictReader((out / "trials" / "0000" / "history.csv").open()))
+    chosen = max(rows, key=lambda r: float(r["site_val_auroc_worst"]))
+    assert best["value"] == float(chosen["site_val_auroc_worst"])
+    assert best["value"] == min(float(chosen[f"site_val_auroc_{k}"]) for k in range(4))  # the worst site
