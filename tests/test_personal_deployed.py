@@ -55,6 +55,10 @@ def test_a_personalized_run_monitors_its_sites_by_default_and_a_declared_aggrega
     assert _config("x", monitor="val_auroc").resolved_monitor() == "val_auroc"  # the global model, declared
     assert _config("x", personal="none").resolved_monitor() == "val_auroc"
     assert RunConfig(algorithm="ditto").resolved_monitor() == "site_val_auroc_mean"  # Ditto's v per site
+    dp = {"level": "instance", "clip": 1.0, "noise_multiplier": 1.0}
+    assert _config("x", privacy=dp).resolved_monitor() == "val_auroc"  # DP: the released global validation
+    with pytest.raises(ConfigError, match="not released through DP"):
+        checked(_config("x", privacy=dp, monitor="site_val_auroc_mean"))
     with pytest.raises(ConfigError, match="personal_monitor"):
         checked(_config("x", personal_monitor="median"))
     with pytest.raises(ConfigError, match="needs model.personal"):
@@ -145,3 +149,26 @@ def test_tune_follows_the_sites_models_of_a_personalized_run(opposite_sites, tmp
     chosen = max(rows, key=lambda r: float(r["site_val_auroc_worst"]))
     assert best["value"] == float(chosen["site_val_auroc_worst"])
     assert best["value"] == min(float(chosen[f"site_val_auroc_{k}"]) for k in range(4))  # the worst site
+
+
+@pytest.mark.slow  # three runs
+def test_a_resumed_run_keeps_the_selected_sites_models(opposite_sites, tmp_path):
+    """The sites' states of the selected round travel in the checkpoint: a run cut after round 3
+    (checkpoint at round 2, the selected one) and resumed writes the same site_<k>.pt."""
+    from fedxrisk.run.callbacks import Callback
+    from fedxrisk.run.recipes import resume_experiment
+
+    class Cut(Callback):
+        def on_round_end(self, row, state) -> None:
+            if state.round == 3:
+                raise KeyboardInterrupt
+
+    cfg = _config(opposite_sites, selection="best", seed=0, checkpoint_every=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = run_experiment(cfg, tmp_path / "full")
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(cfg, tmp_path / "cut", callbacks=[Cut()])
+        resumed = resume_experiment(tmp_path / "cut")
+    assert full.summary["selected"]["round"] == resumed.summary["selected"]["round"] == 2
+    assert full.summary["personal"]["site_models"] == resumed.summary["personal"]["site_models"]

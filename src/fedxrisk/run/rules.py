@@ -81,6 +81,11 @@ def _selection(cfg: RunConfig) -> None:
                 f"monitor {cfg.monitor!r} follows the sites' own models: it needs model.personal (or Ditto) "
                 "on an in-process engine; use a val_* monitor"
             )
+        if cfg.monitor in SITE_MONITORS and cfg.privacy is not None:
+            raise ConfigError(
+                f"monitor {cfg.monitor!r} under [privacy]: the sites' validation values are not released "
+                "through DP, so choosing on them would spend privacy ε does not count; use a val_* monitor"
+            )
     if cfg.early_stopping < 0:
         raise ConfigError(f"early_stopping must be ≥ 0 (0: off), got {cfg.early_stopping}")
     needs = (

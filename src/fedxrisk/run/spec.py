@@ -240,12 +240,14 @@ class RunConfig:
     def resolved_monitor(self) -> str:
         """The column selection, early stopping and ``tune`` follow: ``monitor``, else the algorithm's
         ``val_*``; in a run whose sites train their own models (``model.personal``, Ditto; not the
-        distributed engine) ``site_val_<metric>_<personal_monitor>``: the sites' own models on their
-        own validation rows (engines/personal.py ``site_validation``)."""
+        distributed engine, not under DP) ``site_val_<metric>_<personal_monitor>``: the sites' own
+        models on their own validation rows (engines/personal.py ``site_validation``). Under DP
+        selection stays on the released global validation, so model.pt keeps its ε."""
         if self.monitor is not None:
             return self.monitor
         base = (algorithm(self.algorithm) or {}).get("monitor", "val_auroc")
-        return f"site_{base}_{self.personal_monitor}" if self.sites_train_own_models() else base
+        own = self.sites_train_own_models() and self.privacy is None
+        return f"site_{base}_{self.personal_monitor}" if own else base
 
     def sites_train_own_models(self) -> bool:
         """The sites' models differ during training and are all scored in this process."""
