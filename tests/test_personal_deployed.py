@@ -83,6 +83,10 @@ def test_selection_follows_the_sites_models_where_the_global_model_disagrees(opp
     for k in range(4):
         assert block[f"site_val_auroc_{k}"] == row[f"site_val_auroc_{k}"]
     assert block["site_val_auroc_mean"] == selected["value"] != history[-1]["site_val_auroc_mean"]
+    headline = result.summary["deployed"]  # the deployed models' numbers beside the global model's
+    assert headline["val_auroc_mean"] == selected["value"] > headline["global_val_auroc_mean"]
+    assert headline["test_auroc_mean"] == block["personal_auroc_mean"]
+    assert headline["worst_site_test_auroc"] == min(block[f"site_auroc_{k}"] for k in range(4))
     # model.pt (the global model) ranks below chance on validation: flagged as such
     assert result.summary["below_chance"]["metric"] == "val_auroc"
     assert result.summary["below_chance"]["value"] == row["val_auroc"] < 0.5

@@ -31,6 +31,7 @@ from fedxrisk.run.callbacks import BestModel, Callback, EarlyStopping, LoopState
 from fedxrisk.run.folder import HISTORY_FIELDS, LAST_MODEL, MODEL, PAUC_KEYS, RunFolder, RunResult, json_safe
 from fedxrisk.run.identity import fingerprint
 from fedxrisk.run.personalize import (
+    deployed_headline,
     finish_personal,
     personal_fields,
     personal_row,
@@ -151,6 +152,7 @@ def train(
         )  # fine-tunes the sites after the global model
         if personal is not None:
             summary["personal"] = json_safe(save_site_models(setup, folder, personal))
+            summary["deployed"] = json_safe(deployed_headline(summary["personal"]))
         params, buffers = (params, buffers) if primary else ({}, {})
         prep = setup.data.data.preprocessing
         if chosen is not None and chosen.params is not None:

@@ -197,3 +197,22 @@ def save_site_models(setup: Setup, folder: RunFolder, block: dict[str, Any]) -> 
             setup.config.model, shape, setup.problem.num_labels, params, buffers, name, data.preprocessing
         )
     return block | {"site_models": files}
+
+
+def deployed_headline(block: dict[str, Any]) -> dict[str, Any]:
+    """summary.json ``deployed``: the numbers of the models the sites deploy (``site_<k>.pt``; a
+    one-class site: the global model) beside the global model's at the same sites, from ``block``
+    (summary.json ``personal``): means over the sites, and the worst site's test AUROC."""
+    sites = sorted(int(k.rsplit("_", 1)[1]) for k in block if k.startswith("site_auroc_"))
+    own = [block[f"site_auroc_{k}"] for k in sites if isinstance(block[f"site_auroc_{k}"], float)]
+    own = [v for v in own if math.isfinite(v)]
+    return {
+        "models": "each site's own model (site_<k>.pt); a site holding one class: the global model",
+        "test_auroc_mean": block.get("personal_auroc_mean"),
+        "global_test_auroc_mean": block.get("global_site_auroc_mean"),
+        "worst_site_test_auroc": min(own) if own else math.nan,
+        "val_auroc_mean": block.get("site_val_auroc_mean", math.nan),
+        "global_val_auroc_mean": block.get("global_site_val_auroc_mean", math.nan),
+        "global_model_sites": block.get("global_model_sites", []),
+        "below_chance_sites": block.get("below_chance_sites", []),
+    }
