@@ -75,7 +75,8 @@ def _selection(cfg: RunConfig) -> None:
     _choice("selection", cfg.selection, SELECTIONS)
     _choice("personal_monitor", cfg.personal_monitor, PERSONAL_MONITORS)
     if cfg.monitor is not None:
-        _choice("monitor", cfg.monitor, MONITORS + SITE_MONITORS)
+        if cfg.monitor not in SITE_MONITORS:  # site_<val_*>_<aggregate>: docs/personalization.md
+            _choice("monitor", cfg.monitor, MONITORS)
         if cfg.monitor in SITE_MONITORS and not cfg.sites_train_own_models():
             raise ConfigError(
                 f"monitor {cfg.monitor!r} follows the sites' own models: it needs model.personal (or Ditto) "
