@@ -64,6 +64,7 @@ def finish_personal(setup: Setup, selected: Any = None) -> tuple[tuple[Tree, Tre
         return global_model, None
     if remote_sites(setup):  # the sites fine-tuned and scored themselves; their models stay there
         return global_model, sim.personal_summary()
+    last = sim.states
     if selected is not None:
         sim.states = selected
     shared = sim.global_model()  # model.pt: the selected (else last) global model, before fine-tuning
@@ -71,9 +72,10 @@ def finish_personal(setup: Setup, selected: Any = None) -> tuple[tuple[Tree, Tre
     if cfg.engine == "distributed" or not sim.is_primary:
         return global_model, None
     block: dict[str, Any] = {"personal": cfg.personal, "finetune_steps": cfg.finetune_steps}
-    if selected is not None:
-        block["from_round"] = "selected"
     models = deployed_models(sim, setup.data, shared)
+    if selected is not None:  # final_state.pt keeps the last round's states: an extension goes on from there
+        block["from_round"] = "selected"
+        sim.states = last
     block |= site_metrics(setup.problem, models, shared, setup.data) | _site_val(setup, models, shared)
     block |= _global_model_sites(setup) | _below_chance_sites(setup, models)
     return global_model, block | {DEPLOYED: models}  # save_site_models writes and removes them
