@@ -235,8 +235,9 @@ def test_check_does_not_touch_the_config():
 
 def test_the_sections_round_trip_every_setting():
     cfg = RunConfig(  # to_dict leaves these out at their defaults
-        personal="bn", finetune_steps=1, clients_per_round=2, participation="weighted", participation_seed=1
-    )
+        personal="bn", finetune_steps=1, personal_monitor="worst", clients_per_round=2, participation="weighted",
+        participation_seed=1,
+    )  # fmt: skip
     doc = config_to_sections(cfg)
     assert set(doc) == set(SECTION_ORDER)
     assert {k for table in doc.values() for k in table} == {s.name for s in SETTINGS.values() if s.section}

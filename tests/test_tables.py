@@ -84,6 +84,6 @@ def test_the_closing_table_names_the_server_optimizer_personalization_and_each_s
     cli_run._print_summary(summary, "runs/x")
     text = capsys.readouterr().out
     assert "localsgdm + server adam (lr 0.01) + personal head + fine-tuned 5 steps on heart_disease" in text
-    assert "site 0 (cleveland) AUROC: own model / global" in text and "0.9100 / 0.8500" in text
+    assert "site 0 (cleveland) AUROC: deployed model / global" in text and "0.9100 / 0.8500" in text
     assert "site 1 (va)" in text and "0.6200 / 0.7000" in text
     assert "0.7650 (global model at the sites: 0.7750)" in text

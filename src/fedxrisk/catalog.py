@@ -94,6 +94,7 @@ def _entry(cls: Any) -> dict[str, Any]:
         "window": cls.fixed_window,
         "monitor": cls.monitor,
         "task": cls.task,
+        **({"personal_model": True} if hasattr(cls, "personal_model") else {}),  # Ditto: a model per site
         "hyperparameters": {k: _jsonable(v) for k, v in defaults.items()},
         "types": {k: type_name(hints.get(k, type(v) if v is not None else Any)) for k, v in defaults.items()},
         "search_space": search_space(cls.default_lr, defaults, cls.name),

@@ -20,6 +20,19 @@ Conventions and deviations (also in docs/scgdam.md):
   takes ∇g ≈ I (the named first-order variant).
 - With ``loss="aucm"`` α is projected onto α ≥ 0 after its step (Alg. 1 uses the
   square loss, α free, and has no projection).
+- ``prior`` (issue 42): the p of each site's outer function f^(k) (eq. 1's "prior probability of
+  the positive class") is the site's own training share p_k by default (``"site"``), so f^(k) is
+  the AUC min-max loss of the site's distribution D^(k), as eq. (4) defines f^(k). The paper's
+  experiments give every device the same ratio, where the two readings agree. ``"run"`` is the
+  previous behaviour: the run's p (``pos_ratio_mode``, the pooled share by default) at every site.
+  Why: eq. (4) averages the sites' f^(k) with equal weights, so with one pooled p the saddle point
+  is α* = (p(1−q̄)·s̄₋ − (1−p)·q̄·s̄₊)/(p(1−p)), q̄ the mean of the sites' positive shares. Under
+  label skew small sites hold most of the positive share (16 Dirichlet(0.5) sites at 1 % positives:
+  q̄ ≈ 5p), so α* < −1, the term 2(1 + α)(p·s·1[y=0] − (1−p)·s·1[y=1]) changes sign and minimizing
+  it over w *lowers* the positives' scores: test AUROC 0.05–0.27 on 3 of 4 seeds (cover, 0.96 %:
+  0.053 and 0.266; test ``test_localscgdam_does_not_invert_at_one_percent_positives``). With p_k each
+  site's α*_k = E_k[s|y=0] − E_k[s|y=1] ∈ [−1, 1] and their p_k(1−p_k)-weighted mean is too. Class-aware
+  batches (p = P/B) and ``pos_ratio_mode = "batch"`` still set p per batch under either prior.
 - ``stabilize`` (issue 33): the steps of a, b and α are capped at 1/ℓ, ℓ their exact curvature
   on the batch, and a, b, α are projected onto [0, 1], [0, 1] and α's interval after each step,
   as in CODA+ (why: :mod:`fedxrisk.objectives.auc`); the network's step is unchanged. On by
@@ -76,6 +89,9 @@ def stabilized(x: dict[str, Any], alpha, batch: Batch, p, lr: float, old: dict[s
     return x, alpha.clamp(*alpha_bounds(loss, margin))
 
 
+PRIORS = ("site", "run")
+
+
 def _check_loss(loss: str) -> None:
     if loss not in AUC_LOSSES:
         raise ValueError(f"loss must be one of {sorted(AUC_LOSSES)}, got {loss!r}")
@@ -104,8 +120,13 @@ class LocalSCGDAM(Algorithm):
     margin: float = 1.0  # AUCM margin
     first_order: bool = False  # ∇g ≈ I instead of the exact Hessian-vector product
     stabilize: bool = False  # a, b, α: steps ≤ 1/curvature, projected onto their domains (module doc)
+    prior: str = "site"  # p of f^(k): "site" (the site's own positive share) | "run" (module doc)
 
     def check_hyperparameters(self) -> None:
+        if self.prior not in PRIORS:
+            raise ValueError(
+                f"prior must be one of {PRIORS} (the p of each site's AUC loss), got {self.prior!r}"
+            )
         if self.rho <= 0:
             raise ValueError(f"rho (the inner cross-entropy step ρ) must be > 0, got {self.rho}")
         for name in ("gamma_x", "gamma_y", "beta_x", "beta_y", "alpha_h"):
@@ -132,9 +153,15 @@ class LocalSCGDAM(Algorithm):
             "u": zeros_like(x),
             "v": zero.clone(),
             "buffers": buffers,
-            "p": torch.tensor(self.problem.client_pos_ratio(client.pos_ratio)),
+            "p": torch.tensor(self._prior(client)),
             "loss": torch.zeros(()),
         }
+
+    def _prior(self, client: ClientInfo) -> float | list[float]:
+        """The p of this site's f^(k): its own positive share (``prior = "site"``) or the run's."""
+        if self.prior == "site" and self.problem.sampled_pos_ratio is None:
+            return client.pos_ratio
+        return self.problem.client_pos_ratio(client.pos_ratio)
 
     # -- the stochastic (compositional) gradients ------------------------------
     def inner(self, x, buffers, batch: Batch):

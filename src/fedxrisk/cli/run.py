@@ -249,12 +249,19 @@ def _deployed_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         name = f"site {k}" + (f" ({sites[k]})" if k < len(sites) else "")
         own, shared = block[f"site_auroc_{k}"], block.get(f"site_global_auroc_{k}")
-        rows.append((f"{name} AUROC: own model / global", f"{_fmt(own)} / {_fmt(shared)}"))
+        text = f"{_fmt(own)} / {_fmt(shared)}"
+        if f"site_val_auroc_{k}" in block:  # the same pair on the site's validation rows
+            text += f" (validation {_fmt(block[f'site_val_auroc_{k}'])} / {_fmt(block[f'site_global_val_auroc_{k}'])})"
+        if k in (block.get("global_model_sites") or []):
+            text += " — one class in training: deploys the global model"
+        rows.append((f"{name} AUROC: deployed model / global", text))
     if "personal_auroc_mean" in block:
         rows.append(
-            ("sites' own models, mean AUROC", f"{_fmt(block['personal_auroc_mean'])} "
+            ("sites' deployed models, mean AUROC", f"{_fmt(block['personal_auroc_mean'])} "
              f"(global model at the sites: {_fmt(block.get('global_site_auroc_mean'))})")
         )  # fmt: skip
+    for low in block.get("below_chance_sites") or []:
+        rows.append((f"site {low['site']} BELOW CHANCE", f"{low['metric']} {_fmt(low['value'])}"))
     return rows
 
 

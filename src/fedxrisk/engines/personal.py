@@ -5,6 +5,11 @@ alone) runs ``steps`` more local steps of the algorithm on
 every client, with no communication, at the last round's step size; each client keeps its
 fine-tuned model in the simulation's state. With 0 steps nothing changes.
 
+A site whose training data hold one class deploys the global model (:func:`deployed_models`): a
+head (or a fine-tuned or Ditto model) trained on one class has no ranking to learn and can invert
+it (issue 42). Each site's own model is also scored on that site's validation rows every evaluation
+(:func:`site_validation`), so selection and tuning can follow the models the sites deploy.
+
 A personalized run (``Problem.personal``, fine-tuning) has one model per site. Each is
 evaluated on that site's own test rows when the clients are natural sites
 (``partition = 'source'`` and a reader that kept the test rows' sites,
@@ -23,7 +28,7 @@ import numpy as np
 from fedxrisk.algorithms.base import StepContext
 from fedxrisk.algorithms.schedule import RoundPlan
 from fedxrisk.data.federated import FederatedData
-from fedxrisk.metrics import auroc, average_precision, predict
+from fedxrisk.metrics import PAUC_FPRS, auroc, average_precision, partial_auroc, predict
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, index
 
@@ -129,3 +134,62 @@ def site_metrics(
 def personal_evaluation(sim: Any, problem: Problem, data: FederatedData) -> dict[str, float]:
     """:func:`site_metrics` of a (single-process) simulation's site models and global model."""
     return site_metrics(problem, site_models(sim), sim.global_model(), data)
+
+
+AGGREGATES = ("mean", "worst", "weighted")  # how the sites' validation values become one monitor
+SITE_VAL_METRICS = ("auroc", "ap", *(f"{name}_norm" for name in PAUC_FPRS))
+
+
+def one_class_sites(data: FederatedData) -> list[int]:
+    """The clients whose training rows hold one class only (binary labels; none for multi-label)."""
+    if data.data.y_train.dim() == 2:
+        return []
+    return [k for k, (pos, neg) in enumerate(data.client_counts()) if pos == 0 or neg == 0]
+
+
+def deployed_models(
+    sim: Any, data: FederatedData, shared: tuple[Tree, Tree] | None = None
+) -> list[tuple[Tree, Tree]]:
+    """What each site deploys: its own model (:func:`site_models`), except a site whose training
+    rows hold one class (:func:`one_class_sites`), which deploys the global model ``shared``
+    (default: the simulation's global model now; after fine-tuning pass the one before it)."""
+    models, fallback = site_models(sim), set(one_class_sites(data))
+    if not fallback:
+        return models
+    shared = sim.global_model() if shared is None else shared
+    return [shared if k in fallback else own for k, own in enumerate(models)]
+
+
+def site_validation_fields(num_sites: int) -> tuple[str, ...]:
+    """history.csv's per-site validation columns: the aggregates, then each site's own-model AUROC."""
+    aggregates = [f"site_val_{m}_{a}" for m in SITE_VAL_METRICS for a in AGGREGATES]
+    return (*aggregates, *(f"site_val_auroc_{k}" for k in range(num_sites)))
+
+
+def site_validation(
+    problem: Problem, models: list[tuple[Tree, Tree]], data: FederatedData
+) -> dict[str, float]:
+    """Each site's own model on its own validation rows: ``site_val_auroc_<k>``, and per metric
+    (AUROC, AP, normalized pAUC) the ``mean`` over sites, the ``worst`` site and the mean
+    ``weighted`` by validation rows, over the sites whose rows hold both classes (NaN: none)."""
+    if data.val_shards is None or data.data.x_val is None or data.data.y_val is None:
+        return dict.fromkeys(site_validation_fields(len(models)), math.nan)
+    y_all = data.data.y_val.numpy()
+    per_site: list[dict[str, float]] = []
+    for (params, buffers), rows in zip(models, data.val_shards, strict=True):
+        y = y_all[rows]
+        s = predict(problem, params, buffers, data.data.x_val[rows]) if len(rows) else np.zeros(0)
+        one = {"auroc": auroc(y, s), "ap": average_precision(y, s)}
+        one |= {f"{n}_norm": partial_auroc(y, s, fpr) for n, fpr in PAUC_FPRS.items()}
+        per_site.append(one | {"rows": float(len(rows))})
+    out = {f"site_val_auroc_{k}": site["auroc"] for k, site in enumerate(per_site)}
+    for metric in SITE_VAL_METRICS:
+        valid = [(site[metric], site["rows"]) for site in per_site if not math.isnan(site[metric])]
+        values = np.array([v for v, _ in valid])
+        weights = np.array([w for _, w in valid])
+        out[f"site_val_{metric}_mean"] = float(values.mean()) if valid else math.nan
+        out[f"site_val_{metric}_worst"] = float(values.min()) if valid else math.nan
+        out[f"site_val_{metric}_weighted"] = (
+            float((values * weights).sum() / weights.sum()) if valid else math.nan
+        )
+    return out

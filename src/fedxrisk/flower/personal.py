@@ -70,6 +70,12 @@ def check_flower_personal(run: Any) -> None:
             "choose on the server's global model, whose personal entries are untrained (the server never "
             "receives them); use selection = 'last' and read the sites' numbers"
         )
+    if run.resolved_monitor().startswith("site_") and (run.selection == "best" or run.early_stopping):
+        raise ConfigError(
+            f"selection = 'best' / early-stopping on {run.resolved_monitor()!r} on Flower: the sites do not "
+            "report their own models' validation yet; set experiment.monitor = 'val_auroc' (the global "
+            "model) or selection = 'last'"
+        )
 
 
 class FlowerPersonal:

@@ -37,6 +37,7 @@ class LoopState:
     should_stop: bool = False
     global_model: Callable[[], tuple[Tree, Tree]] | None = None  # the current (params, buffers)
     positive: str = ""  # the positive class(es), one line (data.types.describe_positive)
+    site_states: Callable[[], Any] | None = None  # a copy of every site's state (a personalized run)
 
 
 class Callback:
@@ -136,8 +137,10 @@ def improves(new: float, old: float) -> bool:
 
 class BestModel(Callback):
     """Keeps the model of the evaluation with the highest ``monitor`` (a ``val_*`` column; the
-    first of equal values) and that row: ``selection = "best"`` writes it as ``model.pt``.
-    Its state (value, round, row, weights) goes into the checkpoint, so a resumed run keeps it."""
+    first of equal values) and that row: ``selection = "best"`` writes it as ``model.pt``; in a
+    personalized run also every site's state then (``state.site_states``), from which the sites'
+    models and their fine-tuning start. Its state (value, round, row, weights) goes into the
+    checkpoint, so a resumed run keeps it."""
 
     all_ranks = True
 
@@ -147,6 +150,7 @@ class BestModel(Callback):
         self.row: dict[str, Any] | None = None
         self.params: Tree | None = None
         self.buffers: Tree | None = None
+        self.states: Any = None
 
     def on_evaluation(self, row: dict[str, Any], state: LoopState) -> None:
         value = float(row.get(self.monitor, math.nan))
@@ -157,16 +161,19 @@ class BestModel(Callback):
             params, buffers = state.global_model()
             self.params = {k: v.detach().cpu().clone() for k, v in params.items()}
             self.buffers = {k: v.detach().cpu().clone() for k, v in buffers.items()}
+        if state.primary and state.site_states is not None:
+            self.states = state.site_states()
 
     def state_dict(self) -> dict[str, Any]:
         if self.row is None:
             return {}
         return {"monitor": self.monitor, "value": self.value, "row": self.row, "params": self.params,
-                "buffers": self.buffers}  # fmt: skip
+                "buffers": self.buffers, **({"states": self.states} if self.states is not None else {})}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.value, self.row = state["value"], state["row"]
         self.params, self.buffers = state["params"], state["buffers"]
+        self.states = state.get("states")
 
 
 class EarlyStopping(Callback):

@@ -42,7 +42,14 @@ from fedxrisk.run.folder import (
     json_safe,
 )
 from fedxrisk.run.identity import fingerprint
-from fedxrisk.run.personalize import finish_personal, personal_fields, personal_row, save_site_models
+from fedxrisk.run.personalize import (
+    deployed_headline,
+    finish_personal,
+    personal_fields,
+    personal_row,
+    save_site_models,
+    site_snapshot,
+)
 from fedxrisk.run.privacy_outputs import (
     SITE_DATA_NOTE,
     model_mark,
@@ -90,6 +97,7 @@ def train(
     folder.write_history(history)  # drops rows evaluated after the checkpoint
     state = LoopState(cfg, folder.path, len(sim.plans), sim.round, history, primary, False, sim.global_model)
     state.positive = describe_positive(setup.data.data)
+    state.site_states = site_snapshot(setup)  # selection keeps the sites' states too
     for cb in callbacks:
         cb.on_start(state)
 
@@ -156,9 +164,13 @@ def train(
         summary["participation"] = record_participation(folder.path, sim.participation, sim.round)
     if failure is None or (failure.keeps_model and history):  # the models before the summary: it commits
         shape, labels = setup.data.data.input_shape, setup.problem.num_labels
-        (params, buffers), personal = finish_personal(setup)  # fine-tunes the sites after the global model
+        states = chosen.states if chosen is not None and chosen.row is not None else None
+        (params, buffers), personal = finish_personal(
+            setup, states
+        )  # fine-tunes the sites after the global model
         if personal is not None:
             summary["personal"] = json_safe(save_site_models(setup, folder, personal))
+            summary["deployed"] = json_safe(deployed_headline(summary["personal"]))
         params, buffers = (params, buffers) if primary else ({}, {})
         prep = setup.data.data.preprocessing
         if chosen is not None and chosen.params is not None:
@@ -195,7 +207,10 @@ def below_chance(selected: dict[str, Any] | None, final: dict[str, Any]) -> dict
     kept in summary.json (``below_chance``: of what, which metric, its value, the warning) — the
     selected model's own validation AUROC, else the final model's validation AUROC, else (no
     validation) its mean AUROC on the clients' own training shards. The test set is never used."""
-    if selected and selected.get("selection") == "best" and "auroc" in str(selected.get("monitor")):
+    if selected and selected.get("selection") == "best" and str(selected.get("monitor")).startswith("site_"):
+        of, metric, value = "selected", "val_auroc", selected.get("global_val_auroc")  # model.pt itself
+        where = "on the validation data (the global model, model.pt; the sites' models: personal.below_chance_sites)"
+    elif selected and selected.get("selection") == "best" and "auroc" in str(selected.get("monitor")):
         of, metric, value, where = (
             "selected",
             selected["monitor"],
@@ -238,6 +253,7 @@ def selected_record(cfg, history: list[dict[str, Any]], chosen: BestModel | None
         "value": row.get(monitor, math.nan),
         **{k: row[k] for k in keys if k in row},
         **({"note": f"no finite {monitor}: the last model"} if fallback else {}),
+        **({"global_val_auroc": row.get("val_auroc", math.nan)} if monitor.startswith("site_") else {}),
     }
 
 

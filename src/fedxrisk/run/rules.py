@@ -63,6 +63,9 @@ MONITORS = (
     "val_pauc50_norm",
     "val_cindex",
 )  # engines/validation.py VAL_KEYS
+BINARY_MONITORS = MONITORS[:4]  # a site monitor: personalization is a binary task's
+PERSONAL_MONITORS = ("mean", "worst", "weighted")  # engines/personal.py AGGREGATES
+SITE_MONITORS = tuple(f"site_{m}_{a}" for m in BINARY_MONITORS for a in PERSONAL_MONITORS)  # site_validation
 
 
 def _validation(cfg: RunConfig) -> None:
@@ -77,8 +80,20 @@ def _validation(cfg: RunConfig) -> None:
 def _selection(cfg: RunConfig) -> None:
     """``selection``, ``monitor`` and ``early_stopping`` are known; the last two need validation data."""
     _choice("selection", cfg.selection, SELECTIONS)
+    _choice("personal_monitor", cfg.personal_monitor, PERSONAL_MONITORS)
     if cfg.monitor is not None:
-        _choice("monitor", cfg.monitor, MONITORS)
+        if cfg.monitor not in SITE_MONITORS:  # site_<val_*>_<aggregate>: docs/personalization.md
+            _choice("monitor", cfg.monitor, MONITORS)
+        if cfg.monitor in SITE_MONITORS and not cfg.sites_train_own_models():
+            raise ConfigError(
+                f"monitor {cfg.monitor!r} follows the sites' own models: it needs model.personal (or Ditto) "
+                "on an in-process engine; use a val_* monitor"
+            )
+        if cfg.monitor in SITE_MONITORS and cfg.privacy is not None:
+            raise ConfigError(
+                f"monitor {cfg.monitor!r} under [privacy]: the sites' validation values are not released "
+                "through DP, so choosing on them would spend privacy ε does not count; use a val_* monitor"
+            )
     if cfg.early_stopping < 0:
         raise ConfigError(f"early_stopping must be ≥ 0 (0: off), got {cfg.early_stopping}")
     needs = (

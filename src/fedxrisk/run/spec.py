@@ -75,6 +75,12 @@ class RunConfig:
         section="experiment",
         help="the val_* column selection and early stopping follow; none: the algorithm's",
     )
+    personal_monitor: str = setting(
+        "mean",
+        section="experiment",
+        help="a personalized run chooses on its sites' own models: mean | worst | weighted (by validation "
+        "rows) of their validation values; docs/personalization.md",
+    )
     early_stopping: int = setting(
         0, section="experiment", help="stop after this many evaluations without improvement (0: off)"
     )
@@ -252,10 +258,21 @@ class RunConfig:
         return (algorithm(self.algorithm) or {}).get("default_lr", 0.1)
 
     def resolved_monitor(self) -> str:
-        """The ``val_*`` column selection and early stopping follow: ``monitor``, else the algorithm's."""
+        """The column selection, early stopping and ``tune`` follow: ``monitor``, else the algorithm's
+        ``val_*``; in a run whose sites train their own models (``model.personal``, Ditto; not the
+        distributed engine, not under DP) ``site_val_<metric>_<personal_monitor>``: the sites' own
+        models on their own validation rows (engines/personal.py ``site_validation``). Under DP
+        selection stays on the released global validation, so model.pt keeps its ε."""
         if self.monitor is not None:
             return self.monitor
-        return (algorithm(self.algorithm) or {}).get("monitor", "val_auroc")
+        base = (algorithm(self.algorithm) or {}).get("monitor", "val_auroc")
+        own = self.sites_train_own_models() and self.privacy is None
+        return f"site_{base}_{self.personal_monitor}" if own else base
+
+    def sites_train_own_models(self) -> bool:
+        """The sites' models differ during training and are all scored in this process."""
+        ditto = bool((algorithm(self.algorithm) or {}).get("personal_model"))
+        return (self.personal != "none" or ditto) and self.engine != "distributed"
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -264,7 +281,12 @@ class RunConfig:
         for key in ("privacy", "server"):  # summaries of runs without them stay as they were
             if out[key] is None:
                 del out[key]
-        defaults = (("personal", "none"), ("finetune_steps", 0), *PARTICIPATION_DEFAULTS)
+        defaults = (
+            ("personal", "none"),
+            ("finetune_steps", 0),
+            ("personal_monitor", "mean"),
+            *PARTICIPATION_DEFAULTS,
+        )
         for key, default in defaults:  # likewise without personalization or partial participation
             if out[key] == default:
                 del out[key]
