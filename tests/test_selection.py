@@ -175,8 +175,8 @@ def test_training_never_draws_a_validation_sample(engine, monkeypatch):
     drawn: list[torch.Tensor] = []
     real = type(setup.data).batch
 
-    def spy(self, positions, device="cpu"):
-        out = real(self, positions, device)
+    def spy(self, positions, device="cpu", rows=None):
+        out = real(self, positions, device, rows)
         drawn.append(out["x"].flatten(0, 1).flatten(1))
         return out
 
