@@ -328,3 +328,25 @@ def test_tune_maximises_the_validation_c_index(tcga, tmp_path):
     trial = json.loads((out / best["folder"] / "summary.json").read_text())
     assert best["monitor"] == "val_cindex" and trial["selected"]["monitor"] == "val_cindex"
     assert best["value"] == pytest.approx(trial["selected"]["value"])
+
+
+@pytest.mark.slow  # two CLI runs with the accountant
+def test_a_survival_run_under_client_dp_trains_finite_reports_epsilon_and_draws_secret_noise(tcga, tmp_path):
+    """Client-level DP with selection = last (the C-index validation release is not private): the
+    run finishes with finite weights and an ε, and two runs of one config add different noise."""
+    import torch
+
+    root, _ = tcga
+    models = []
+    for name in ("a", "b"):
+        args = ["run", "--dataset", "tcga_brca", "--data-dir", str(root), "-a", "fedavg_cox", "--rounds", "2",
+                "--set", "data.partition=source", "--clients", "6", "--set", "privacy.level='client'",
+                "--set", "privacy.clip=1", "--set", "privacy.noise_multiplier=1", "--out", str(tmp_path / name), "-q"]  # fmt: skip
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["privacy"]["epsilon"] > 0 and "test_cindex" in summary
+        state = torch.load(tmp_path / name / "model.pt", weights_only=True)["params"]
+        assert all(torch.isfinite(t).all() for t in state.values())
+        models.append(state)
+    assert any(not torch.equal(models[0][k], models[1][k]) for k in models[0])

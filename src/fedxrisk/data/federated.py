@@ -17,6 +17,7 @@ from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.partition import partition
 from fedxrisk.data.shift import feature_shift as shift_features
 from fedxrisk.data.types import BinaryData, binarize, site_name
+from fedxrisk.errors import ConfigError
 
 
 def training_batch(
@@ -248,3 +249,14 @@ def make_federated(
     fed = FederatedData(data, shards)
     check_client_classes(fed, allow_missing_class, one_class_ok)
     return fed
+
+
+def every_client(rows: torch.Tensor | None, what: str) -> None:
+    """Refuse a round's participant subset for task data that draws for every client at once (the
+    FCSG studies' AUPRC, invariant-regression and few-shot tasks): partial participation is for the
+    run's own data (``data.clients_per_round``)."""
+    if rows is not None:
+        raise ConfigError(
+            f"{what} draws a batch for every client at once; data.clients_per_round (partial "
+            "participation) is for fedxrisk's own datasets: leave it unset with this task"
+        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedxrisk.data.federated import FederatedData, make_federated
+from fedxrisk.data.federated import FederatedData, every_client, make_federated
 from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.sampler import ClientSampler
 from fedxrisk.data.types import binarize
@@ -69,7 +69,10 @@ class AUPRCData:
     def client_pos_ratio(self, k: int) -> float:
         return self.fed.client_pos_ratio(k)
 
-    def batch(self, positions: np.ndarray, device: torch.device | str = "cpu") -> dict:
+    def batch(
+        self, positions: np.ndarray, device: torch.device | str = "cpu", rows: torch.Tensor | None = None
+    ) -> dict:
+        every_client(rows, type(self).__name__)
         inner = self.fed.batch(positions, device)
         rows = torch.arange(self.num_clients)[:, None]
         pos_index = self._table[rows, torch.from_numpy(self.outer.next())]  # [K, b] global indices

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedxrisk.data.federated import every_client
 from fedxrisk.objectives.conditional import MAMLObjective, check_sample
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree, tmap
@@ -93,7 +94,10 @@ class FewShotTasks:
     def client_pos_ratio(self, k: int) -> float:
         return 1.0 / self.n_way
 
-    def batch(self, positions: np.ndarray, device: torch.device | str = "cpu") -> dict:
+    def batch(
+        self, positions: np.ndarray, device: torch.device | str = "cpu", rows: torch.Tensor | None = None
+    ) -> dict:
+        every_client(rows, type(self).__name__)
         per_client = []
         for rng, pool in zip(self.rngs, self.pools):
             tasks = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedxrisk.data.federated import every_client
 from fedxrisk.objectives.conditional import check_sample
 from fedxrisk.problem import Problem
 from fedxrisk.tree import Tree
@@ -55,7 +56,10 @@ class InvariantLRData:
         a = rng.normal(0.0, self.sigma1, size=(n, self.dim))
         return a, np.where(a @ self.x_star >= 0, 1.0, -1.0)
 
-    def batch(self, positions: np.ndarray, device: torch.device | str = "cpu") -> dict:
+    def batch(
+        self, positions: np.ndarray, device: torch.device | str = "cpu", rows: torch.Tensor | None = None
+    ) -> dict:
+        every_client(rows, type(self).__name__)
         a, b, eta = [], [], []
         for rng in self.rngs:
             ak, bk = self.outer_samples(rng, self.b)
