@@ -52,6 +52,8 @@ def algorithms() -> list[str]:
     return list(table("algorithms"))
 
 
+# client level, selection = best: two sites' validation rows carry signal under this release
+CLIENT_VALIDATION = {"validation_noise_multiplier": 0.4, "validation_bins": 3}
 PRIVACY = {"clip": 0.01, "noise_multiplier": 1.0}  # σC/K: noise that leaves a tiny MLP trainable
 
 
@@ -114,7 +116,7 @@ def config(cell: Cell) -> Any:
     for axis, value in cell.values().items():
         fields |= axes()[axis][value]
     if cell.selection == "best" and cell.privacy == "client":  # z = 10 would drown two sites' validation
-        fields["privacy"] = {**fields["privacy"], "validation_noise_multiplier": 0.4, "validation_bins": 3}
+        fields["privacy"] = {**fields["privacy"], **CLIENT_VALIDATION}
     return RunConfig(**fields)
 
 
@@ -232,8 +234,8 @@ def _setting(axis: str, value: str) -> str:
     shown = {k: v for k, v in axes()[axis][value].items() if k != "engine" or value != FLOWER}
     if axis == "engine" and value == FLOWER:
         return "the Flower app"
-    if axis == "privacy":
-        return f'privacy.level = "{value}"'
+    if axis == "privacy" and value != "none":
+        return f'privacy.level = "{value}", clip = {PRIVACY["clip"]}, noise_multiplier = {PRIVACY["noise_multiplier"]}'
     return ", ".join(f"{k} = {_toml(v)}" for k, v in shown.items())
 
 
@@ -316,7 +318,13 @@ def render() -> str:
             for axis, values in axes().items()
         ),  # fmt: skip
         f"- **algorithm**: the registry ({len(algorithms())}); Ditto is the algorithm `ditto`.",
-        f"- not an axis value: " + "; ".join(f"engine `{e}` {why}" for e, why in NOT_ENGINES.items()) + ".",
+        "- not an axis value: " + "; ".join(f"engine `{e}` {why}" for e, why in NOT_ENGINES.items()) + ".",
+        "",
+        "Each combination starts from a tiny run: digits, 2 clients, 2 rounds of 2 stages, one local step"
+        " (or the algorithm's fixed window), batches of 8 (4 positives for a class-aware algorithm), the mlp."
+        " Client-level privacy with selection = best also sets "
+        + ", ".join(f"privacy.{k} = {v}" for k, v in CLIENT_VALIDATION.items())
+        + ": the default z = 10 would drown two sites' validation rows (refused on loading).",
         "",
         "personal = bn runs on the first registered model with BatchNorm; on a model without it, it is"
         " refused (`model.personal = 'bn': the model 'mlp' has no BatchNorm layer`).",
