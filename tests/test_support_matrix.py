@@ -4,7 +4,7 @@ models are checked in each of its cells) × privacy level (none / instance / cli
 engine registry but ``auto``, plus Flower) × selection (last / best). The axes are declared once,
 in benchmarks/support_matrix.py, from the registries: a new algorithm or engine joins by itself.
 
-Every cell of the full product (4,560 today) is checked as ``fedxrisk check`` checks it (Flower's:
+Every cell of the full product is checked as ``fedxrisk check`` checks it (Flower's:
 its run config's check): refused in one line naming a setting it sets, or accepted. A refused
 cell's minimal combination is refused by ``fedxrisk run`` too, with the same line, before
 anything is written.
