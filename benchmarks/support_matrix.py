@@ -223,6 +223,10 @@ def design() -> tuple[Cell, ...]:
         best = max(candidates, key=lambda c: (len(covers[c] & todo) / cost(c) ** 0.5, -cost(c)))
         chosen.append(best)
         todo -= covers[best]
+    for cell in sorted(chosen, key=cost, reverse=True):  # then drop a cell the others cover
+        rest = [c for c in chosen if c != cell]
+        if covers[cell] <= set().union(*(covers[c] for c in rest)):
+            chosen = rest
     return tuple(sorted(chosen))
 
 
