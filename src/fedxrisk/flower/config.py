@@ -15,6 +15,7 @@ for and how long, secure aggregation) is a :class:`Deployment`, which holds no r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -122,6 +123,7 @@ def _key(name: str) -> str:
     return name.replace("_", "-")
 
 
+@functools.cache  # read for every run config (the support matrix checks ~1,000)
 def _hints(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}

@@ -40,6 +40,7 @@ NEEDS_DATA = (
     "every client has both classes (data.allow_missing_class), enough samples for the split",
     "data.positives_per_batch needs a binary task (the data's label count)",
     "data.batch_size against the clients' shard sizes (capped at the largest, with a warning)",
+    "under privacy with selection = 'best' or early stopping: the validation release against its noise",
 )
 
 
@@ -89,6 +90,18 @@ def _personal_model(cfg: RunConfig) -> None:
         f"model.personal = 'head' on model {cfg.model!r}: its classifier head is the whole model, so "
         "keeping it per site federates nothing; use personal = 'none', or a model with a body (e.g. mlp)"
     )
+
+
+def _instance_batchnorm(cfg: RunConfig) -> None:
+    """Instance-level DP clips per-sample gradients; BatchNorm's batch statistics couple the samples
+    (engines/privacy/instance.py refused it only once the model was built: `check` said ok)."""
+    level = cfg.privacy.get("level", "client") if isinstance(cfg.privacy, Mapping) else None
+    if level == "instance" and MODEL_LAYERS.get(cfg.model, {}).get("bn"):
+        without = sorted(m for m, lay in MODEL_LAYERS.items() if not lay["bn"])
+        raise ConfigError(
+            f"privacy.level = 'instance' with model {cfg.model!r}: its BatchNorm statistics couple samples, "
+            f"which per-sample clipping does not cover; use a model without BatchNorm ({', '.join(without)})"
+        )
 
 
 def _positives(cfg: RunConfig) -> None:
@@ -207,5 +220,6 @@ def _participation(cfg: RunConfig) -> None:
 
 CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     _participation, _local_steps, _server_keys, *(_server_value(k) for k in SERVER_KEYS), _personal_model, _validation_release,
+    _instance_batchnorm,
 )  # fmt: skip
 ALGORITHM_CHECKS: tuple[Callable[[RunConfig], None], ...] = (_task, _positives, _server_algorithm)

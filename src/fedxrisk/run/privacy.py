@@ -114,7 +114,8 @@ def _algorithm_stub(cfg: Any) -> Any:
     problem = types.SimpleNamespace(
         pos_ratio_mode=cfg.pos_ratio_mode, buffer_policy="average", init_model=lambda: ({}, {})
     )  # BatchNorm refusals need the model: build() runs the full check
-    declared = {k: getattr(cls, k) for k in ("couples_samples", "uses_pos_ratio", "declares_sample_loss")}
+    names = ("couples_samples", "uses_pos_ratio", "declares_sample_loss", "touches_labels")
+    declared = {k: getattr(cls, k) for k in names}
     positives = cfg.positives_per_batch or cfg.options.get("positives_per_batch", 0)
     return types.SimpleNamespace(
         name=cfg.algorithm, collectives=cls.collectives, problem=problem, positives_per_batch=positives,
