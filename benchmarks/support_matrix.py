@@ -94,14 +94,37 @@ class Cell:
         return {k: getattr(self, k) for k in DEFAULT}
 
 
+@functools.cache
+def survival_dir() -> str:
+    """A tiny generated time/event table (``survival.csv``: 80 patients, 4 features, a hazard
+    rising with the first), the survival algorithms' base data: their task is survival, not binary."""
+    import csv
+    import tempfile
+
+    import numpy as np
+
+    root = Path(tempfile.mkdtemp(prefix="fedxrisk-matrix-"))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(80, 4))
+    t, c = rng.exponential(np.exp(-x[:, 0])) * 100, rng.exponential(150, 80)
+    with open(root / "survival.csv", "w", newline="") as f:
+        rows = [[f"{v:.4f}" for v in xi] + [f"{min(a, b):.2f}", int(a <= b)] for xi, a, b in zip(x, t, c)]
+        csv.writer(f).writerows([["f0", "f1", "f2", "f3", "time", "event"], *rows])
+    return str(root)
+
+
 def base(algorithm: str) -> dict[str, Any]:
     """A tiny run of ``algorithm``: two clients, two rounds of two stages, one local step (or the
-    algorithm's fixed window), batches of 8 (4 positives for a class-aware algorithm)."""
+    algorithm's fixed window), batches of 8 (4 positives for a class-aware algorithm); digits for a
+    binary algorithm, :func:`survival_dir`'s table for a survival one."""
     from fedxrisk.catalog import table
 
     info = table("algorithms")[algorithm]
+    data = {"dataset": "digits", "imratio": 0.3}
+    if info["task"] == "survival":
+        data = {"dataset": "survival", "data_dir": survival_dir(), "imratio": None}
     return dict(
-        algorithm=algorithm, dataset="digits", imratio=0.3, partition="iid", clients=2, rounds=2,
+        algorithm=algorithm, **data, partition="iid", clients=2, rounds=2,
         stages=2, local_steps=info["window"] or 1, batch_size=8, eval_every=2, checkpoint_every=0,
         tensorboard=False, model="mlp", lr=0.05,
         positives_per_batch=4 if info["hyperparameters"].get("positives_per_batch") else 0,

@@ -113,11 +113,14 @@ def _differs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> set[str]
 
 def _apart(a: Ran, b: Ran) -> bool:
     """The two runs' models differ by more than float noise: ``model.pt``, or the final model's
-    train loss or test AUROC (with selection = "best" model.pt may be the same early round's)."""
+    train loss or test AUROC or C-index (FeDXL2-Cox moves no weight in round 1: its pools fill; with selection = "best" model.pt may be the same early round's)."""
     ma, mb = a.model(), b.model()
     if max((ma[k].double() - mb[k].double()).abs().max().item() for k in ma) > 1e-6:
         return True
-    finals = [(a.summary["final"].get(k), b.summary["final"].get(k)) for k in ("train_loss", "test_auroc")]
+    finals = [
+        (a.summary["final"].get(k), b.summary["final"].get(k))
+        for k in ("train_loss", "test_auroc", "test_cindex")
+    ]
     return any(x is not None and y is not None and abs(x - y) > 1e-6 for x, y in finals)
 
 
