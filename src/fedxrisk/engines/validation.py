@@ -153,7 +153,8 @@ def federated_validation(
 
     Distributed engine: collective (every rank calls it at the same round) and returns the same
     numbers on every rank, from summed histograms; a federation (Flower) whose sites hold the
-    validation data hands the sum of their histograms (``sim.validation_counts()``, None: none);
+    validation data hands the sum of their histograms (``sim.validation_counts()``, None: none;
+    ``sim.validation_noised``: the sum already carries the release's noise, added by the sites);
     otherwise exact. With ``release`` (a DP run choosing on validation): the Gaussian release of
     the summed histograms on every engine.
     """
@@ -161,6 +162,8 @@ def federated_validation(
         counts = summed()
         if counts is None:
             return dict.fromkeys(_ALL_KEYS, math.nan)
+        if getattr(sim, "validation_noised", False):  # the sites added the noise (distributed)
+            return histogram_validation(finish(counts))
         return released_validation(counts, release, sim.round)
     if data.val_shards is None:
         return dict.fromkeys(_ALL_KEYS, math.nan)

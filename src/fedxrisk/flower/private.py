@@ -18,12 +18,15 @@ sums them, and the server adds the noise to the sum (:meth:`ServerDP.release`).
 
 A run choosing on validation (``selection = "best"``, early stopping) releases the summed validation
 histograms through the Gaussian mechanism (:mod:`fedxrisk.engines.privacy.validation`): each site
-scales its per-class histogram to a fixed mass (:func:`site_counts`), SecAgg+ sums them, the server
-adds the noise from the same source (:attr:`ServerDP.validation`) and ε composes the releases.
+scales its per-class histogram to a fixed mass (:func:`site_counts`), coarsens it to the released bins
+and adds its share N(0, (zΔ)²/K) of the noise from a secret of its own (:func:`validation_share`,
+distributed noise), SecAgg+ sums the K shares: the server holds the sum plus N(0, (zΔ)²) and never
+an exact histogram sum (issue 40). ε composes the releases as on every engine.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -31,7 +34,14 @@ import torch
 from fedxrisk.algorithms.base import ClientInfo
 from fedxrisk.engines.privacy import ClientDP, PrivateAggregator
 from fedxrisk.engines.privacy.accountant import Segment, relation
-from fedxrisk.engines.privacy.validation import ValidationRelease, site_mass
+from fedxrisk.engines.privacy.noise import NoiseSource
+from fedxrisk.engines.privacy.validation import (
+    VALIDATION_STREAM,
+    ValidationDP,
+    ValidationRelease,
+    coarsen,
+    site_mass,
+)
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.privacy import PrivacyPlan
@@ -167,6 +177,25 @@ def site_counts(cfg: Any, y: Any, scores: Any) -> Any:
     """A site's validation histogram: scaled to the fixed mass when the run releases it under DP."""
     counts = score_histograms(y, scores, 1)
     return site_mass(counts) if chooses_on_validation(cfg) else counts
+
+
+def validation_share(cfg: Any, counts: Any, num_sites: int, round_: int, site: int) -> Any:
+    """A site's share of the validation release (a DP run choosing on validation; else None): its
+    ``[L, 2, B + 1]`` :func:`site_counts` coarsened to ``privacy.validation_bins`` plus N(0, (zΔ)²/K)
+    per released count, so the K shares sum to the Gaussian mechanism's output (float64, NaN column 0).
+    The noise comes from a fresh :meth:`NoiseSource.secret` of this site, never sent; in the test mode
+    (``privacy.reproducible_noise``) from that seed's sub-stream (VALIDATION_STREAM, round, site)."""
+    if not chooses_on_validation(cfg):
+        return None
+    p = cfg.privacy
+    dp = ValidationDP(p["validation_noise_multiplier"], "client", p["validation_bins"], len(counts))
+    coarse = coarsen(counts, dp.bins)
+    seed = p.get("reproducible_noise")
+    source = NoiseSource.secret() if seed is None else NoiseSource.reproducible(int(seed))
+    draws = source.spawn(VALIDATION_STREAM, round_, site).standard_normal(coarse.size).reshape(coarse.shape)
+    share = coarse + draws * (dp.std / math.sqrt(max(num_sites, 1)))
+    share[..., -1] = 0.0
+    return share
 
 
 def server_dp(cfg: Any, parts: Any, sites: list[Any], log: Any) -> ServerDP | None:

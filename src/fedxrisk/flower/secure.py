@@ -115,6 +115,23 @@ def summed_counts(mean: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
     return torch.round(mean.double() * num_sites * count_cap(num_sites) / value_range(cfg)).long()
 
 
+VALIDATION_NOISY = "fedxrisk.validation-noisy"  # a site's noised validation share (DP, issue 40)
+
+
+def secure_share(share: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
+    """A site's noised validation share (float counts) scaled into [−R, R] as :func:`secure_counts`
+    scales counts (M = :func:`count_cap` counts to R; a share beyond ±M — tens of millions, far
+    beyond any noise — is clipped there, a function of the noised share alone)."""
+    cap = count_cap(num_sites)
+    return share.double().clamp(-cap, cap) * (value_range(cfg) / cap)
+
+
+def summed_shares(mean: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
+    """The sites' summed noised shares (float64, not rounded: there is no exact sum to recover;
+    SecAgg+'s rounding adds less than 1/4 count, as for :func:`summed_counts`)."""
+    return mean.double() * num_sites * count_cap(num_sites) / value_range(cfg)
+
+
 def check_range(payload: dict[str, torch.Tensor], value_range: float) -> str | None:
     """Why the payload cannot be quantized (a value beyond ±R or not finite), or None."""
     for name, t in payload.items():
