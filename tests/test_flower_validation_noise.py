@@ -20,7 +20,8 @@ pytest.importorskip("flwr", reason="needs the optional extra: pip install -e '.[
 
 import fedxrisk.flower.secagg as secagg  # noqa: E402
 import fedxrisk.flower.site as site_module  # noqa: E402
-from fedxrisk.engines.privacy.validation import ValidationDP, coarsen  # noqa: E402
+from fedxrisk.engines.privacy.noise import NoiseSource  # noqa: E402
+from fedxrisk.engines.privacy.validation import ValidationDP, coarsen, noise  # noqa: E402
 from fedxrisk.flower.private import validation_share  # noqa: E402
 from flower_grid import InProcessGrid  # noqa: E402,F401
 from test_flower_protocol import run_config, trial_nodes  # noqa: E402
@@ -39,8 +40,8 @@ def test_the_flower_server_never_holds_an_exact_validation_sum(tmp_path, monkeyp
         sent.append(real_counts(cfg, y, scores))
         return sent[-1]
 
-    def spy_shares(mean, cfg, k):  # what the server obtains from SecAgg+
-        sums.append(real_shares(mean, cfg, k))
+    def spy_shares(*args):  # what the server obtains from SecAgg+
+        sums.append(real_shares(*args))
         return sums[-1]
 
     def spy_exact(mean, cfg, k):
@@ -84,6 +85,9 @@ def test_a_sites_share_carries_its_part_of_the_noise_from_a_secret():
     draws = np.stack([validation_share(cfg, counts, 4, 0, 0) - coarsen(counts, 16) for _ in range(200)])
     assert abs(draws[..., :-1].std() / (dp.std / 2) - 1) < 0.05  # σ/√K with K = 4
     seeded = FlowerConfig.from_run_config({**rc, "privacy": json.dumps({**PRIVACY, "reproducible_noise": 3})})
+    # the test mode: the two sites' shares add up to the noise every simulation engine draws
+    both = sum(validation_share(seeded, counts, 2, 5, k) - coarsen(counts, 16) for k in range(2))
+    assert np.abs(both - noise(dp, NoiseSource.reproducible(3), 5, both.shape, 2)).max() < 1e-9
     assert np.array_equal(
         validation_share(seeded, counts, 2, 1, 0), validation_share(seeded, counts, 2, 1, 0)
     )

@@ -125,7 +125,8 @@ def released_validation(
     if release is None:
         return histogram_validation(counts)
     coarse = coarsen(counts, release.dp.bins)
-    return histogram_validation(finish(coarse + noise(release.dp, release.source, round_, coarse.shape)))
+    z = noise(release.dp, release.source, round_, coarse.shape, release.sites)
+    return histogram_validation(finish(coarse + z))
 
 
 def _private(sim: Any, problem: Problem, data: FederatedData, release: ValidationRelease) -> dict[str, float]:
@@ -140,7 +141,7 @@ def _private(sim: Any, problem: Problem, data: FederatedData, release: Validatio
         return released_validation(np.sum(own, axis=0), release, sim.round)
     coarse = coarsen(np.sum(own, axis=0), release.dp.bins)  # the same steps, the sum across ranks
     if group.rank == 0:
-        coarse = coarse + noise(release.dp, release.source, sim.round, coarse.shape)
+        coarse = coarse + noise(release.dp, release.source, sim.round, coarse.shape, release.sites)
     buf = torch.from_numpy(coarse).to(group.device)
     group.all_reduce(buf, "validation histograms (all_reduce)")
     return histogram_validation(finish(buf.cpu().numpy()))

@@ -36,10 +36,11 @@ from fedxrisk.engines.privacy import ClientDP, PrivateAggregator
 from fedxrisk.engines.privacy.accountant import Segment, relation
 from fedxrisk.engines.privacy.noise import NoiseSource
 from fedxrisk.engines.privacy.validation import (
-    VALIDATION_STREAM,
+    SITE_MASS,
     ValidationDP,
     ValidationRelease,
     coarsen,
+    share,
     site_mass,
 )
 from fedxrisk.engines.validation import score_histograms
@@ -80,9 +81,9 @@ class ServerDP:
         self.aggregator = PrivateAggregator(config, algorithm, initial, 0, self.k)
         self.rounds_meaned: set[int] = set()
         self.clipped_by = "sites" if cfg.deploy.secure_aggregation else "server"
-        self.validation = None  # the server adds the validation noise from the run's source
+        self.validation = None  # the validation release's settings (its noise: the sites' shares)
         if plan.validation is not None:
-            self.validation = ValidationRelease(plan.validation, self.aggregator.source)
+            self.validation = ValidationRelease(plan.validation, self.aggregator.source, self.k)
             self.z = plan.validation.noise_multiplier
 
     def _once(self, round_: int) -> None:
@@ -181,21 +182,31 @@ def site_counts(cfg: Any, y: Any, scores: Any) -> Any:
 
 def validation_share(cfg: Any, counts: Any, num_sites: int, round_: int, site: int) -> Any:
     """A site's share of the validation release (a DP run choosing on validation; else None): its
-    ``[L, 2, B + 1]`` :func:`site_counts` coarsened to ``privacy.validation_bins`` plus N(0, (zΔ)²/K)
-    per released count, so the K shares sum to the Gaussian mechanism's output (float64, NaN column 0).
-    The noise comes from a fresh :meth:`NoiseSource.secret` of this site, never sent; in the test mode
-    (``privacy.reproducible_noise``) from that seed's sub-stream (VALIDATION_STREAM, round, site)."""
+    ``[L, 2, B + 1]`` :func:`site_counts` coarsened to ``privacy.validation_bins`` plus its share
+    N(0, (zΔ)²/K) of the noise (:func:`~fedxrisk.engines.privacy.validation.share`), so the K shares
+    sum to the Gaussian mechanism's output (float64, NaN column 0). ``round_``: history.csv's round
+    of the evaluation. The noise comes from a fresh :meth:`NoiseSource.secret` of this site, never
+    sent; in the test mode (``privacy.reproducible_noise``) from that seed, as every engine draws it."""
     if not chooses_on_validation(cfg):
         return None
-    p = cfg.privacy
-    dp = ValidationDP(p["validation_noise_multiplier"], "client", p["validation_bins"], len(counts))
+    dp = share_dp(cfg, len(counts))
     coarse = coarsen(counts, dp.bins)
-    seed = p.get("reproducible_noise")
+    seed = cfg.privacy.get("reproducible_noise")
     source = NoiseSource.secret() if seed is None else NoiseSource.reproducible(int(seed))
-    draws = source.spawn(VALIDATION_STREAM, round_, site).standard_normal(coarse.size).reshape(coarse.shape)
-    share = coarse + draws * (dp.std / math.sqrt(max(num_sites, 1)))
-    share[..., -1] = 0.0
-    return share
+    return coarse + share(dp, source, round_, site, num_sites, coarse.shape)
+
+
+def share_dp(cfg: Any, labels: int) -> ValidationDP:
+    """The validation release's settings as a site knows them (client level: Flower's only level)."""
+    p = cfg.privacy
+    return ValidationDP(p["validation_noise_multiplier"], "client", p["validation_bins"], labels)
+
+
+def share_cap(cfg: Any, size: int, num_sites: int) -> float:
+    """The bound on |a validation share's count| its secure encoding covers: the site mass S plus 12
+    noise SDs (a larger draw, probability < 10⁻³², is clipped there); ``size``: the share's length."""
+    dp = share_dp(cfg, size // (2 * (cfg.privacy["validation_bins"] + 1)))
+    return SITE_MASS + 12 * dp.std / math.sqrt(max(num_sites, 1))
 
 
 def server_dp(cfg: Any, parts: Any, sites: list[Any], log: Any) -> ServerDP | None:

@@ -43,6 +43,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.serverapp import Grid
 
 from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.private import share_cap
 from fedxrisk.flower.secure import (
     MODULUS,
     VALIDATION,
@@ -220,7 +221,9 @@ def secure_exchange(
                 counts = summed_counts(mean.pop(VALIDATION), cfg, len(requests))
                 packet.arrays["validation-sum"] = {"counts": counts}
             if VALIDATION_NOISY in mean:  # DP: the sum of the sites' noised shares, never exact
-                noisy = summed_shares(mean.pop(VALIDATION_NOISY), cfg, len(requests))
+                vector = mean.pop(VALIDATION_NOISY)
+                cap = share_cap(cfg, vector.numel(), len(requests))
+                noisy = summed_shares(vector, cfg, len(requests), cap)
                 packet.arrays["validation-noisy"] = {"counts": noisy}
             packet.arrays["mean"] = mean
         out[node] = packet

@@ -118,18 +118,16 @@ def summed_counts(mean: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
 VALIDATION_NOISY = "fedxrisk.validation-noisy"  # a site's noised validation share (DP, issue 40)
 
 
-def secure_share(share: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
-    """A site's noised validation share (float counts) scaled into [−R, R] as :func:`secure_counts`
-    scales counts (M = :func:`count_cap` counts to R; a share beyond ±M — tens of millions, far
-    beyond any noise — is clipped there, a function of the noised share alone)."""
-    cap = count_cap(num_sites)
+def secure_share(share: torch.Tensor, cfg: Any, cap: float) -> torch.Tensor:
+    """A site's noised validation share (float counts, |count| ≤ ``cap``: beyond, clipped — a function
+    of the noised share alone) scaled into [−R, R]; SecAgg+'s rounding then errs by < 2·cap/L counts."""
     return share.double().clamp(-cap, cap) * (value_range(cfg) / cap)
 
 
-def summed_shares(mean: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
-    """The sites' summed noised shares (float64, not rounded: there is no exact sum to recover;
-    SecAgg+'s rounding adds less than 1/4 count, as for :func:`summed_counts`)."""
-    return mean.double() * num_sites * count_cap(num_sites) / value_range(cfg)
+def summed_shares(mean: torch.Tensor, cfg: Any, num_sites: int, cap: float) -> torch.Tensor:
+    """The sites' summed noised shares from SecAgg+'s mean of :func:`secure_share` (float64, not
+    rounded: there is no exact sum to recover)."""
+    return mean.double() * num_sites * cap / value_range(cfg)
 
 
 def check_range(payload: dict[str, torch.Tensor], value_range: float) -> str | None:

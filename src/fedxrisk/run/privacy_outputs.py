@@ -87,4 +87,4 @@ def validation_release(setup: Any) -> Any:
 
     if isinstance(plan.validation, ValidationRelease):  # Flower's server: built on its aggregator's source
         return plan.validation
-    return ValidationRelease(plan.validation, run_source(setup.simulation))
+    return ValidationRelease(plan.validation, run_source(setup.simulation), setup.data.num_clients)

@@ -16,8 +16,10 @@ The release (:func:`release`): the summed histogram is coarsened to ``bins`` log
 ±:data:`LIMIT` (the fine bins of :func:`~fedxrisk.stats.score_histogram` grouped; the NaN column is
 not released), N(0, (zΔ)²) is added to every count from the run's
 :class:`~fedxrisk.engines.privacy.noise.NoiseSource` (sub-stream (:data:`VALIDATION_STREAM`, round)),
-and the result is clipped at 0 and rounded (post-processing). Every engine and Flower's server draw
-the same noise for the same round, so in the test mode they select the same model.
+and the result is clipped at 0 and rounded (post-processing). The noise is the sum of K shares
+N(0, (zΔ)²/K), one per site (sub-stream (:data:`VALIDATION_STREAM`, round, site)): on Flower each site
+adds its own share before SecAgg+'s sum, so the server never holds an exact sum (issue 40); the
+simulation engines add the same K shares, so in the test mode every engine selects the same model.
 
 **When the release is noise** (:meth:`ValidationDP.signal`): the clipped noise puts an expected
 mass m = bins·zΔ/√(2π) into each class's histogram, spread over all bins, which pulls the AUROC
@@ -133,11 +135,22 @@ def coarsen(counts: np.ndarray, bins: int) -> np.ndarray:
     return out
 
 
-def noise(dp: ValidationDP, source: Any, round_: int, shape: tuple[int, ...]) -> np.ndarray:
-    """N(0, (zΔ)²) for the release of evaluation ``round_`` (NaN column zero), float64."""
-    z = source.spawn(VALIDATION_STREAM, round_).standard_normal(math.prod(shape)).reshape(shape) * dp.std
+def share(
+    dp: ValidationDP, source: Any, round_: int, site: int, sites: int, shape: tuple[int, ...]
+) -> np.ndarray:
+    """Site ``site``'s share N(0, (zΔ)²/K) of the noise of evaluation ``round_`` (K = ``sites``; NaN
+    column zero), float64, from the sub-stream (VALIDATION_STREAM, round, site) of ``source``: what a
+    Flower site adds before SecAgg+'s sum (distributed noise, issue 40)."""
+    draws = source.spawn(VALIDATION_STREAM, round_, site).standard_normal(math.prod(shape)).reshape(shape)
+    z = draws * (dp.std / math.sqrt(sites))
     z[..., -1] = 0.0
     return z
+
+
+def noise(dp: ValidationDP, source: Any, round_: int, shape: tuple[int, ...], sites: int = 1) -> np.ndarray:
+    """N(0, (zΔ)²) for the release of evaluation ``round_``: the sum of the ``sites`` shares
+    (:func:`share`), so in the test mode every engine draws what Flower's sites add (NaN column zero)."""
+    return np.sum([share(dp, source, round_, k, sites, shape) for k in range(sites)], axis=0)
 
 
 def finish(noisy: np.ndarray) -> np.ndarray:
@@ -145,18 +158,20 @@ def finish(noisy: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(noisy, 0.0, None)).astype(np.int64)
 
 
-def release(counts: np.ndarray, dp: ValidationDP, source: Any, round_: int) -> np.ndarray:
+def release(counts: np.ndarray, dp: ValidationDP, source: Any, round_: int, sites: int = 1) -> np.ndarray:
     """The released ``[L, 2, bins + 1]`` histograms of summed fine ``counts`` at evaluation ``round_``."""
     coarse = coarsen(counts, dp.bins)
-    return finish(coarse + noise(dp, source, round_, coarse.shape))
+    return finish(coarse + noise(dp, source, round_, coarse.shape, sites))
 
 
 @dataclass
 class ValidationRelease:
-    """What a server needs to release validation: the settings and the run's noise source (never written)."""
+    """What a server needs to release validation: the settings, the run's noise source (never
+    written) and the number of sites whose shares make up the noise (:func:`noise`)."""
 
     dp: ValidationDP
     source: Any
+    sites: int = 1
 
     def __reduce__(self) -> Any:  # its source is never saved
         raise TypeError("a ValidationRelease holds the run's noise source: it is never saved")
