@@ -29,7 +29,14 @@ import numpy as np
 import torch
 
 from fedxrisk.data.federated import FederatedData
-from fedxrisk.engines.privacy.validation import ValidationRelease, coarsen, finish, noise, site_mass
+from fedxrisk.engines.privacy.validation import (
+    ValidationRelease,
+    auroc_noise_sd,
+    coarsen,
+    finish,
+    noise,
+    site_mass,
+)
 from fedxrisk.metrics import PAUC_FPRS, auroc, average_precision, partial_auroc, predict
 from fedxrisk.problem import Problem
 from fedxrisk.stats.histogram import (
@@ -126,7 +133,13 @@ def released_validation(
         return histogram_validation(counts)
     coarse = coarsen(counts, release.dp.bins)
     z = noise(release.dp, release.source, round_, coarse.shape, release.sites)
-    return histogram_validation(finish(coarse + z))
+    return noised_validation(finish(coarse + z), release)
+
+
+def noised_validation(released: np.ndarray, release: ValidationRelease) -> dict[str, float]:
+    """``val_*`` of a released (noised, clipped, rounded) histogram and ``val_auroc_noise_sd``, the
+    noise's SD on val_auroc (:func:`~fedxrisk.engines.privacy.validation.auroc_noise_sd`)."""
+    return histogram_validation(released) | {"val_auroc_noise_sd": auroc_noise_sd(released, release.dp)}
 
 
 def _private(sim: Any, problem: Problem, data: FederatedData, release: ValidationRelease) -> dict[str, float]:
@@ -144,7 +157,7 @@ def _private(sim: Any, problem: Problem, data: FederatedData, release: Validatio
         coarse = coarse + noise(release.dp, release.source, sim.round, coarse.shape, release.sites)
     buf = torch.from_numpy(coarse).to(group.device)
     group.all_reduce(buf, "validation histograms (all_reduce)")
-    return histogram_validation(finish(buf.cpu().numpy()))
+    return noised_validation(finish(buf.cpu().numpy()), release)
 
 
 def federated_validation(
@@ -163,8 +176,8 @@ def federated_validation(
         counts = summed()
         if counts is None:
             return dict.fromkeys(_ALL_KEYS, math.nan)
-        if getattr(sim, "validation_noised", False):  # the sites added the noise (distributed)
-            return histogram_validation(finish(counts))
+        if getattr(sim, "validation_noised", False) and release is not None:  # the sites added the noise
+            return noised_validation(finish(counts), release)
         return released_validation(counts, release, sim.round)
     if data.val_shards is None:
         return dict.fromkeys(_ALL_KEYS, math.nan)

@@ -231,6 +231,43 @@ def mass_refusal(dp: ValidationDP, masses: list[tuple[float, float]]) -> str | N
     )
 
 
+NOISE_DRAWS = 64  # re-noised copies of a release that estimate its AUROC's noise SD
+INVERSION_SDS = 2.0  # |AUROC − ½| below this many noise SDs: the release cannot tell a model from its inverse
+
+
+def auroc_noise_sd(released: np.ndarray, dp: ValidationDP, draws: int = NOISE_DRAWS) -> float:
+    """SD of the released (label-mean) validation AUROC due to the noise: the released ``[L, 2, bins + 1]``
+    counts re-noised with N(0, (zΔ)²), clipped and rounded as the release is, ``draws`` times
+    (a parametric bootstrap: post-processing of the release, so a seeded generator is fine)."""
+    from fedxrisk.stats.histogram import histogram_auroc
+
+    rng = np.random.default_rng(0)
+    values = []
+    for _ in range(draws):
+        again = finish(
+            released
+            + rng.normal(0.0, dp.std, released.shape)
+            * (np.arange(released.shape[-1]) < released.shape[-1] - 1)
+        )
+        aurocs = [histogram_auroc(c) for c in again]
+        values.append(np.nanmean(aurocs) if not np.isnan(aurocs).all() else np.nan)
+    return float(np.nanstd(values)) if not np.isnan(values).all() else math.nan
+
+
+def inversion_warning(auroc: float, sd: float) -> str | None:
+    """The utility guard (issue 40): a released validation AUROC within :data:`INVERSION_SDS` noise SDs
+    of ½ cannot tell the model from its inverse (AUROC 1 − a, released on the other side of ½ with
+    probability above Φ(−2) ≈ 2.3 %), so choosing on it is choosing on noise; the warning, or None."""
+    if math.isnan(auroc) or math.isnan(sd) or abs(auroc - 0.5) >= INVERSION_SDS * sd:
+        return None
+    return (
+        f"privacy: the released validation AUROC {auroc:.3f} lies within {INVERSION_SDS:g} noise SDs "
+        f"(SD {sd:.3f}) of 0.5: it cannot tell this model from its inverse, so selection = 'best' / early "
+        "stopping choose on noise; more validation data (client level: more sites), fewer "
+        "privacy.validation_bins or a smaller privacy.validation_noise_multiplier (column val_auroc_noise_sd)"
+    )
+
+
 def release_rounds(rounds: int, eval_every: int, initial: bool) -> tuple[int, ...]:
     """The evaluations that release validation: every ``eval_every`` rounds and the last (1-based, as
     history.csv's ``round``), and 0 when the starting weights are evaluated."""
