@@ -102,9 +102,9 @@ def count_cap(num_sites: int) -> int:
 def secure_counts(counts: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
     """A site's integer histogram scaled into [0, R] for SecAgg+ (float64: exact)."""
     cap = count_cap(num_sites)
-    if int(counts.max()) > cap:
+    if int(counts.max()) > cap:  # the message names no count (issue 40)
         raise ValueError(
-            f"secure-aggregation: {int(counts.max())} validation scores in one bin exceed {cap}, the most "
+            f"secure-aggregation: a bin holds more than {cap} validation scores, the most "
             f"{num_sites} sites' secure sum keeps exact; use fewer validation samples per site"
         )
     return counts.double() * (value_range(cfg) / cap)

@@ -84,7 +84,7 @@ class ValidationDP:
     def signal(self, class_mass: tuple[float, float]) -> float:
         """ρ: the expected share of the AUROC's distance from ½ the release keeps (module docstring);
         ``class_mass``: the (negative, positive) mass of the summed histogram (client level: S per
-        site holding the class)."""
+        site holding validation data)."""
         m = self.noise_mass()
         return math.prod(n / (n + m) for n in class_mass)
 
@@ -187,15 +187,20 @@ def run_source(sim: Any) -> Any:
 
 def class_mass(dp: ValidationDP, y_val: np.ndarray, shards: list[np.ndarray]) -> list[tuple[float, float]]:
     """Per label, the (negative, positive) mass of the summed validation histograms: the counts at
-    instance level; at client level :data:`SITE_MASS` per site holding the class."""
+    instance level; at client level :data:`SITE_MASS` a class per site holding validation data (public)."""
     y = np.asarray(y_val).reshape(len(y_val), -1)
     out = []
     for j in range(y.shape[1]):
         per_site = [(int((y[s, j] == 0).sum()), int((y[s, j] == 1).sum())) for s in shards]
-        if dp.level == "client":
-            per_site = [(SITE_MASS * (n > 0), SITE_MASS * (p > 0)) for n, p in per_site]
+        if dp.level == "client":  # public: S a class per site holding validation data (issue 40)
+            per_site = [(SITE_MASS * (n + p > 0),) * 2 for n, p in per_site]
         out.append((float(sum(n for n, _ in per_site)), float(sum(p for _, p in per_site))))
     return out
+
+
+def sites_needed(dp: ValidationDP) -> int:
+    """Client level: the sites holding validation data that keep ρ ≥ ½, ⌈(1 + √2)·m / S⌉ (public)."""
+    return math.ceil((1.0 + math.sqrt(2.0)) * dp.noise_mass() / SITE_MASS)
 
 
 def records_needed(dp: ValidationDP) -> float:
@@ -220,12 +225,12 @@ def mass_refusal(dp: ValidationDP, masses: list[tuple[float, float]]) -> str | N
     rho = min(dp.signal(m) for m in masses)
     if rho >= 0.5:
         return None
-    neg, pos = min(masses, key=dp.signal)
-    unit = "site mass (S = 256 a site)" if dp.level == "client" else "validation records"
+    sites = min(min(m) for m in masses) / SITE_MASS  # public: the sites holding validation data
     return (
         f"the validation release would be noise: z = {dp.noise_multiplier:g} adds an expected mass "
-        f"{dp.noise_mass():.4g} per class over {dp.bins} bins against {neg:g} negative and {pos:g} positive "
-        f"{unit}, keeping ρ = {rho:.2f} < 0.5 of the AUROC's distance from 0.5; use more validation data "
+        f"{dp.noise_mass():.4g} per class over {dp.bins} bins against the site mass S = {SITE_MASS} of each of "
+        f"the {sites:g} sites holding validation data, keeping ρ = {rho:.2f} < 0.5 of the AUROC's distance "
+        f"from 0.5 (ρ ≥ ½ needs {sites_needed(dp)} sites); use more validation data "
         "(client level: more sites), fewer privacy.validation_bins, a smaller privacy.validation_noise_multiplier "
         "(more ε), or selection = 'last' without early stopping"
     )
