@@ -46,7 +46,6 @@ from fedxrisk.engines.privacy.validation import (
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.privacy import PrivacyPlan
-from fedxrisk.run.privacy_outputs import plan_note
 from fedxrisk.tree import Tree, leaves, tmap
 
 
@@ -219,6 +218,4 @@ def server_dp(cfg: Any, parts: Any, sites: list[Any], log: Any) -> ServerDP | No
     initial = parts.algorithm.init(ClientInfo(0, first.samples, first.positives / first.samples, widest))
     dp = ServerDP(cfg, parts.privacy, parts.client_dp, parts.algorithm, initial)
     log(dp.describe())
-    if (note := plan_note(parts.privacy)) is not None:  # (K, ε) hopeless? stated up front
-        log(note)
     return dp

@@ -124,7 +124,9 @@ def update_noise_note(
 
 
 def plan_note(plan: Any) -> str | None:
-    """:func:`update_noise_note` of a :class:`~fedxrisk.run.privacy.PrivacyPlan`."""
+    """:func:`update_noise_note` of a :class:`~fedxrisk.run.privacy.PrivacyPlan` (or of Flower's
+    ``ServerDP``, which holds one)."""
+    plan = getattr(plan, "plan", plan)
     return update_noise_note(plan.level, plan.noise_multiplier, plan.q, plan.num_clients, plan.clip)
 
 
