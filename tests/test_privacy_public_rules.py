@@ -43,3 +43,27 @@ def test_the_secure_sum_overflow_names_no_count():
             secure_counts(torch.tensor([count, 0]), cfg, 2)
         lines.add(str(e.value))
     assert len(lines) == 1 and str(cap + 1) not in next(iter(lines))
+
+
+def test_client_level_dp_takes_the_declared_p_not_the_sites_count():
+    """Issue 40 item 5: the pooled p counted from every site moved with one site's data; the loss
+    and the default lr now see the declared p whatever the sites hold."""
+    from fedxrisk.run.build import build
+    from fedxrisk.run.configfile import load_config
+
+    base = [
+        "experiment.rounds=1",
+        "algorithm.algorithm=codasca",
+        "privacy.clip=1",
+        "privacy.noise_multiplier=1",
+    ]
+    ps, lrs = [], []
+    for clients in (3, 4):  # one site more or less: other counts
+        setup = build(
+            load_config(None, [*base, f"data.clients={clients}", "privacy.pos_ratio=0.2", "data.imratio=0.1"])
+        )
+        ps.append(setup.simulation.states["p"].unique().tolist())
+        lrs.append(setup.simulation.schedule.stages[0].lr)
+        assert setup.data.data.pos_ratio != 0.2  # the counted ratio is not what the loss sees
+    assert ps == [[pytest.approx(0.2)]] * 2
+    assert lrs == [pytest.approx(3 * 0.1 * 0.9 / (0.2 * 0.8))] * 2  # the default lr at the declared p

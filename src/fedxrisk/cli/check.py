@@ -55,7 +55,7 @@ def check(config_file: str | None, overrides: tuple[str, ...]) -> None:
     for line in changed_settings(cfg):
         click.echo(printable(line))
     if (note := _update_noise(cfg)) is not None:
-        click.echo(note)
+        click.echo(note, err=True)
     click.echo(
         f"note: not checked here (needs the data; `fedxrisk run` checks it on loading): {'; '.join(NEEDS_DATA)}",
         err=True,

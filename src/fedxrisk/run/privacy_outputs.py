@@ -51,7 +51,7 @@ def privacy_fields(plan: Any) -> tuple[str, ...]:
     """history.csv columns of a DP run (a run releasing validation: the noise's SD on val_auroc; the
     test mode adds ``privacy``, :data:`NOT_PRIVATE` on every row)."""
     fields = ("epsilon", "epsilon_replace_one") if plan.differs else ("epsilon",)
-    fields = (*fields, "val_auroc_noise_sd") if plan.validation is not None else fields
+    fields = ("val_auroc_noise_sd", *fields) if plan.validation is not None else fields
     return fields if plan.private else (*fields, "privacy")
 
 
