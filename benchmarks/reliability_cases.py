@@ -320,7 +320,7 @@ CASES: list[Case] = ISSUE + [
     Case("dp-key-unknown", "run", "`privacy.sigma = 1` (not a key)", run_with(*PRIVATE, "privacy.sigma=1.0")),
     Case("dp-pos-ratio-zero", "run", "instance level, `privacy.pos_ratio = 0`", run_with(*INSTANCE, "privacy.pos_ratio=0.0")),
     Case("dp-pos-ratio-one", "run", "instance level, `privacy.pos_ratio = 1`", run_with(*INSTANCE, "privacy.pos_ratio=1.0")),
-    Case("dp-pos-ratio-client", "run", "client level with `privacy.pos_ratio = 0.3`", run_with(*PRIVATE, "privacy.pos_ratio=0.3")),
+    Case("dp-client-public-p", "run", "client level, CODASCA, neither `privacy.pos_ratio` nor `data.imratio`", run_with(*PRIVATE)),
     Case("dp-instance-rate", "run", "instance level with `privacy.sampling_rate = 0.5` (a client-level key)", run_with(*INSTANCE, "privacy.sampling_rate=0.5")),
     # -- secure aggregation and Flower apps ---------------------------------------------------------
     Case("app-secagg-number", "flower new-app", "`--set secure-aggregation=2`", app_with("secure-aggregation=2")),

@@ -79,19 +79,27 @@ def test_evaluate_refuses_a_model_that_does_not_exist(tmp_path):
 
 def test_evaluate_refuses_against_a_model_of_another_input_shape(tmp_path):
     a, b = _model(tmp_path / "a.pt"), _model(tmp_path / "b.pt", (5,))
-    line = _eval(tmp_path, "--model", str(a), "--against", str(b))
+    line = _eval(tmp_path, "--model", str(a), "--against", str(b), "--exact")
     assert "takes inputs [5] but --model" in line and "[4]" in line
 
 
-def test_evaluate_refuses_dp_without_secure_aggregation(tmp_path):
-    a, app = _model(tmp_path / "a.pt"), tmp_path / "app"
-    line = _refused(
-        ["evaluate", str(app), "--model", str(a), "--dp-epsilon", "1", "--set", "min-nodes=2"], app
+def test_evaluate_is_private_by_default_and_exact_only_when_named(tmp_path):
+    """Issue 40 item 4: the default evaluation is the private release (with or without SecAgg+: the
+    sites add the noise); the paired test needs --exact, whose output states what it discloses."""
+    a, b, app = _model(tmp_path / "a.pt"), _model(tmp_path / "b.pt"), tmp_path / "app1"
+    plain = CliRunner().invoke(main, ["evaluate", str(app), "--model", str(a), "--set", "min-nodes=2"])
+    assert plain.exit_code == 0, plain.output
+    assert (
+        "private evaluation: one (1, 1e-05)-DP release" in plain.output and "NOT PRIVATE" not in plain.output
     )
-    assert "--dp-epsilon needs secure-aggregation = true" in line
-    ok = CliRunner().invoke(main, ["evaluate", str(app), "--model", str(a), "--dp-epsilon", "1",
-                                   "--set", "secure-aggregation=true", "--set", "min-nodes=2"])  # fmt: skip
-    assert ok.exit_code == 0, ok.output
+    assert "dp=(1.0, 1e-05)" in (app / "fedxrisk_app.py").read_text()
+    line = _eval(tmp_path, "--model", str(a), "--against", str(b))
+    assert "--against and --site-auroc need --exact" in line
+    assert "drop --dp-epsilon" in _eval(tmp_path, "--model", str(a), "--exact", "--dp-epsilon", "2")
+    exact = CliRunner().invoke(main, ["evaluate", str(tmp_path / "app2"), "--model", str(a), "--exact",
+                                      "--set", "min-nodes=2"])  # fmt: skip
+    assert exact.exit_code == 0 and "NOT PRIVATE — exact mode" in exact.output
+    assert "dp=None" in (tmp_path / "app2" / "fedxrisk_app.py").read_text()
 
 
 def test_evaluate_refuses_a_linked_folder(tmp_path):

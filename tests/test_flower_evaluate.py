@@ -78,7 +78,9 @@ def _simulated(cfg, data, states):
 def test_flower_evaluation_equals_the_simulation(federation, secure):
     rc, nodes, data, paths, states, cfg = federation
     rc = {**rc, "secure-aggregation": secure}
-    result = run_on_grid(InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths)
+    result = run_on_grid(
+        InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths, dp=None
+    )
     sites, (totals, moments) = _simulated(cfg, data, states)
     assert np.array_equal(result["totals"], totals)  # the secure sum of counts is exact
     assert np.abs(result["moments"] - moments).max() < 1e-14
@@ -95,6 +97,7 @@ def test_flower_evaluation_equals_the_simulation(federation, secure):
     assert result["paired"]["p_low"] - 1e-12 <= exact.p_value <= result["paired"]["p_high"] + 1e-12
     saved = json.loads((Path(rc["out-dir"]) / "federated_evaluation.json").read_text())
     assert saved["models"][0]["auroc"] == result["models"][0]["auroc"] and "totals" not in saved
+    assert saved["mode"] == "exact" and "learned the pooled per-class score histogram" in saved["disclosure"]
 
 
 def test_the_result_is_never_written_through_a_link(federation, tmp_path):
@@ -124,7 +127,7 @@ def test_the_server_sees_no_histogram_count_or_score_in_clear(federation, monkey
 
     monkeypatch.setattr(secagg, "flat_vector", spy_flat)
     grid = InProcessGrid(client_app, rc, nodes)
-    result = run_on_grid(grid, FlowerConfig.from_run_config(rc), paths)
+    result = run_on_grid(grid, FlowerConfig.from_run_config(rc), paths, dp=None)
     assert len(sent) == 2 * len(SIZES)  # two exchanges, one vector per site
     sites, _ = _simulated(cfg, data, states)
     secret_counts = [str(int(y.sum())) for y, _ in sites] + [str(len(y)) for y, _ in sites]
@@ -152,7 +155,11 @@ def test_site_auroc_is_released_only_when_asked_and_equals_delong_alone(federati
     rc, nodes, data, paths, states, cfg = federation
     rc = {**rc, "secure-aggregation": True}
     result = run_on_grid(
-        InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths, site_auroc=True
+        InProcessGrid(client_app, rc, nodes),
+        FlowerConfig.from_run_config(rc),
+        paths,
+        site_auroc=True,
+        dp=None,
     )
     for released, (x, y) in zip(result["site_auroc"].values(), data):
         alone = delong(y, _scores(cfg, states[0], x))
@@ -169,9 +176,10 @@ def test_python_m_fedxrisk_flower_evaluate_writes_an_evaluation_app(federation, 
 
     _, _, _, paths, _, _ = federation
     app = tmp_path / "app"
-    res = CliRunner().invoke(main, ["evaluate", str(app), "--model", paths[0], "--against", paths[1],
+    res = CliRunner().invoke(main, ["evaluate", str(app), "--model", paths[0], "--against", paths[1], "--exact",
                                     "--set", "secure-aggregation=true", "--set", "min-nodes=3"])  # fmt: skip
     assert res.exit_code == 0, res.output
+    assert "NOT PRIVATE — exact mode: the server learned" in res.output
     assert "secure-aggregation = true" in (app / "pyproject.toml").read_text()
     spec = importlib.util.spec_from_file_location("fedxrisk_eval_app", app / "fedxrisk_app.py")
     module = importlib.util.module_from_spec(spec)
@@ -186,7 +194,7 @@ def test_a_site_without_a_test_file_is_named(federation, secure):
     rc = {**rc, "secure-aggregation": secure}
     (Path(nodes[101]["data-dir"]) / "test.npz").unlink()
     with pytest.raises(RuntimeError, match=r"site 101: .*holds neither test.npz nor test.csv") as info:
-        run_on_grid(InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths)
+        run_on_grid(InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths, dp=None)
     assert "\n" not in str(info.value)
 
 
@@ -205,7 +213,9 @@ def test_one_model_needs_one_secure_sum(federation, monkeypatch):
     import fedxrisk.flower.evaluate_app as evaluate_app
 
     monkeypatch.setattr(evaluate_app, "secure_exchange", counting)
-    result = run_on_grid(InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths[:1])
+    result = run_on_grid(
+        InProcessGrid(client_app, rc, nodes), FlowerConfig.from_run_config(rc), paths[:1], dp=None
+    )
     assert len(calls) == 1
     _, (totals, moments) = _simulated(cfg, data, states[:1])
     sim = federated_delong(totals, moments)
@@ -232,6 +242,4 @@ def test_a_private_evaluation_releases_only_the_noisy_pooled_histogram(federatio
     assert residual.std() == pytest.approx(sigma, rel=0.2) and np.abs(residual).max() > 0
     private = result["private"]
     assert "refused" in private or private["low"] <= private["auroc"] <= private["high"]
-    with pytest.raises(ValueError, match="secure-aggregation"):
-        run_on_grid(InProcessGrid(client_app, {**rc, "secure-aggregation": False}, nodes),
-                    FlowerConfig.from_run_config({**rc, "secure-aggregation": False}), paths[:1], dp=(eps, 1e-5))  # fmt: skip
+    assert result["mode"] == "private" and result["sigma"] == pytest.approx(sigma)

@@ -39,7 +39,7 @@ def evaluation(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate")
     paths, data, states = evaluation_files(root)
     app = root / "app"
-    res = CliRunner().invoke(main, ["evaluate", str(app), "--model", paths[0], "--against", paths[1],
+    res = CliRunner().invoke(main, ["evaluate", str(app), "--model", paths[0], "--against", paths[1], "--exact",
                                     "--set", "secure-aggregation=true", "--set", "model=linear",
                                     "--set", "test-data=", "--set", "min-nodes=2"])  # fmt: skip
     assert res.exit_code == 0, res.output

@@ -40,7 +40,7 @@ def _spied_run(tmp_path, secure: bool) -> tuple[list[dict], list[dict], list, di
           "secure-aggregation": secure}  # fmt: skip
     items: list[dict] = []
     grid = spy_on(InProcessGrid(client_app, rc, nodes), items.append)
-    result = run_on_grid(grid, FlowerConfig.from_run_config(rc), paths)
+    result = run_on_grid(grid, FlowerConfig.from_run_config(rc), paths, dp=None)  # exact: what it discloses
     pushes = [i["push"] for i in items if "push" in i]
     replies = [i["reply"] for i in items if "reply" in i]
     sites_scores = [(y, scores_of(states, x)) for x, y in data]

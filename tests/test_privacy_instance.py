@@ -211,7 +211,8 @@ def _cfg(*sets: str, algorithm: str = "codasca"):
         (("privacy.level='instance'", "algorithm.pos_ratio_mode='batch'"), "pos_ratio_mode 'batch'"),
         (("privacy.level='instance'", "data.imratio='none'"), "public class prior"),
         (("privacy.level='instance'", "privacy.pos_ratio=1.5"), "privacy.pos_ratio must lie in (0, 1)"),
-        (("privacy.level='client'", "privacy.pos_ratio=0.2"), "level = 'instance'"),
+        (("privacy.level='client'", "data.imratio='none'"), "counted from every site's records"),  # issue 40
+        (("privacy.level='client'", "privacy.pos_ratio=1.5"), "privacy.pos_ratio must lie in (0, 1)"),
     ],
 )
 def test_instance_dp_refuses_in_one_line(sets, words):

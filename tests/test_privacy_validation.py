@@ -98,7 +98,8 @@ def test_the_release_adds_the_gaussian_of_the_sources_stream_and_clips():
     c = release(fine, dp, NoiseSource.reproducible(5), 4)
     assert np.array_equal(a, b) and not np.array_equal(a, c)  # one stream per evaluation
     assert a.min() >= 0 and a[..., -1].sum() == 0
-    z = NoiseSource.reproducible(5).spawn(0x56414C, 3).standard_normal(18).reshape(1, 2, 9) * 2.0
+    stream = NoiseSource.reproducible(5).spawn(0x56414C, 3, 0)  # (validation, round, site 0)
+    z = stream.standard_normal(18).reshape(1, 2, 9) * 2.0
     z[..., -1] = 0
     assert np.array_equal(a, np.rint(np.clip(coarsen(fine, 8) + z, 0, None)))
     draws = [
@@ -235,7 +236,8 @@ def attack(run: Path) -> tuple[float, float]:
     dp = ValidationDP(cfg.privacy["validation_noise_multiplier"], "client", cfg.privacy["validation_bins"])
     seeds = _integers(summary) | _integers(cfg.to_dict())
     guesses = [
-        released_validation(fine, ValidationRelease(dp, NoiseSource.reproducible(s)), r) for s in seeds
+        released_validation(fine, ValidationRelease(dp, NoiseSource.reproducible(s), len(clear)), r)
+        for s in seeds  # the noise: one share per site (public: the number of sites)
     ]
     exact = released_validation(fine, None, r)["val_auroc"]
     return min(abs(g["val_auroc"] - released) for g in guesses), abs(exact - released)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -53,7 +54,25 @@ def check(config_file: str | None, overrides: tuple[str, ...]) -> None:
     click.echo("ok")
     for line in changed_settings(cfg):
         click.echo(printable(line))
+    if (note := _update_noise(cfg)) is not None:
+        click.echo(note, err=True)
     click.echo(
         f"note: not checked here (needs the data; `fedxrisk run` checks it on loading): {'; '.join(NEEDS_DATA)}",
         err=True,
     )
+
+
+def _update_noise(cfg: Any) -> str | None:
+    """Client-level DP with a given noise_multiplier: the noise-to-clip ratio of the mean update
+    (``run/privacy_outputs.update_noise_note``), K = data.clients; with a target ε (σ needs the
+    data's shard sizes and the accountant) the run states it at its start."""
+    from fedxrisk.run.privacy_outputs import update_noise_note
+
+    p = getattr(cfg, "privacy", None)
+    if not p or p.get("level") != "client":
+        return None
+    if p.get("noise_multiplier") is None:
+        return "note: client-level DP with target_epsilon: `fedxrisk run` states the noise-to-clip ratio of the mean update at its start"
+    k = int(cfg.clients)
+    note = update_noise_note("client", p["noise_multiplier"], p["sampling_rate"], k, p["clip"])
+    return f"{note} [K = data.clients = {k}; a partition by source takes K from the data]"

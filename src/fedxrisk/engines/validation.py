@@ -29,7 +29,14 @@ import numpy as np
 import torch
 
 from fedxrisk.data.federated import FederatedData
-from fedxrisk.engines.privacy.validation import ValidationRelease, coarsen, finish, noise, site_mass
+from fedxrisk.engines.privacy.validation import (
+    ValidationRelease,
+    auroc_noise_sd,
+    coarsen,
+    finish,
+    noise,
+    site_mass,
+)
 from fedxrisk.metrics import PAUC_FPRS, auroc, average_precision, cindex, is_survival, partial_auroc, predict
 from fedxrisk.problem import Problem
 from fedxrisk.stats.histogram import (
@@ -129,7 +136,14 @@ def released_validation(
     if release is None:
         return histogram_validation(counts)
     coarse = coarsen(counts, release.dp.bins)
-    return histogram_validation(finish(coarse + noise(release.dp, release.source, round_, coarse.shape)))
+    z = noise(release.dp, release.source, round_, coarse.shape, release.sites)
+    return noised_validation(finish(coarse + z), release)
+
+
+def noised_validation(released: np.ndarray, release: ValidationRelease) -> dict[str, float]:
+    """``val_*`` of a released (noised, clipped, rounded) histogram and ``val_auroc_noise_sd``, the
+    noise's SD on val_auroc (:func:`~fedxrisk.engines.privacy.validation.auroc_noise_sd`)."""
+    return histogram_validation(released) | {"val_auroc_noise_sd": auroc_noise_sd(released, release.dp)}
 
 
 def _private(sim: Any, problem: Problem, data: FederatedData, release: ValidationRelease) -> dict[str, float]:
@@ -144,10 +158,10 @@ def _private(sim: Any, problem: Problem, data: FederatedData, release: Validatio
         return released_validation(np.sum(own, axis=0), release, sim.round)
     coarse = coarsen(np.sum(own, axis=0), release.dp.bins)  # the same steps, the sum across ranks
     if group.rank == 0:
-        coarse = coarse + noise(release.dp, release.source, sim.round, coarse.shape)
+        coarse = coarse + noise(release.dp, release.source, sim.round, coarse.shape, release.sites)
     buf = torch.from_numpy(coarse).to(group.device)
     group.all_reduce(buf, "validation histograms (all_reduce)")
-    return histogram_validation(finish(buf.cpu().numpy()))
+    return noised_validation(finish(buf.cpu().numpy()), release)
 
 
 def federated_validation(
@@ -157,7 +171,8 @@ def federated_validation(
 
     Distributed engine: collective (every rank calls it at the same round) and returns the same
     numbers on every rank, from summed histograms; a federation (Flower) whose sites hold the
-    validation data hands the sum of their histograms (``sim.validation_counts()``, None: none);
+    validation data hands the sum of their histograms (``sim.validation_counts()``, None: none;
+    ``sim.validation_noised``: the sum already carries the release's noise, added by the sites);
     otherwise exact. With ``release`` (a DP run choosing on validation): the Gaussian release of
     the summed histograms on every engine.
     """
@@ -165,6 +180,8 @@ def federated_validation(
         counts = summed()
         if counts is None:
             return dict.fromkeys(_ALL_KEYS, math.nan)
+        if getattr(sim, "validation_noised", False) and release is not None:  # the sites added the noise
+            return noised_validation(finish(counts), release)
         return released_validation(counts, release, sim.round)
     if data.val_shards is None:
         return dict.fromkeys(("val_cindex",) if is_survival(data.data) else _ALL_KEYS, math.nan)

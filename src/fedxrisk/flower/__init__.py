@@ -7,6 +7,7 @@ only :mod:`fedxrisk.flower.app` imports ``flwr``. See ``docs/flower.md``.
 from __future__ import annotations
 
 FLWR_REQUIREMENT = "flwr>=1.41,<1.42"
+DEFAULT_EVAL_DP = (1.0, 1e-5)  # (ε, δ) of the default private evaluation (flower/evaluate.py)
 INSTALL_HINT = "the Flower deployment needs the optional extra: pip install 'fedxrisk[flower]'"
 
 

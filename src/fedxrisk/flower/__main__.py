@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from fedxrisk.errors import ConfigError
-from fedxrisk.flower import FLWR_REQUIREMENT
+from fedxrisk.flower import DEFAULT_EVAL_DP, FLWR_REQUIREMENT
 from fedxrisk.flower.config import FlowerConfig, default_run_config, flat_value
 
 APP_MODULE = '''"""fedxrisk's Flower app: the components live in the installed fedxrisk package."""
@@ -154,25 +154,38 @@ def export_trial_cmd(dataset: str, sites: int, out: str, settings: tuple[str, ..
 @main.command("evaluate")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--model", required=True, help="the model to evaluate: model.pt or a run folder on the server")
-@click.option("--against", default=None, help="a second model on the same sites: the paired DeLong test")
 @click.option(
-    "--site-auroc", is_flag=True, help="each site also releases its own AUROC [CI] and class counts"
+    "--against", default=None, help="a second model on the same sites: the paired DeLong test (--exact)"
 )
 @click.option(
-    "--dp-epsilon", type=float, default=None, help="one model: one (ε, δ)-DP release of the histogram"
+    "--site-auroc", is_flag=True, help="each site also releases its own AUROC [CI] and class counts (--exact)"
 )
-@click.option("--dp-delta", type=float, default=1e-5, show_default=True)
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="the exact mode: the server learns the pooled per-class histograms exactly (not private)",
+)
+@click.option(
+    "--dp-epsilon",
+    type=float,
+    default=None,
+    help=f"ε of the default private release of the pooled histogram [default: {DEFAULT_EVAL_DP[0]:g}]",
+)
+@click.option("--dp-delta", type=float, default=DEFAULT_EVAL_DP[1], show_default=True)
 @click.option("--set", "settings", multiple=True, help="run-config value, e.g. --set secure-aggregation=true")
 def evaluate_cmd(
-    folder: str, model: str, against: str | None, site_auroc: bool, dp_epsilon: float | None, dp_delta: float,
-    settings: tuple[str, ...],
+    folder: str, model: str, against: str | None, site_auroc: bool, exact: bool, dp_epsilon: float | None,
+    dp_delta: float, settings: tuple[str, ...],
 ) -> None:  # fmt: skip
-    """Write an app folder whose ServerApp evaluates MODEL at every site's test.npz (two secure sums)."""
-    from fedxrisk.flower.evaluate import evaluation_app_module
+    """Write an app folder whose ServerApp evaluates MODEL at every site's test.npz: by default one
+    (ε, δ)-DP release of the pooled histogram, noised by the sites; --exact: the two exact secure sums."""
+    from fedxrisk.flower.evaluate import EXACT_DISCLOSURE, evaluation_app_module
     from fedxrisk.flower.evaluate_app import check_evaluation
 
     models = [model, *([against] if against else [])]
-    dp = None if dp_epsilon is None else (dp_epsilon, dp_delta)
+    if exact and dp_epsilon is not None:
+        raise Refused("--exact releases no noised histogram: drop --dp-epsilon, or drop --exact")
+    dp = None if exact else (DEFAULT_EVAL_DP[0] if dp_epsilon is None else dp_epsilon, dp_delta)
     try:  # the ServerApp's own check (models, --against, DP), run here: nothing is written on refusal
         module = evaluation_app_module(models, site_auroc, dp)
         check = lambda cfg: check_evaluation(models, cfg, site_auroc, dp)  # noqa: E731
@@ -182,6 +195,12 @@ def evaluate_cmd(
     click.echo(
         f"wrote {root / 'pyproject.toml'} and {root / 'fedxrisk_app.py'}; run it with: flwr run {root}"
     )
+    if dp is None:
+        click.echo(f"NOT PRIVATE — {EXACT_DISCLOSURE}")
+    else:
+        click.echo(
+            f"private evaluation: one ({dp[0]:g}, {dp[1]:g})-DP release of the pooled histogram, noised by the sites"
+        )
 
 
 if __name__ == "__main__":

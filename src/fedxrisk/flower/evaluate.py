@@ -1,4 +1,13 @@
-"""Federated evaluation on Flower: pooled AUROC [DeLong CI] and the paired test, no score leaving a site.
+"""Federated evaluation on Flower: pooled AUROC [DeLong CI], private by default; exact on request.
+
+**Private (the default, issue 40)**: :func:`private_evaluation`, one model, one Gaussian-mechanism
+release of the pooled per-class histogram (:mod:`fedxrisk.stats.dp_eval`, (ε, δ) =
+:data:`DEFAULT_DP` unless given). The noise is added by the sites (distributed noise): under
+SecAgg+ each of the K sites adds N(0, σ²/K) from a secret of its own before the secure sum, so the
+server never holds an exact histogram sum; without SecAgg+ each site's histogram reaches the
+server in clear, so each site adds the whole N(0, σ²) (every site's release is (ε, δ)-DP alone;
+the sum carries σ√K, which the CI includes). **Exact** (``dp=None``; ``--exact`` on the command
+line): the protocol below, whose result states what it discloses (:data:`EXACT_DISCLOSURE`).
 
 Two exchanges over the sites' own test files (``test.npz`` / ``test.csv`` in the node config's
 ``data-dir``), the protocol of :mod:`fedxrisk.stats.federated`:
@@ -41,6 +50,7 @@ import torch
 
 from fedxrisk.engines.privacy.noise import NoiseSource
 from fedxrisk.errors import ConfigError
+from fedxrisk.flower import DEFAULT_EVAL_DP
 from fedxrisk.flower.config import FlowerConfig
 from fedxrisk.flower.secure import levels, value_range
 from fedxrisk.flower.sitedata import SiteDataError, _find, read_table
@@ -58,6 +68,13 @@ from fedxrisk.stats.federated import (
 from fedxrisk.stats.histogram import logit_edges
 
 OP = "evaluate"  # request.config["op"] of an evaluation exchange
+DEFAULT_DP = DEFAULT_EVAL_DP  # (ε, δ) of the default private evaluation (docs/evaluation.md)
+EXACT_DISCLOSURE = (
+    "exact mode: the server learned the pooled per-class score histogram of every model exactly "
+    "(fine logit bins: most patients are alone in their bin), so whoever holds a model and a patient's "
+    "features learns that patient's label; use the default private evaluation to release only a "
+    "Gaussian-noised histogram"
+)
 DP_UNITS = 2**10  # a noisy count travels as 1024 quantization steps: rounding adds < 1/1024 count
 
 
@@ -121,10 +138,11 @@ def site_evaluate(node_config: Mapping[str, Any], run_config: Mapping[str, Any],
         units = float(
             c.get("units", 1)
         )  # quantization steps per count (> 1: noisy counts keep their fraction)
-        if np.abs(counts).max() * units > int(c["limb"]) * 2:
+        if np.abs(counts).max() * units > int(c["limb"]) * 2:  # the message names no count (issue 40)
+            most = int(c["limb"]) * 2 / units
             return Packet(
                 config={
-                    "error": f"evaluation: a bin holds {counts.max():.0f} rows, more than SecAgg+ sums exactly"
+                    "error": f"evaluation: a bin holds more than {most:.0f} rows, the most SecAgg+ sums exactly"
                 }
             )
         return Packet(arrays={"payload": {"counts": torch.from_numpy(counts * units * float(c["step"]))}})
@@ -190,6 +208,8 @@ def federated_evaluation(
         limbs = _summed(second := send(stage, sent_cfg), "moments", secure, step)
         moments = limbs if not secure else (limbs[0] + limbs[1] / limb) / limb
     out: dict[str, Any] = {
+        "mode": "exact",
+        "disclosure": EXACT_DISCLOSURE,
         "sites": len(nodes),
         "secure_aggregation": secure,
         "bins": bins,
@@ -207,34 +227,45 @@ def federated_evaluation(
 def private_evaluation(
     send: Send, nodes: Sequence[int], cfg: FlowerConfig, model: dict[str, torch.Tensor], epsilon: float, delta: float
 ) -> dict[str, Any]:  # fmt: skip
-    """One model's AUROC [CI] from one (ε, δ)-DP release (:mod:`fedxrisk.stats.dp_eval`): each of the
-    K sites adds N(0, σ²/K) to its histogram before the secure sum, so the server holds the pooled
-    histogram plus N(0, σ²) per cell and nothing less noisy. Needs SecAgg+ (one site's share alone
-    would be released with σ/√K); the paired test and per-site releases are not available."""
+    """One model's AUROC [CI] from one (ε, δ)-DP release (:mod:`fedxrisk.stats.dp_eval`), the noise
+    added by the sites: under SecAgg+ each of the K sites adds N(0, σ²/K), so the server holds the
+    pooled histogram plus N(0, σ²) per cell and nothing less noisy; without SecAgg+ each site adds
+    N(0, σ²) to the histogram it sends in clear, and the sum carries σ√K. The CI is
+    √(DeLong SE² + the noise's SE²) at the released noise (:func:`~fedxrisk.stats.dp_eval.dp_auroc`).
+    The paired test and per-site releases are not available (the exact mode has them)."""
     from fedxrisk.stats.dp_eval import DP_BINS, DP_LIMIT, DPTooNoisy, dp_auroc, noise_sigma
 
-    if not cfg.deploy.secure_aggregation:
-        raise ValueError(
-            "a private evaluation needs secure-aggregation = true (each site adds only a share of the noise)"
-        )
+    secure, k = cfg.deploy.secure_aggregation, len(nodes)
     sigma = noise_sigma(epsilon, delta)
-    r, step, limb = fixed_point(cfg, len(nodes))
-    config = {"op": OP, "models": 1, "bins": DP_BINS, "limit": DP_LIMIT, "secure": True, "step": step,
-              "limb": limb, "dp_sigma": sigma / math.sqrt(len(nodes)), "units": DP_UNITS, "stage": "histograms"}  # fmt: skip
+    site_sigma = sigma / math.sqrt(k) if secure else sigma
+    released = site_sigma * math.sqrt(k)  # the noise of the summed histogram
+    r, step, limb = fixed_point(cfg, k)
+    config = {"op": OP, "models": 1, "bins": DP_BINS, "limit": DP_LIMIT, "secure": secure, "step": step,
+              "limb": limb, "dp_sigma": site_sigma, "units": DP_UNITS, "stage": "histograms"}  # fmt: skip
     replies = send({n: Packet(config=dict(config), arrays={"model0": dict(model)}) for n in nodes},
                    _exchange_config(cfg, r))  # fmt: skip
-    noisy = _summed(replies, "counts", True, step, exact=False)[0] / DP_UNITS
-    out = {"sites": len(nodes), "secure_aggregation": True, "bins": DP_BINS, "totals": noisy}
+    noisy = _summed(replies, "counts", secure, step, exact=False)[0] / (DP_UNITS if secure else 1)
+    out = {
+        "mode": "private", "sites": k, "secure_aggregation": secure, "bins": DP_BINS,
+        "noise_added_by": "sites", "sigma_per_site": site_sigma, "sigma": released,
+        "released": (
+            f"the pooled per-class histogram ({DP_BINS} logit bins over ±{DP_LIMIT:g}) plus N(0, {released:.4g}²) "
+            "per count, added by the sites" + ("" if secure else "; each site's own histogram plus "
+            f"N(0, {site_sigma:.4g}²), in clear (no SecAgg+)")
+        ),
+        "totals": noisy,
+    }  # fmt: skip
     try:
-        return out | {"private": asdict(dp_auroc(noisy, sigma, epsilon, delta))}
+        return out | {"private": asdict(dp_auroc(noisy, released, epsilon, delta))}
     except DPTooNoisy as e:
-        return out | {"private": {"epsilon": epsilon, "delta": delta, "sigma": sigma, "refused": str(e)}}
+        return out | {"private": {"epsilon": epsilon, "delta": delta, "sigma": released, "refused": str(e)}}
 
 
 def evaluation_app_module(
-    models: Sequence[str], site_auroc: bool, dp: tuple[float, float] | None = None
+    models: Sequence[str], site_auroc: bool, dp: tuple[float, float] | None = DEFAULT_DP
 ) -> str:
-    """``fedxrisk_app.py`` of an evaluation app: the usual ClientApp, the evaluation ServerApp."""
+    """``fedxrisk_app.py`` of an evaluation app: the usual ClientApp, the evaluation ServerApp
+    (``dp`` = (ε, δ) of the private release; None: the exact mode)."""
     paths = [str(Path(m).expanduser().resolve()) for m in models]
     return (
         '"""fedxrisk federated evaluation (python -m fedxrisk.flower evaluate): two secure sums."""\n\n'

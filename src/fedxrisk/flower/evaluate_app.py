@@ -24,7 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedxrisk.errors import ConfigError
 from fedxrisk.flower.app import _flower_error, from_records, to_records
 from fedxrisk.flower.config import FlowerConfig
-from fedxrisk.flower.evaluate import OP, Send, federated_evaluation, private_evaluation
+from fedxrisk.flower.evaluate import DEFAULT_DP, OP, Send, federated_evaluation, private_evaluation
 from fedxrisk.flower.secagg import secure_exchange
 from fedxrisk.flower.wire import Packet
 from fedxrisk.outfiles import make_folder, replace_atomic
@@ -77,10 +77,11 @@ def load_models(paths: Sequence[str]) -> list[dict[str, torch.Tensor]]:
 
 
 def check_evaluation(
-    models: Sequence[str], cfg: FlowerConfig, site_auroc: bool = False, dp: tuple[float, float] | None = None
-) -> None:
+    models: Sequence[str], cfg: FlowerConfig, site_auroc: bool = False, dp: tuple[float, float] | None = DEFAULT_DP
+) -> None:  # fmt: skip
     """What the evaluation refuses, one line each: checked by the app writer (``python -m fedxrisk.flower
-    evaluate``, before any file) and by the ServerApp. ``models``: ``--model`` then ``--against``."""
+    evaluate``, before any file) and by the ServerApp. ``models``: ``--model`` then ``--against``;
+    ``dp``: (ε, δ) of the default private release, None for the exact mode."""
     if dp is not None:
         epsilon, delta = dp
         if not (0 < epsilon < math.inf and 0 < delta < 1):
@@ -89,13 +90,15 @@ def check_evaluation(
             )
         if len(models) != 1 or site_auroc:
             raise ConfigError(
-                "a private evaluation releases one model's pooled histogram: no --against, no --site-auroc"
+                "the private evaluation (the default) releases one model's noised pooled histogram: "
+                "--against and --site-auroc need --exact, which discloses the exact pooled histograms"
             )
-        if not cfg.deploy.secure_aggregation:
-            raise ConfigError(
-                "--dp-epsilon needs secure-aggregation = true (each site adds only a share of the noise): "
-                "pass --set secure-aggregation=true"
-            )
+        from fedxrisk.stats.dp_eval import noise_sigma
+
+        try:  # the accountant is there (the privacy extra) and takes (ε, δ)
+            noise_sigma(epsilon, delta)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; or pass --exact (which discloses the exact pooled histograms)") from None
     shapes = []
     for option, path in zip(("--model", "--against"), models):
         shapes.append(_checked_model(option, Path(path)))
@@ -126,10 +129,12 @@ def _checked_model(option: str, path: Path) -> list[int] | None:
 
 def run_on_grid(
     grid: Grid, cfg: FlowerConfig, models: Sequence[str], site_auroc: bool = False,
-    dp: tuple[float, float] | None = None,
+    dp: tuple[float, float] | None = DEFAULT_DP,
 ) -> dict[str, Any]:  # fmt: skip
     """The evaluation over the connected sites; writes ``out-dir/federated_evaluation.json``.
-    ``dp`` = (ε, δ): one model, one DP release (:func:`~fedxrisk.flower.evaluate.private_evaluation`)."""
+    ``dp`` = (ε, δ) (default :data:`~fedxrisk.flower.evaluate.DEFAULT_DP`): one model, one DP release
+    (:func:`~fedxrisk.flower.evaluate.private_evaluation`); None: the exact mode, its disclosure
+    stated in the result."""
     check_evaluation(models, cfg, site_auroc, dp)
     nodes = wait_for_nodes(grid, cfg)
     if dp is not None:
@@ -156,7 +161,7 @@ def _plain(value: Any) -> Any:
 
 
 def evaluation_server_app(
-    models: Sequence[str], site_auroc: bool = False, dp: tuple[float, float] | None = None
+    models: Sequence[str], site_auroc: bool = False, dp: tuple[float, float] | None = DEFAULT_DP
 ) -> ServerApp:
     """A ServerApp that evaluates the model files ``models`` (paths on the server) at every site."""
     app = ServerApp()

@@ -84,6 +84,7 @@ class Federation(RunReporting):
         self.dp: ServerDP | None = None  # client-level DP: the server clips and adds the noise
         self.holdout: tuple[torch.Tensor, torch.Tensor] | None = None
         self.num_val = 0
+        self.validation_noised = False  # the last validation sum carries the sites' DP noise
         self._protocol: Iterator[dict[int, Packet]] | None = None
         self._reports: list[Packet] = []  # the sites' replies that finished the last round (client order)
         self._model: tuple[Tree, Tree] | None = None  # the global model of the last evaluated round
@@ -173,9 +174,16 @@ class Federation(RunReporting):
 
     def validation_counts(self) -> np.ndarray | None:
         """The sum of the sites' ``[L, 2, B + 1]`` validation score histograms for the last evaluated
-        model (under SecAgg+ the secure sum, the same on every reply); None when no site sends any."""
+        model (under SecAgg+ the secure sum, the same on every reply; under DP the sum of the sites'
+        noised shares, coarse bins: :attr:`validation_noised`); None when no site sends any."""
         if not self.num_val:
             return None
+        noisy = [
+            r.arrays["validation-noisy"]["counts"] for r in self._reports if "validation-noisy" in r.arrays
+        ]
+        self.validation_noised = bool(noisy)
+        if noisy:  # DP: the sites' noised shares summed, coarse bins (flower/private.py validation_share)
+            return noisy[0].numpy()
         secure = [r.arrays["validation-sum"]["counts"] for r in self._reports if "validation-sum" in r.arrays]
         if secure:
             return secure[0].numpy()

@@ -18,12 +18,15 @@ sums them, and the server adds the noise to the sum (:meth:`ServerDP.release`).
 
 A run choosing on validation (``selection = "best"``, early stopping) releases the summed validation
 histograms through the Gaussian mechanism (:mod:`fedxrisk.engines.privacy.validation`): each site
-scales its per-class histogram to a fixed mass (:func:`site_counts`), SecAgg+ sums them, the server
-adds the noise from the same source (:attr:`ServerDP.validation`) and ε composes the releases.
+scales its per-class histogram to a fixed mass (:func:`site_counts`), coarsens it to the released bins
+and adds its share N(0, (zΔ)²/K) of the noise from a secret of its own (:func:`validation_share`,
+distributed noise), SecAgg+ sums the K shares: the server holds the sum plus N(0, (zΔ)²) and never
+an exact histogram sum (issue 40). ε composes the releases as on every engine.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -31,7 +34,15 @@ import torch
 from fedxrisk.algorithms.base import ClientInfo
 from fedxrisk.engines.privacy import ClientDP, PrivateAggregator
 from fedxrisk.engines.privacy.accountant import Segment, relation
-from fedxrisk.engines.privacy.validation import ValidationRelease, site_mass
+from fedxrisk.engines.privacy.noise import NoiseSource
+from fedxrisk.engines.privacy.validation import (
+    SITE_MASS,
+    ValidationDP,
+    ValidationRelease,
+    coarsen,
+    share,
+    site_mass,
+)
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.privacy import PrivacyPlan
@@ -70,9 +81,9 @@ class ServerDP:
         self.aggregator = PrivateAggregator(config, algorithm, initial, 0, self.k)
         self.rounds_meaned: set[int] = set()
         self.clipped_by = "sites" if cfg.deploy.secure_aggregation else "server"
-        self.validation = None  # the server adds the validation noise from the run's source
+        self.validation = None  # the validation release's settings (its noise: the sites' shares)
         if plan.validation is not None:
-            self.validation = ValidationRelease(plan.validation, self.aggregator.source)
+            self.validation = ValidationRelease(plan.validation, self.aggregator.source, self.k)
             self.z = plan.validation.noise_multiplier
 
     def _once(self, round_: int) -> None:
@@ -167,6 +178,35 @@ def site_counts(cfg: Any, y: Any, scores: Any) -> Any:
     """A site's validation histogram: scaled to the fixed mass when the run releases it under DP."""
     counts = score_histograms(y, scores, 1)
     return site_mass(counts) if chooses_on_validation(cfg) else counts
+
+
+def validation_share(cfg: Any, counts: Any, num_sites: int, round_: int, site: int) -> Any:
+    """A site's share of the validation release (a DP run choosing on validation; else None): its
+    ``[L, 2, B + 1]`` :func:`site_counts` coarsened to ``privacy.validation_bins`` plus its share
+    N(0, (zΔ)²/K) of the noise (:func:`~fedxrisk.engines.privacy.validation.share`), so the K shares
+    sum to the Gaussian mechanism's output (float64, NaN column 0). ``round_``: history.csv's round
+    of the evaluation. The noise comes from a fresh :meth:`NoiseSource.secret` of this site, never
+    sent; in the test mode (``privacy.reproducible_noise``) from that seed, as every engine draws it."""
+    if not chooses_on_validation(cfg):
+        return None
+    dp = share_dp(cfg, len(counts))
+    coarse = coarsen(counts, dp.bins)
+    seed = cfg.privacy.get("reproducible_noise")
+    source = NoiseSource.secret() if seed is None else NoiseSource.reproducible(int(seed))
+    return coarse + share(dp, source, round_, site, num_sites, coarse.shape)
+
+
+def share_dp(cfg: Any, labels: int) -> ValidationDP:
+    """The validation release's settings as a site knows them (client level: Flower's only level)."""
+    p = cfg.privacy
+    return ValidationDP(p["validation_noise_multiplier"], "client", p["validation_bins"], labels)
+
+
+def share_cap(cfg: Any, size: int, num_sites: int) -> float:
+    """The bound on |a validation share's count| its secure encoding covers: the site mass S plus 12
+    noise SDs (a larger draw, probability < 10⁻³², is clipped there); ``size``: the share's length."""
+    dp = share_dp(cfg, size // (2 * (cfg.privacy["validation_bins"] + 1)))
+    return SITE_MASS + 12 * dp.std / math.sqrt(max(num_sites, 1))
 
 
 def server_dp(cfg: Any, parts: Any, sites: list[Any], log: Any) -> ServerDP | None:

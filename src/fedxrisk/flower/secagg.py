@@ -43,9 +43,11 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.serverapp import Grid
 
 from fedxrisk.flower.config import FlowerConfig
+from fedxrisk.flower.private import share_cap
 from fedxrisk.flower.secure import (
     MODULUS,
     VALIDATION,
+    VALIDATION_NOISY,
     check_range,
     flat_vector,
     levels,
@@ -53,6 +55,7 @@ from fedxrisk.flower.secure import (
     packet_from_bytes,
     split_vector,
     summed_counts,
+    summed_shares,
     value_range,
 )
 from fedxrisk.flower.wire import Packet
@@ -217,6 +220,11 @@ def secure_exchange(
             if VALIDATION in mean:  # the sites' summed validation histogram, exact integers
                 counts = summed_counts(mean.pop(VALIDATION), cfg, len(requests))
                 packet.arrays["validation-sum"] = {"counts": counts}
+            if VALIDATION_NOISY in mean:  # DP: the sum of the sites' noised shares, never exact
+                vector = mean.pop(VALIDATION_NOISY)
+                cap = share_cap(cfg, vector.numel(), len(requests))
+                noisy = summed_shares(vector, cfg, len(requests), cap)
+                packet.arrays["validation-noisy"] = {"counts": noisy}
             packet.arrays["mean"] = mean
         out[node] = packet
     return out, watched

@@ -102,9 +102,9 @@ def count_cap(num_sites: int) -> int:
 def secure_counts(counts: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
     """A site's integer histogram scaled into [0, R] for SecAgg+ (float64: exact)."""
     cap = count_cap(num_sites)
-    if int(counts.max()) > cap:
+    if int(counts.max()) > cap:  # the message names no count (issue 40)
         raise ValueError(
-            f"secure-aggregation: {int(counts.max())} validation scores in one bin exceed {cap}, the most "
+            f"secure-aggregation: a bin holds more than {cap} validation scores, the most "
             f"{num_sites} sites' secure sum keeps exact; use fewer validation samples per site"
         )
     return counts.double() * (value_range(cfg) / cap)
@@ -113,6 +113,21 @@ def secure_counts(counts: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tenso
 def summed_counts(mean: torch.Tensor, cfg: Any, num_sites: int) -> torch.Tensor:
     """The sites' summed integer histogram from SecAgg+'s mean of :func:`secure_counts`."""
     return torch.round(mean.double() * num_sites * count_cap(num_sites) / value_range(cfg)).long()
+
+
+VALIDATION_NOISY = "fedxrisk.validation-noisy"  # a site's noised validation share (DP, issue 40)
+
+
+def secure_share(share: torch.Tensor, cfg: Any, cap: float) -> torch.Tensor:
+    """A site's noised validation share (float counts, |count| ≤ ``cap``: beyond, clipped — a function
+    of the noised share alone) scaled into [−R, R]; SecAgg+'s rounding then errs by < 2·cap/L counts."""
+    return share.double().clamp(-cap, cap) * (value_range(cfg) / cap)
+
+
+def summed_shares(mean: torch.Tensor, cfg: Any, num_sites: int, cap: float) -> torch.Tensor:
+    """The sites' summed noised shares from SecAgg+'s mean of :func:`secure_share` (float64, not
+    rounded: there is no exact sum to recover)."""
+    return mean.double() * num_sites * cap / value_range(cfg)
 
 
 def check_range(payload: dict[str, torch.Tensor], value_range: float) -> str | None:

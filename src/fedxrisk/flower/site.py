@@ -48,9 +48,9 @@ from fedxrisk.engines.simulation import LoopEngine
 from fedxrisk.engines.validation import score_histograms
 from fedxrisk.flower import site_personal as personal
 from fedxrisk.flower.config import FlowerConfig, site_facts
-from fedxrisk.flower.private import site_counts
+from fedxrisk.flower.private import share_cap, site_counts, validation_share
 from fedxrisk.flower.replay import CollectiveRequest, ReplayCollective, SiteError
-from fedxrisk.flower.secure import VALIDATION, secure_counts, site_clip
+from fedxrisk.flower.secure import VALIDATION, VALIDATION_NOISY, secure_counts, secure_share, site_clip
 from fedxrisk.flower.sitedata import SiteData
 from fedxrisk.flower.wire import Packet, flatten, unflatten
 from fedxrisk.metrics import auroc, predict
@@ -271,7 +271,11 @@ class SiteRunner:
             counts = site_counts(self.cfg, self.site.y_val.numpy(), scores)  # DP: the fixed mass
         else:  # no validation data: zeros of the histogram's shape
             counts = score_histograms(np.zeros(1), np.zeros(1), 1) * 0
-        if self.cfg.deploy.secure_aggregation:
+        share = validation_share(self.cfg, counts, self.num_clients, self.done + 1, self.client)
+        if share is not None:  # DP choosing on validation: this site's noised share (SecAgg+ only)
+            cap = share_cap(self.cfg, share.size, self.num_clients)
+            arrays["secure"] = {VALIDATION_NOISY: secure_share(torch.from_numpy(share), self.cfg, cap)}
+        elif self.cfg.deploy.secure_aggregation:
             arrays["secure"] = {
                 VALIDATION: secure_counts(torch.from_numpy(counts), self.cfg, self.num_clients)
             }

@@ -146,9 +146,11 @@ def assemble(
     (its starting weights already loaded). ``batch_size``: the batch the engine draws (capped at
     the largest shard; default ``cfg.batch_size``); ``eval_batch_size``: evaluation chunks (how
     an engine runs, not what it computes); ``privacy_ledger``: the rounds a resumed run ran."""
-    cfg = with_data_lr(cfg, instance_pos_ratio(cfg) or facts.pos_ratio)  # DP: the public p
+    public = instance_pos_ratio(cfg)  # DP: the declared p, never counted from the sites (issue 40)
+    pos_ratio = public if public is not None and isinstance(facts.pos_ratio, float) else facts.pos_ratio
+    cfg = with_data_lr(cfg, pos_ratio)
     problem = Problem(
-        model.to(cfg.device), facts.pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, facts.num_labels,
+        model.to(cfg.device), pos_ratio, cfg.buffer_policy, cfg.pos_ratio_mode, facts.num_labels,
         eval_batch_size=eval_batch_size, personal=cfg.personal,
     )  # fmt: skip
     schedule = run_schedule(cfg)  # the one rule (run/rules.py)

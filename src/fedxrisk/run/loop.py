@@ -52,7 +52,9 @@ from fedxrisk.run.personalize import (
 )
 from fedxrisk.run.privacy_outputs import (
     SITE_DATA_NOTE,
+    inversion_guard,
     model_mark,
+    plan_note,
     privacy_fields,
     privacy_ledger,
     privacy_row,
@@ -87,6 +89,8 @@ def train(
         folder.model_mark = model_mark(setup.privacy)
         if primary:
             print(setup.privacy.describe(), file=sys.stderr)
+            if (note := plan_note(setup.privacy)) is not None:  # (K, ε) hopeless? stated up front
+                print(note, file=sys.stderr)
             print(SITE_DATA_NOTE, file=sys.stderr)
     folder.fields = (*folder.fields, *personal_fields(setup))  # per-site columns of a personalized run
     start = time.perf_counter()
@@ -107,10 +111,12 @@ def train(
                 cb.on_evaluation(row, state)
 
     release = validation_release(setup)  # under DP, choosing on validation: its Gaussian release
+    guard = inversion_guard()  # a release that cannot tell the model from its inverse: warned once
     if setup.init is not None and ckpt is None:  # the starting weights' metrics
         val = federated_validation(sim, setup.problem, setup.data, release)  # collective under distributed
         row0 = _initial_row(setup) | val if primary else {"round": 0, **val}
         if primary:
+            guard(val)
             history.append(row0)
             best = row0
             folder.write_history(history)
@@ -130,6 +136,7 @@ def train(
                         else {"round": sim.round, **val}
                     )
                     if primary:
+                        guard(val)
                         row |= personal_row(setup)
                         if setup.privacy is not None:
                             row |= privacy_row(setup.privacy, sim.round)

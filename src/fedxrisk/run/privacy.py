@@ -12,7 +12,7 @@ Keys (all optional but ``clip`` and one of ``noise_multiplier`` / ``target_epsil
     sampling = "poisson"      # or "fixed" (round(q·K) clients, without replacement)
     reproducible_noise = "none"  # "none": secret noise (fresh OS entropy, never written);
                                  # an integer: TEST MODE, noise fixed by it — the run is not private
-    pos_ratio = "none"        # instance level: the AUC losses' public p; "none": data.imratio
+    pos_ratio = "none"        # the AUC losses' public p under DP; "none": data.imratio
     validation_noise_multiplier = 10.0  # z of the validation releases (selection = "best", early stopping)
     validation_bins = 16      # logit bins of the released validation histograms
 
@@ -60,7 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "level": "client", "noise_multiplier": None, "target_epsilon": None, "delta": None,
     "sampling_rate": 1.0, "sampling": "poisson", "reproducible_noise": None,
 }  # fmt: skip
-DEFAULTS["pos_ratio"] = None  # instance level: the public p of the AUC losses (None: data.imratio)
+DEFAULTS["pos_ratio"] = None  # the public p of the AUC losses under DP (None: data.imratio)
 # the validation release (engines/privacy/validation.py DEFAULT_NOISE, DEFAULT_BINS; docs/privacy.md)
 DEFAULTS |= {"validation_noise_multiplier": 10.0, "validation_bins": 16}
 
@@ -124,10 +124,10 @@ def _algorithm_stub(cfg: Any) -> Any:
 
 
 def instance_pos_ratio(cfg: Any) -> float | None:
-    """The public p of the AUC losses at instance level: ``privacy.pos_ratio``, else the ratio the
-    data were resampled to (``data.imratio``, the user's choice); None when neither is set or the
-    run is not instance-level DP (docs/privacy.md, "The prior p")."""
-    if cfg.privacy is None or privacy_from_table(cfg.privacy)["level"] != "instance":
+    """The public p of the AUC losses under DP, at either level (issue 40): ``privacy.pos_ratio``, else
+    the ratio the data were resampled to (``data.imratio``, the user's choice); None when neither is
+    set or the run has no DP (docs/privacy.md, "The prior p"). Never counted from the records."""
+    if cfg.privacy is None:
         return None
     p = privacy_from_table(cfg.privacy)["pos_ratio"]
     return p if p is not None else cfg.imratio
@@ -197,14 +197,17 @@ def check_privacy(cfg: Any) -> None:
             f"per round; set sampling_rate above {1 / (2 * k):.3g} (one client) or sampling = 'poisson'"
         )
     stub = _algorithm_stub(cfg)
-    if p["pos_ratio"] is not None and p["level"] != "instance":
-        raise ConfigError(
-            "privacy.pos_ratio is the public p of instance-level DP: set it with level = 'instance'"
-        )
+    if p["pos_ratio"] is not None and not 0.0 < p["pos_ratio"] < 1.0:
+        raise ConfigError(f"privacy.pos_ratio must lie in (0, 1), got {p['pos_ratio']}")
     if p["level"] == "client":
         reason = unsupported_reason(stub)
         if reason is not None:
             raise ConfigError(f"privacy.level = 'client': {reason}")
+        if stub.uses_pos_ratio and cfg.pos_ratio_mode == "global" and instance_pos_ratio(cfg) is None:
+            raise ConfigError(  # the pooled p (and the default lr) would depend on every site's counts
+                f"privacy.level = 'client': {cfg.algorithm}'s AUC loss needs a public class prior p, not one "
+                "counted from every site's records; set privacy.pos_ratio (e.g. 0.1) or data.imratio"
+            )
         if cfg.buffer_policy == "local":
             raise ConfigError(
                 "privacy.level = 'client' with model.buffer_policy = 'local': the evaluated model would "
@@ -214,8 +217,6 @@ def check_privacy(cfg: Any) -> None:
     reason = unsupported_instance_reason(stub)
     if reason is not None:
         raise ConfigError(f"privacy.level = 'instance': {reason}")
-    if p["pos_ratio"] is not None and not 0.0 < p["pos_ratio"] < 1.0:
-        raise ConfigError(f"privacy.pos_ratio must lie in (0, 1), got {p['pos_ratio']}")
     if stub.uses_pos_ratio and instance_pos_ratio(cfg) is None:
         raise ConfigError(
             f"privacy.level = 'instance': {cfg.algorithm}'s AUC loss needs a public class prior p, not "

@@ -48,8 +48,10 @@ NOT_PRIVATE = "NOT PRIVATE: reproducible test noise (privacy.reproducible_noise)
 
 
 def privacy_fields(plan: Any) -> tuple[str, ...]:
-    """history.csv columns of a DP run (the test mode adds ``privacy``, :data:`NOT_PRIVATE` on every row)."""
+    """history.csv columns of a DP run (a run releasing validation: the noise's SD on val_auroc; the
+    test mode adds ``privacy``, :data:`NOT_PRIVATE` on every row)."""
     fields = ("epsilon", "epsilon_replace_one") if plan.differs else ("epsilon",)
+    fields = ("val_auroc_noise_sd", *fields) if plan.validation is not None else fields
     return fields if plan.private else (*fields, "privacy")
 
 
@@ -87,4 +89,61 @@ def validation_release(setup: Any) -> Any:
 
     if isinstance(plan.validation, ValidationRelease):  # Flower's server: built on its aggregator's source
         return plan.validation
-    return ValidationRelease(plan.validation, run_source(setup.simulation))
+    return ValidationRelease(plan.validation, run_source(setup.simulation), setup.data.num_clients)
+
+
+HOPELESS_RATIO = 1.0  # client level: noise SD per coordinate of the mean update ≥ this × C warns
+
+
+def update_noise_ratio(noise_multiplier: float, q: float, num_clients: int) -> float:
+    """σ/(q·K): the SD per coordinate of the noise on the client-level mean update, σC/(qK)
+    (DP-FedAvg, McMahan et al. 2018, the noised sum over the expected qK participants), over the clip C —
+    the largest norm the mean of clipped updates can have. Public: σ, q and K are."""
+    return noise_multiplier / (q * num_clients)
+
+
+def update_noise_note(
+    level: str, noise_multiplier: float, q: float, num_clients: int, clip: float
+) -> str | None:
+    """The line a client-level run (and ``fedxrisk check``) states up front: the ratio of
+    :func:`update_noise_ratio`, with a warning at ≥ :data:`HOPELESS_RATIO`; None at instance level."""
+    if level != "client":
+        return None
+    ratio = update_noise_ratio(noise_multiplier, q, num_clients)
+    line = (
+        f"client-level DP: the noise on the mean update has SD σC/(qK) = {ratio * clip:.3g} per coordinate, "
+        f"{ratio:.3g}× the clip C = {clip:g} (σ = {noise_multiplier:.4g}, qK = {q * num_clients:.3g} sites a round)"
+    )
+    if ratio >= HOPELESS_RATIO:
+        line += (
+            f"; WARNING: at ≥ {HOPELESS_RATIO:g}× C the noise on every coordinate exceeds the norm of any "
+            "mean update, so the model will learn little: more sites, a larger privacy.target_epsilon "
+            "(or smaller noise_multiplier) or fewer rounds"
+        )
+    return line
+
+
+def plan_note(plan: Any) -> str | None:
+    """:func:`update_noise_note` of a :class:`~fedxrisk.run.privacy.PrivacyPlan` (or of Flower's
+    ``ServerDP``, which holds one)."""
+    plan = getattr(plan, "plan", plan)
+    return update_noise_note(plan.level, plan.noise_multiplier, plan.q, plan.num_clients, plan.clip)
+
+
+def inversion_guard() -> Any:
+    """A run's check of each released validation (``val_*`` with ``val_auroc_noise_sd``): the first
+    :func:`~fedxrisk.engines.privacy.validation.inversion_warning` goes to stderr, once per run."""
+    import math
+    import sys
+
+    from fedxrisk.engines.privacy.validation import inversion_warning
+
+    said: list[str] = []
+
+    def check(val: dict[str, Any]) -> None:
+        sd = val.get("val_auroc_noise_sd", math.nan)
+        if not said and (line := inversion_warning(val.get("val_auroc", math.nan), sd)) is not None:
+            said.append(line)
+            print(f"{line} (said once per run)", file=sys.stderr)
+
+    return check

@@ -16,8 +16,10 @@ The release (:func:`release`): the summed histogram is coarsened to ``bins`` log
 ±:data:`LIMIT` (the fine bins of :func:`~fedxrisk.stats.score_histogram` grouped; the NaN column is
 not released), N(0, (zΔ)²) is added to every count from the run's
 :class:`~fedxrisk.engines.privacy.noise.NoiseSource` (sub-stream (:data:`VALIDATION_STREAM`, round)),
-and the result is clipped at 0 and rounded (post-processing). Every engine and Flower's server draw
-the same noise for the same round, so in the test mode they select the same model.
+and the result is clipped at 0 and rounded (post-processing). The noise is the sum of K shares
+N(0, (zΔ)²/K), one per site (sub-stream (:data:`VALIDATION_STREAM`, round, site)): on Flower each site
+adds its own share before SecAgg+'s sum, so the server never holds an exact sum (issue 40); the
+simulation engines add the same K shares, so in the test mode every engine selects the same model.
 
 **When the release is noise** (:meth:`ValidationDP.signal`): the clipped noise puts an expected
 mass m = bins·zΔ/√(2π) into each class's histogram, spread over all bins, which pulls the AUROC
@@ -82,7 +84,7 @@ class ValidationDP:
     def signal(self, class_mass: tuple[float, float]) -> float:
         """ρ: the expected share of the AUROC's distance from ½ the release keeps (module docstring);
         ``class_mass``: the (negative, positive) mass of the summed histogram (client level: S per
-        site holding the class)."""
+        site holding validation data)."""
         m = self.noise_mass()
         return math.prod(n / (n + m) for n in class_mass)
 
@@ -133,11 +135,22 @@ def coarsen(counts: np.ndarray, bins: int) -> np.ndarray:
     return out
 
 
-def noise(dp: ValidationDP, source: Any, round_: int, shape: tuple[int, ...]) -> np.ndarray:
-    """N(0, (zΔ)²) for the release of evaluation ``round_`` (NaN column zero), float64."""
-    z = source.spawn(VALIDATION_STREAM, round_).standard_normal(math.prod(shape)).reshape(shape) * dp.std
+def share(
+    dp: ValidationDP, source: Any, round_: int, site: int, sites: int, shape: tuple[int, ...]
+) -> np.ndarray:
+    """Site ``site``'s share N(0, (zΔ)²/K) of the noise of evaluation ``round_`` (K = ``sites``; NaN
+    column zero), float64, from the sub-stream (VALIDATION_STREAM, round, site) of ``source``: what a
+    Flower site adds before SecAgg+'s sum (distributed noise, issue 40)."""
+    draws = source.spawn(VALIDATION_STREAM, round_, site).standard_normal(math.prod(shape)).reshape(shape)
+    z = draws * (dp.std / math.sqrt(sites))
     z[..., -1] = 0.0
     return z
+
+
+def noise(dp: ValidationDP, source: Any, round_: int, shape: tuple[int, ...], sites: int = 1) -> np.ndarray:
+    """N(0, (zΔ)²) for the release of evaluation ``round_``: the sum of the ``sites`` shares
+    (:func:`share`), so in the test mode every engine draws what Flower's sites add (NaN column zero)."""
+    return np.sum([share(dp, source, round_, k, sites, shape) for k in range(sites)], axis=0)
 
 
 def finish(noisy: np.ndarray) -> np.ndarray:
@@ -145,18 +158,20 @@ def finish(noisy: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(noisy, 0.0, None)).astype(np.int64)
 
 
-def release(counts: np.ndarray, dp: ValidationDP, source: Any, round_: int) -> np.ndarray:
+def release(counts: np.ndarray, dp: ValidationDP, source: Any, round_: int, sites: int = 1) -> np.ndarray:
     """The released ``[L, 2, bins + 1]`` histograms of summed fine ``counts`` at evaluation ``round_``."""
     coarse = coarsen(counts, dp.bins)
-    return finish(coarse + noise(dp, source, round_, coarse.shape))
+    return finish(coarse + noise(dp, source, round_, coarse.shape, sites))
 
 
 @dataclass
 class ValidationRelease:
-    """What a server needs to release validation: the settings and the run's noise source (never written)."""
+    """What a server needs to release validation: the settings, the run's noise source (never
+    written) and the number of sites whose shares make up the noise (:func:`noise`)."""
 
     dp: ValidationDP
     source: Any
+    sites: int = 1
 
     def __reduce__(self) -> Any:  # its source is never saved
         raise TypeError("a ValidationRelease holds the run's noise source: it is never saved")
@@ -172,15 +187,20 @@ def run_source(sim: Any) -> Any:
 
 def class_mass(dp: ValidationDP, y_val: np.ndarray, shards: list[np.ndarray]) -> list[tuple[float, float]]:
     """Per label, the (negative, positive) mass of the summed validation histograms: the counts at
-    instance level; at client level :data:`SITE_MASS` per site holding the class."""
+    instance level; at client level :data:`SITE_MASS` a class per site holding validation data (public)."""
     y = np.asarray(y_val).reshape(len(y_val), -1)
     out = []
     for j in range(y.shape[1]):
         per_site = [(int((y[s, j] == 0).sum()), int((y[s, j] == 1).sum())) for s in shards]
-        if dp.level == "client":
-            per_site = [(SITE_MASS * (n > 0), SITE_MASS * (p > 0)) for n, p in per_site]
+        if dp.level == "client":  # public: S a class per site holding validation data (issue 40)
+            per_site = [(SITE_MASS * (n + p > 0),) * 2 for n, p in per_site]
         out.append((float(sum(n for n, _ in per_site)), float(sum(p for _, p in per_site))))
     return out
+
+
+def sites_needed(dp: ValidationDP) -> int:
+    """Client level: the sites holding validation data that keep ρ ≥ ½, ⌈(1 + √2)·m / S⌉ (public)."""
+    return math.ceil((1.0 + math.sqrt(2.0)) * dp.noise_mass() / SITE_MASS)
 
 
 def records_needed(dp: ValidationDP) -> float:
@@ -205,14 +225,51 @@ def mass_refusal(dp: ValidationDP, masses: list[tuple[float, float]]) -> str | N
     rho = min(dp.signal(m) for m in masses)
     if rho >= 0.5:
         return None
-    neg, pos = min(masses, key=dp.signal)
-    unit = "site mass (S = 256 a site)" if dp.level == "client" else "validation records"
+    sites = min(min(m) for m in masses) / SITE_MASS  # public: the sites holding validation data
     return (
         f"the validation release would be noise: z = {dp.noise_multiplier:g} adds an expected mass "
-        f"{dp.noise_mass():.4g} per class over {dp.bins} bins against {neg:g} negative and {pos:g} positive "
-        f"{unit}, keeping ρ = {rho:.2f} < 0.5 of the AUROC's distance from 0.5; use more validation data "
+        f"{dp.noise_mass():.4g} per class over {dp.bins} bins against the site mass S = {SITE_MASS} of each of "
+        f"the {sites:g} sites holding validation data, keeping ρ = {rho:.2f} < 0.5 of the AUROC's distance "
+        f"from 0.5 (ρ ≥ ½ needs {sites_needed(dp)} sites); use more validation data "
         "(client level: more sites), fewer privacy.validation_bins, a smaller privacy.validation_noise_multiplier "
         "(more ε), or selection = 'last' without early stopping"
+    )
+
+
+NOISE_DRAWS = 64  # re-noised copies of a release that estimate its AUROC's noise SD
+INVERSION_SDS = 2.0  # |AUROC − ½| below this many noise SDs: the release cannot tell a model from its inverse
+
+
+def auroc_noise_sd(released: np.ndarray, dp: ValidationDP, draws: int = NOISE_DRAWS) -> float:
+    """SD of the released (label-mean) validation AUROC due to the noise: the released ``[L, 2, bins + 1]``
+    counts re-noised with N(0, (zΔ)²), clipped and rounded as the release is, ``draws`` times
+    (a parametric bootstrap: post-processing of the release, so a seeded generator is fine)."""
+    from fedxrisk.stats.histogram import histogram_auroc
+
+    rng = np.random.default_rng(0)
+    values = []
+    for _ in range(draws):
+        again = finish(
+            released
+            + rng.normal(0.0, dp.std, released.shape)
+            * (np.arange(released.shape[-1]) < released.shape[-1] - 1)
+        )
+        aurocs = [histogram_auroc(c) for c in again]
+        values.append(np.nanmean(aurocs) if not np.isnan(aurocs).all() else np.nan)
+    return float(np.nanstd(values)) if not np.isnan(values).all() else math.nan
+
+
+def inversion_warning(auroc: float, sd: float) -> str | None:
+    """The utility guard (issue 40): a released validation AUROC within :data:`INVERSION_SDS` noise SDs
+    of ½ cannot tell the model from its inverse (AUROC 1 − a, released on the other side of ½ with
+    probability above Φ(−2) ≈ 2.3 %), so choosing on it is choosing on noise; the warning, or None."""
+    if math.isnan(auroc) or math.isnan(sd) or abs(auroc - 0.5) >= INVERSION_SDS * sd:
+        return None
+    return (
+        f"privacy: the released validation AUROC {auroc:.3f} lies within {INVERSION_SDS:g} noise SDs "
+        f"(SD {sd:.3f}) of 0.5: it cannot tell this model from its inverse, so selection = 'best' / early "
+        "stopping choose on noise; more validation data (client level: more sites), fewer "
+        "privacy.validation_bins or a smaller privacy.validation_noise_multiplier (column val_auroc_noise_sd)"
     )
 
 
