@@ -53,7 +53,7 @@ def measure(data: str, rounds: int, local_rounds: int, bootstrap: int) -> dict:
     torch.set_num_threads(1)
     import fedxrisk
     from fedxrisk.data.readers.heart import read_heart_disease
-    from fedxrisk.evaluation_cross import cross_site
+    from fedxrisk.evaluation.cross import cross_site
     from fedxrisk.run.recipes import run_experiment
     from fedxrisk.run.spec import RunConfig
 

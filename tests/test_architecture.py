@@ -41,10 +41,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("run.tune", ("fedxrisk.run.tunespace", "fedxrisk.run.tuneout", "fedxrisk.run.tune", "fedxrisk.run.tuneconfirm")),  # only run.tune imports optuna
     ("api", (
         "fedxrisk.experiment", "fedxrisk.inference", "fedxrisk.inputs", "fedxrisk.prediction",
-        "fedxrisk.evaluation", "fedxrisk.evaluation_data", "fedxrisk.evaluation_report",
-        "fedxrisk.evaluation_federated", "fedxrisk.evaluation_against", "fedxrisk.evaluation_clinic",
-        "fedxrisk.evaluation_personal", "fedxrisk.evaluation_survival",
-        "fedxrisk.evaluation_cross", "fedxrisk.plots", "fedxrisk.compare",
+        "fedxrisk.evaluation", "fedxrisk.evaluation.data", "fedxrisk.evaluation.report",
+        "fedxrisk.evaluation.federated", "fedxrisk.evaluation.against", "fedxrisk.evaluation.clinic",
+        "fedxrisk.evaluation.personal", "fedxrisk.evaluation.survival",
+        "fedxrisk.evaluation.cross", "fedxrisk.plots", "fedxrisk.compare",
         "fedxrisk.tune",
     )),
     ("cli", ("fedxrisk.cli", "fedxrisk.__main__")),

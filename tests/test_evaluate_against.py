@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import fedxrisk
 from fedxrisk.cli import main
-from fedxrisk.evaluation_clinic import (
+from fedxrisk.evaluation.clinic import (
     calibration_report,
     fit_temperature,
     operating_points,
@@ -179,7 +179,7 @@ def test_cli_threshold_from_validation(runs, tmp_path):  # noqa: F811
     with torch.no_grad():
         vs = load_model(runs / "localsgdm")(fed.data.x_val).reshape(-1).numpy().astype(np.float64)
     vy = fed.data.y_val.numpy().reshape(-1).astype(bool)
-    from fedxrisk.evaluation_clinic import _threshold
+    from fedxrisk.evaluation.clinic import _threshold
 
     assert op["threshold"] == pytest.approx(_threshold(vy, vs, "sensitivity", 0.8), rel=1e-6)
     y, s = _scores(runs / "localsgdm")

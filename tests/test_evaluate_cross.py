@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from fedxrisk.cli import main
-from fedxrisk.evaluation_cross import cross_site
+from fedxrisk.evaluation.cross import cross_site
 from fedxrisk.experiment import RunConfig, build_data, load_model, run_experiment
 from fedxrisk.inference import feature_standardization
 from fedxrisk.stats import delong

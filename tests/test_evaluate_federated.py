@@ -10,7 +10,7 @@ import pytest
 
 import fedxrisk
 from fedxrisk.evaluation import label_metrics
-from fedxrisk.evaluation_federated import label_sites
+from fedxrisk.evaluation.federated import label_sites
 from fedxrisk.experiment import RunConfig, run_experiment
 from fedxrisk.stats import delong, delong_paired, logit_edges
 

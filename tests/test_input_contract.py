@@ -28,7 +28,7 @@ from fedxrisk.data.loading import load_dataset
 from fedxrisk.data.readers import READERS
 from fedxrisk.data.readers.base import split_labeled
 from fedxrisk.data.registry import SURVIVAL_DATASETS
-from fedxrisk.evaluation_data import dataset_data
+from fedxrisk.evaluation.data import dataset_data
 from fedxrisk.experiment import RunConfig, run_experiment
 from fedxrisk.inference import InputError, load_trained
 from fedxrisk.prediction import predict

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fedxrisk.evaluation_survival import is_survival_run
+from fedxrisk.evaluation.survival import is_survival_run
 from fedxrisk.inference import InputError, load_trained, resolve_workers
 from fedxrisk.inputs import open_input
 from fedxrisk.outfiles import check_creatable, make_folder, refuse_inputs, refuse_symlink, replace_atomic

@@ -80,9 +80,9 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
     """
     from fedxrisk.data.readers import DataFileError
     from fedxrisk.evaluation import evaluate
-    from fedxrisk.evaluation_clinic import markdown_lines as clinic_lines
-    from fedxrisk.evaluation_personal import markdown_lines as personal_lines
-    from fedxrisk.evaluation_report import console_tables
+    from fedxrisk.evaluation.clinic import markdown_lines as clinic_lines
+    from fedxrisk.evaluation.personal import markdown_lines as personal_lines
+    from fedxrisk.evaluation.report import console_tables
 
     with config_errors():
         try:
@@ -100,7 +100,7 @@ def evaluate_(run_dir: str, quiet: bool, **options: Any) -> None:
         return
     out = Console()
     if result.get("task") == "survival":
-        from fedxrisk.evaluation_survival import markdown
+        from fedxrisk.evaluation.survival import markdown
 
         for line in markdown(result).splitlines():
             out.print(printable(line), markup=False)
@@ -130,14 +130,14 @@ def cross_site_(runs: tuple[str, ...], **options: Any) -> None:
     cross_site.md and cross_site.png into --out (docs/evaluation.md).
     """
     from fedxrisk.data.readers import DataFileError
-    from fedxrisk.evaluation_cross import cross_site
+    from fedxrisk.evaluation.cross import cross_site
 
     with config_errors():
         try:
             result = cross_site(list(runs), **options)
         except DataFileError as e:
             raise BadConfig(str(e)) from None
-    from fedxrisk.evaluation_cross import markdown
+    from fedxrisk.evaluation.cross import markdown
 
     for line in markdown(result).splitlines():  # printable() escapes a newline: the table line by line
         click.echo(printable(line))

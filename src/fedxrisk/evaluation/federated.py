@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedxrisk.evaluation_data import Scored
+from fedxrisk.evaluation.data import Scored
 from fedxrisk.stats import delong, delong_paired, logit_edges
 from fedxrisk.stats.federated import EVAL_BINS, EVAL_LIMIT, federated_delong, federated_paired, simulate
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedxrisk.data.types import site_name
-from fedxrisk.evaluation_data import _columns, client_test_portions
+from fedxrisk.evaluation.data import _columns, client_test_portions
 from fedxrisk.inference import InputError, TrainedModel
 
 

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from fedxrisk.evaluation_against import against_report, check_comparable, check_same_test_set
-from fedxrisk.evaluation_clinic import calibration_report, operating_points
-from fedxrisk.evaluation_data import Progress, Scored, _manifest_data, dataset_data, run_data
-from fedxrisk.evaluation_federated import federated_report
-from fedxrisk.evaluation_report import FILES, PAUC_FPR, console_tables, markdown, write_files
-from fedxrisk.evaluation_survival import evaluate_survival, is_survival_run, refuse_binary_options
+from fedxrisk.evaluation.against import against_report, check_comparable, check_same_test_set
+from fedxrisk.evaluation.clinic import calibration_report, operating_points
+from fedxrisk.evaluation.data import Progress, Scored, _manifest_data, dataset_data, run_data
+from fedxrisk.evaluation.federated import federated_report
+from fedxrisk.evaluation.report import FILES, PAUC_FPR, console_tables, markdown, write_files
+from fedxrisk.evaluation.survival import evaluate_survival, is_survival_run, refuse_binary_options
 from fedxrisk.inference import InputError, TrainedModel, load_trained, resolve_workers
 from fedxrisk.outfiles import check_folder, refuse_inputs
 
@@ -81,11 +81,11 @@ def evaluate(
     """Evaluate the final model of ``run_dir``; write evaluation.json/.md, roc.png, pr.png into ``out``.
 
     ``against``: a second run scored on the same patients (paired tests,
-    :mod:`fedxrisk.evaluation_against`); ``at_specificity``/``at_sensitivity``: operating points
+    :mod:`fedxrisk.evaluation.against`); ``at_specificity``/``at_sensitivity``: operating points
     with CIs, their threshold chosen on the evaluated data (``threshold_from = "test"``, in-sample)
     or on the run's validation data (``"validation"``); ``calibration``: Brier, ECE, temperature scaling and reliability.png
-    (:mod:`fedxrisk.evaluation_clinic`). On data with sites the pooled AUROC [CI] is also computed
-    federated (:mod:`fedxrisk.evaluation_federated`), and with ``dp_epsilon`` from one
+    (:mod:`fedxrisk.evaluation.clinic`). On data with sites the pooled AUROC [CI] is also computed
+    federated (:mod:`fedxrisk.evaluation.federated`), and with ``dp_epsilon`` from one
     differentially private release (:mod:`fedxrisk.stats.dp_eval`).
 
     ``out`` defaults to the run folder; existing evaluation files there are refused
@@ -133,7 +133,7 @@ def evaluate(
     if taken and not overwrite:
         raise InputError(f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or --out")
     trained = load_trained(run_dir, device)
-    if is_survival_run(trained):  # Harrell's C per site and pooled (evaluation_survival.py)
+    if is_survival_run(trained):  # Harrell's C per site and pooled (evaluation/survival.py)
         refuse_binary_options(dict(manifest=manifest, against=against, at_specificity=at_specificity,
                                    at_sensitivity=at_sensitivity, calibration=calibration, personal=personal,
                                    dp_epsilon=dp_epsilon))  # fmt: skip
@@ -168,7 +168,7 @@ def evaluate(
             "--dp-epsilon privatizes the federated evaluation: the data needs sites (a source column)"
         )
     if personal:
-        from fedxrisk.evaluation_personal import personal_report
+        from fedxrisk.evaluation.personal import personal_report
 
         result["personal"] = personal_report(trained, label_metrics, bootstrap, seed)
     asks = (at_specificity, at_sensitivity, threshold_from)

@@ -4,7 +4,7 @@ AUROC: DeLong's paired test (:func:`fedxrisk.stats.delong_paired`, pROC's
 ``roc.test(paired = TRUE)``); AP and pAUC(FPR ≤ 0.3): the paired stratified bootstrap
 (:func:`fedxrisk.stats.paired_bootstrap`), one set of resamples for both models. On data with
 sites the federated paired test (two secure sums, :mod:`fedxrisk.stats.federated`) is reported
-beside it (:mod:`fedxrisk.evaluation_federated`). The two runs must have been tested on the same
+beside it (:mod:`fedxrisk.evaluation.federated`). The two runs must have been tested on the same
 patients: their rebuilt test sets are compared and a difference is refused in one line.
 """
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedxrisk.evaluation_against import console_table as against_table
-from fedxrisk.evaluation_against import markdown_lines as against_lines
-from fedxrisk.evaluation_clinic import markdown_lines as clinic_lines
-from fedxrisk.evaluation_clinic import reliability_png
-from fedxrisk.evaluation_federated import console_table, markdown_lines
-from fedxrisk.evaluation_personal import markdown_lines as personal_lines
+from fedxrisk.evaluation.against import console_table as against_table
+from fedxrisk.evaluation.against import markdown_lines as against_lines
+from fedxrisk.evaluation.clinic import markdown_lines as clinic_lines
+from fedxrisk.evaluation.clinic import reliability_png
+from fedxrisk.evaluation.federated import console_table, markdown_lines
+from fedxrisk.evaluation.personal import markdown_lines as personal_lines
 
 if TYPE_CHECKING:
     from fedxrisk.evaluation import Scored

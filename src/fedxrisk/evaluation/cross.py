@@ -27,7 +27,7 @@ FILES = ("cross_site.json", "cross_site.md", "cross_site.png")
 
 
 def _sites_of_run(first: TrainedModel) -> tuple[Any, np.ndarray, list[tuple[str, np.ndarray]]]:
-    from fedxrisk.evaluation_data import client_test_portions
+    from fedxrisk.evaluation.data import client_test_portions
     from fedxrisk.run.build import build_data
 
     try:
@@ -54,7 +54,7 @@ def _source_groups(source: Any, where: Any, names: Sequence[str] = ()) -> list[t
 
 
 def _sites_of_dataset(first: TrainedModel, dataset: str, data_dir: str | None, split: str):
-    from fedxrisk.evaluation_data import read_for_model
+    from fedxrisk.evaluation.data import read_for_model
 
     d = read_for_model(first, dataset, data_dir)
     x, y = (d.x_test, d.y_test) if split == "test" else (d.x_train, d.y_train)
@@ -110,7 +110,7 @@ def cross_site(
             f"{folder}: already holds {', '.join(taken)}; pass --overwrite to replace, or another --out"
         )
     models = [load_trained(r, device) for r in runs]
-    from fedxrisk.evaluation_survival import is_survival_run
+    from fedxrisk.evaluation.survival import is_survival_run
 
     if any(is_survival_run(m) for m in models):
         raise InputError(
