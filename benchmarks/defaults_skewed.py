@@ -166,6 +166,35 @@ def wilcoxon(diffs: list[float]) -> float:
     return float(test(d).pvalue)
 
 
+def matrix(cells: dict[str, Any], datasets: list[str], metric: str) -> list[str]:
+    """One table row per method: the mean test ``metric`` per dataset and, for the AUC methods, the
+    mean paired difference to CE FedAvg's default with the seeds where it is higher."""
+    lines = []
+    for alg, label in METHODS.items():
+        row = []
+        for d in datasets:
+            pairs = paired(cells, d, alg, metric)
+            if not pairs:
+                row.append("–")
+                continue
+            mine = [p[1] for p in pairs]
+            text = f"{np.nanmean(mine):.4f}" if not all(math.isnan(v) for v in mine) else "NaN"
+            nan = sum(math.isnan(v) for v in mine)
+            text += f" (NaN {nan})" if nan else ""
+            if alg != BASELINE:
+                diffs = [a - b for _, a, b in pairs]
+                wins = sum(x > 0 for x in diffs)
+                delta = f"{np.nanmean(diffs):+.4f}"
+                delta = f"**{delta}**" if wins == 0 and all(x < 0 for x in diffs) else delta
+                text += f" ({delta}, {wins}/{len(diffs)})"
+            if metric == "auroc":
+                below = sum(p[1] < 0.5 for p in pairs)
+                text += f" ⚠ {below}" if below else ""
+            row.append(text)
+        lines.append(f"| {label} (`{alg}`) | " + " | ".join(row) + " |")
+    return lines
+
+
 def render(cells: dict[str, Any]) -> str:
     cells = {k: v for k, v in cells.items() if not k.startswith("_")}
     datasets = [d for d in DATASETS if any(r["dataset"] == d for r in cells.values())]
@@ -182,35 +211,18 @@ def render(cells: dict[str, Any]) -> str:
         f"K = 16 Dirichlet(0.5) of campaign, mammography, donors; the 4 heart hospitals, `--partition source`; "
         f"`--allow-missing-class`): {'/'.join(map(str, rounds))} rounds, MLP, no validation, the final model. Seeds {', '.join(map(str, seeds))}, "
         f"paired per seed (same split, same initial model). {len(cells)} cells, "
-        f"{cpu / 60:.1f} min CPU (one process). `{COMMAND.format(seeds=len(seeds))}`; fedxrisk at {', '.join(commits)}, "
-        f"source digest(s) {', '.join(digests)}.",
+        f"{cpu / 60:.1f} min CPU (one process). `{COMMAND.format(seeds=len(seeds))}`; ran at commit(s) "
+        f"{', '.join(commits)}, fedxrisk source digest(s) {', '.join(digests)} (one digest: every cell ran the same src).",
         "",
         "Test AUROC, mean over seeds; for the AUC methods, (Δ vs CE FedAvg's default, seeds higher / seeds). "
         "**bold Δ**: lower on every seed; ⚠ k: k seeds below 0.5 test AUROC.",
         "",
-        "| method | " + " | ".join(datasets) + " |",
-        "|---|" + "---|" * len(datasets),
     ]
-    for alg, label in METHODS.items():
-        row = []
-        for d in datasets:
-            pairs = paired(cells, d, alg, "auroc")
-            if not pairs:
-                row.append("–")
-                continue
-            mine = [p[1] for p in pairs]
-            text = f"{np.nanmean(mine):.4f}" if not all(math.isnan(v) for v in mine) else "NaN"
-            nan = sum(math.isnan(v) for v in mine)
-            text += f" (NaN {nan})" if nan else ""
-            below = sum(v < 0.5 for v in mine if not math.isnan(v))
-            if alg != BASELINE:
-                diffs = [a - b for _, a, b in pairs]
-                wins = sum(x > 0 for x in diffs)
-                delta = f"{np.nanmean(diffs):+.4f}"
-                delta = f"**{delta}**" if wins == 0 and all(x < 0 for x in diffs) else delta
-                text += f" ({delta}, {wins}/{len(diffs)})"
-            row.append(text + (f" ⚠ {below}" if below else ""))
-        lines.append(f"| {label} (`{alg}`) | " + " | ".join(row) + " |")
+    header = ["| method | " + " | ".join(datasets) + " |", "|---|" + "---|" * len(datasets)]
+    lines += header
+    lines += matrix(cells, datasets, "auroc")
+    lines += ["", "Test AP (average precision), the same way:", "", *header]
+    lines += matrix(cells, datasets, "ap")
     lines += [
         "",
         "Over all datasets × seeds, paired against CE FedAvg's default (two-sided Wilcoxon signed-rank "
