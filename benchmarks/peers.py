@@ -289,7 +289,7 @@ def _tree_memory(session: int) -> tuple[float, float, int]:
             continue
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[4]) != session:  # field 6: session id
+            if int(stat.rsplit(")", 1)[1].split()[3]) != session:  # field 6: session id
                 continue
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Rss:"):
