@@ -88,6 +88,14 @@ def make_model():
 
 
 _DATA: dict = {}
+STAGES: dict[str, float] = {}  # this process's RSS (MB) at the stages of a worker
+
+
+def stage(name: str, field: str = "VmRSS:") -> None:
+    """Record this process's resident memory now (``VmRSS``; ``VmHWM``: its peak) under ``name``."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            STAGES[name] = round(int(line.split()[1]) / 1024, 1)
 
 
 def actor_data(clients: int, per_client: int):
@@ -118,20 +126,33 @@ def work_fedxrisk(k: int, m: int, rounds: int, per_client: int) -> dict:
     from fedxrisk.engines.participation import Participation
     from fedxrisk.problem import Problem
 
+    stage("imported")
     fed = make_data(k, per_client)
     model = make_model()
+    stage("data")
     alg = ALGORITHMS["localsgdm"](Problem(model, float(fed.data.y_train.mean())), momentum=0.0)
     sim = Simulation(
         alg, fed, Schedule.build(rounds, LOCAL_STEPS, LR, 1), BATCH, seed=0, engine="vmap",
         participation=Participation(m, k, seed=0),
     )  # fmt: skip
+    stage("built")
+    state_mb = sum(t.numel() * t.element_size() for t in _leaves(sim.states)) / 2**20
     marks = [time.perf_counter()]
     while not sim.done:
         sim.run_round()
         marks.append(time.perf_counter())
+    stage("trained")
     params, buffers = sim.global_model()
     model.load_state_dict({**params, **buffers})
-    return {"marks": marks, "loss": final_loss(model, fed)}
+    return {"marks": marks, "loss": final_loss(model, fed), "state_mb": round(state_mb, 1)}
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _leaves(v)
+    else:
+        yield tree
 
 
 def work_flower(k: int, m: int, rounds: int, per_client: int) -> dict:
@@ -214,7 +235,9 @@ def work_pfl(k: int, m: int, rounds: int, per_client: int) -> dict:
 
     from fedxrisk.objectives import bce_loss
 
+    stage("imported")
     fed = make_data(k, per_client)
+    stage("data")
 
     class Net(torch.nn.Module):  # pfl's PyTorchModel wants loss() and metrics() on the module
         def __init__(self) -> None:
@@ -241,6 +264,7 @@ def work_pfl(k: int, m: int, rounds: int, per_client: int) -> dict:
         local_optimizer_create=torch.optim.SGD,
         central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
     )
+    stage("built")
     marks = [time.perf_counter()]
 
     class Clock(TrainingProcessCallback):
@@ -262,6 +286,7 @@ def work_pfl(k: int, m: int, rounds: int, per_client: int) -> dict:
         ),
         callbacks=[Clock()],
     )
+    stage("trained")
     return {"marks": marks, "loss": final_loss(net.mlp, fed)}
 
 
@@ -272,9 +297,11 @@ def worker(name: str, k: int, m: int, rounds: int, per_client: int) -> None:
     import torch
 
     torch.set_num_threads(1)
+    stage("torch")
     t0 = time.perf_counter()
     out = WORKERS[name](k, m, rounds, per_client)
-    print("RESULT " + json.dumps({**out, "t0": t0}), flush=True)
+    stage("peak", "VmHWM:")
+    print("RESULT " + json.dumps({**out, "t0": t0, "stages": STAGES}), flush=True)
 
 
 # ---------------------------------------------------------------- the parent: memory of a process tree
@@ -343,7 +370,7 @@ def run_peer(name: str, k: int, m: int, warmup: int, rounds: int, per_client: in
         "rounds_per_s": round(rounds / timed, 3), "first_rounds_s": round(marks[warmup] - marks[0], 2),
         "setup_s": round(marks[0] - out["t0"], 2), "process_s": round(wall, 1),
         "peak_rss_mb": round(peak["rss"], 1), "peak_pss_mb": round(peak["pss"], 1), "processes": peak["procs"],
-        "final_loss": round(out["loss"], 4),
+        "final_loss": round(out["loss"], 4), "rss_stages_mb": out.get("stages", {}), "state_mb": out.get("state_mb"),
     }  # fmt: skip
 
 
@@ -398,6 +425,25 @@ def render(res: dict) -> str:
             f"| {r['first_rounds_s']:.1f} | {r['setup_s']:.1f} | {r['process_s']:.0f} | {r['peak_rss_mb']:.0f} "
             f"| {r['peak_pss_mb']:.0f} | {mem} | {r['processes']} | {r['final_loss']:.3f} |"
         )
+    lines += [
+        "",
+        "Resident memory of the one process of fedxrisk and pfl (MB, `/proc/self/status`) after each stage: "
+        "`import torch`; the framework imported; the data and model built; the simulation built; the rounds run; "
+        "the process's peak (VmHWM). fedxrisk's stacked state: every client's model and momentum, exact bytes.",
+        "",
+        "| K | framework | torch | imported | data | built | trained | peak | stacked client state MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in res["runs"]:
+        st = r.get("rss_stages_mb") or {}
+        if "built" not in st:
+            continue
+        cells = " | ".join(
+            f"{st.get(s, float('nan')):.0f}"
+            for s in ("torch", "imported", "data", "built", "trained", "peak")
+        )
+        state = "—" if r.get("state_mb") is None else f"{r['state_mb']:.1f}"
+        lines.append(f"| {r['clients']:,} | {r['framework']} | {cells} | {state} |")
     return "\n".join(lines) + "\n"
 
 
