@@ -417,11 +417,20 @@ def render(res: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["runs"]:
-        ours = next(o for o in res["runs"] if o["framework"] == "fedxrisk" and o["clients"] == r["clients"])
+        key = (r["clients"], r["per_round"])
+        ours = next(
+            (
+                o
+                for o in res["runs"]
+                if o["framework"] == "fedxrisk" and (o["clients"], o["per_round"]) == key
+            ),
+            r,
+        )
         speed = "—" if r is ours else f"**{ours['rounds_per_s'] / r['rounds_per_s']:.1f}×**"
         mem = "—" if r is ours else f"{r['peak_pss_mb'] / ours['peak_pss_mb']:.1f}×"
+        name = r["framework"] + (" (control: every client)" if r.get("control") else "")
         lines.append(
-            f"| {r['clients']:,} | {r['per_round']} | {r['framework']} | {r['rounds_per_s']:.2f} | {speed} "
+            f"| {r['clients']:,} | {r['per_round']} | {name} | {r['rounds_per_s']:.2f} | {speed} "
             f"| {r['first_rounds_s']:.1f} | {r['setup_s']:.1f} | {r['process_s']:.0f} | {r['peak_rss_mb']:.0f} "
             f"| {r['peak_pss_mb']:.0f} | {mem} | {r['processes']} | {r['final_loss']:.3f} |"
         )
@@ -456,6 +465,13 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--per-client", type=int, default=LOCAL_STEPS * BATCH)
     p.add_argument("--frameworks", default="fedxrisk,flower,pfl")
+    p.add_argument(
+        "--control",
+        type=int,
+        default=100,
+        help="also fedxrisk alone with K = m = this (0: none): the same "
+        "local work per round as m of a larger K, without its per-round O(K) work",
+    )
     p.add_argument("--pfl-python", default=PFL_PYTHON)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -472,6 +488,15 @@ def main() -> None:
         for name in args.frameworks.split(","):
             runs.append(run_peer(name, k, m, args.warmup, args.rounds, args.per_client, args.pfl_python))
             print(json.dumps(runs[-1]), flush=True)
+    if args.control:
+        c = args.control
+        runs.append(
+            {
+                **run_peer("fedxrisk", c, c, args.warmup, args.rounds, args.per_client, args.pfl_python),
+                "control": True,
+            }
+        )
+        print(json.dumps(runs[-1]), flush=True)
     res = {
         "command": " ".join(["python", "benchmarks/peers.py", *sys.argv[1:]]),
         "per_client": args.per_client, "rounds": args.rounds, "warmup": args.warmup,
