@@ -452,7 +452,10 @@ def render(res: dict) -> str:
             for s in ("torch", "imported", "data", "built", "trained", "peak")
         )
         state = "—" if r.get("state_mb") is None else f"{r['state_mb']:.1f}"
-        lines.append(f"| {r['clients']:,} | {r['framework']} | {cells} | {state} |")
+        name = r["framework"] + (
+            f" (control: {r['per_round']} of {r['clients']})" if r.get("control") else ""
+        )
+        lines.append(f"| {r['clients']:,} | {name} | {cells} | {state} |")
     return "\n".join(lines) + "\n"
 
 
