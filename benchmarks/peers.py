@@ -132,19 +132,48 @@ def work_fedxrisk(k: int, m: int, rounds: int, per_client: int) -> dict:
     stage("data")
     alg = ALGORITHMS["localsgdm"](Problem(model, float(fed.data.y_train.mean())), momentum=0.0)
     sim = Simulation(
-        alg, fed, Schedule.build(rounds, LOCAL_STEPS, LR, 1), BATCH, seed=0, engine="vmap",
+        alg, fed, Schedule.build(rounds + PROFILE_ROUNDS, LOCAL_STEPS, LR, 1), BATCH, seed=0, engine="vmap",
         participation=Participation(m, k, seed=0),
     )  # fmt: skip
     stage("built")
     state_mb = sum(t.numel() * t.element_size() for t in _leaves(sim.states)) / 2**20
     marks = [time.perf_counter()]
-    while not sim.done:
+    for _ in range(rounds):
         sim.run_round()
         marks.append(time.perf_counter())
     stage("trained")
     params, buffers = sim.global_model()
     model.load_state_dict({**params, **buffers})
-    return {"marks": marks, "loss": final_loss(model, fed), "state_mb": round(state_mb, 1)}
+    loss = final_loss(model, fed)
+    return {"marks": marks, "loss": loss, "state_mb": round(state_mb, 1), "profile": _profile(sim)}
+
+
+PROFILE_ROUNDS = 5  # fedxrisk runs these after the timed rounds, under cProfile: where its round goes
+PARTS = {  # (file, function) of fedxrisk's round, as cProfile names them
+    "round": ("engines/simulation.py", "run_round"),
+    "local steps (vmapped step)": ("engines/simulation.py", "map_clients"),
+    "local steps (with take/put rows)": ("engines/clientround.py", "local_steps"),
+    "communicate (participants' mean over K rows)": ("engines/clientround.py", "communicate"),
+    "finite check over K rows": ("engines/simulation.py", "_finite"),
+}
+
+
+def _profile(sim) -> dict[str, float]:
+    """Milliseconds per round in each of :data:`PARTS` (cumulative), over ``PROFILE_ROUNDS`` rounds."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(PROFILE_ROUNDS):
+        sim.run_round()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    out = {}
+    for part, (file, name) in PARTS.items():
+        ct = sum(v[3] for (f, _, n), v in stats.items() if f.endswith(file) and n == name)
+        out[part] = round(ct / PROFILE_ROUNDS * 1e3, 1)
+    return out
 
 
 def _leaves(tree):
@@ -371,6 +400,7 @@ def run_peer(name: str, k: int, m: int, warmup: int, rounds: int, per_client: in
         "setup_s": round(marks[0] - out["t0"], 2), "process_s": round(wall, 1),
         "peak_rss_mb": round(peak["rss"], 1), "peak_pss_mb": round(peak["pss"], 1), "processes": peak["procs"],
         "final_loss": round(out["loss"], 4), "rss_stages_mb": out.get("stages", {}), "state_mb": out.get("state_mb"),
+        "profile_ms": out.get("profile"),
     }  # fmt: skip
 
 
@@ -456,6 +486,20 @@ def render(res: dict) -> str:
             f" (control: {r['per_round']} of {r['clients']})" if r.get("control") else ""
         )
         lines.append(f"| {r['clients']:,} | {name} | {cells} | {state} |")
+    profiled = [r for r in res["runs"] if r.get("profile_ms")]
+    if profiled:
+        parts = list(profiled[0]["profile_ms"])
+        lines += [
+            "",
+            f"Where fedxrisk's round goes: ms per round under cProfile ({PROFILE_ROUNDS} rounds after the timed ones; "
+            "cumulative, so the parts overlap: the vmapped step is inside the local steps).",
+            "",
+            "| K | per round | " + " | ".join(parts) + " |",
+            "|---|---|" + "---|" * len(parts),
+        ]
+        for r in profiled:
+            cells = " | ".join(f"{r['profile_ms'][p]:.1f}" for p in parts)
+            lines.append(f"| {r['clients']:,} | {r['per_round']} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
