@@ -1,6 +1,6 @@
 """fedxrisk beside Flower's simulation and pfl-research: the same FedAvg task, rounds/s and peak memory.
 
-    python benchmarks/peers.py            # K = 1,000 (100 per round) and K = 100 (10 per round): ~5 min, 2-core CPU
+    python benchmarks/peers.py    # K = 1,000 (100 a round), K = 100 (10 a round): 2-4 min on the loaded 2-core CPU
 
 Needs the peers, which are not fedxrisk dependencies (the bench refuses in one line, naming the pip
 command, when one is missing):
@@ -31,7 +31,10 @@ resident memory of the process and everything it starts (Ray's GCS, raylet and a
 whole session, every 0.2 s) and reports the peak of the summed RSS and of the summed PSS (shared pages
 counted once: the fairer figure for Ray's processes that share torch's libraries). Rounds/s: the
 ``--rounds`` rounds after ``--warmup`` rounds, timed inside the worker (wall clock). All use one torch
-thread per process (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``). The machine is a shared 2-core
+thread per process (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``). fedxrisk then runs 5 more rounds under
+cProfile (not timed) and reports where its round goes; each single-process worker reports its RSS
+after each stage (``/proc/self/status``). A fedxrisk-only control run (``--control``, K = m = 100) has
+the same local work a round as K = 1,000 with 100, without the per-round O(K) work. The machine is a shared 2-core
 CPU: the load average is recorded before and after. Writes ``benchmarks/results/peers.json`` and
 ``peers.md``.
 """
