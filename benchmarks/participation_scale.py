@@ -1,16 +1,17 @@
 """Partial participation at scale (issue 43): ``fedxrisk run`` with K clients, 100 of them per round.
 
     python benchmarks/participation_scale.py                       # K = 1,000 and 10,000: ~4 min, 2-core CPU
-    python benchmarks/participation_scale.py --clients 1000 100000 --rounds 16
+    python benchmarks/participation_scale.py --clients 1000 100000 --rounds 32
 
 Each K runs as a fresh ``python -m fedxrisk.cli run`` process: CODASCA on synthetic data with
 20 training samples per client (so the data grows with K), the linear model, 100 clients per round
-(``data.clients_per_round``), I = 4 local steps of batch 8, the vmap engine, 16 rounds, one
-evaluation at the end. Reported per K: the round time in the steady state (a second run of 4
-rounds is subtracted: (wall at round 16 − wall at round 4) / 12, from history.csv, so set-up, the
-first rounds' warm-up and the final evaluation are excluded), the whole process's wall time and its
-peak RSS (``os.wait4``'s ``ru_maxrss``), and the stacked client state's bytes per client (the
-checkpoint's ``states`` / K, from ``final_state.pt``), all of the 16-round run. Writes
+(``data.clients_per_round``), I = 4 local steps of batch 8, the vmap engine, 64 rounds, one
+evaluation at the end. Reported per K: the round time in the steady state (a second run of 8
+rounds is subtracted: (wall at round 64 − wall at round 8) / 56, from history.csv, so set-up, the
+first rounds' warm-up and the final evaluation are excluded; 56 rounds, as 12 were too few on a
+loaded machine), the whole process's wall time and its peak RSS (``os.wait4``'s ``ru_maxrss``),
+and the stacked client state's bytes per client (the checkpoint's ``states`` / K, from
+``final_state.pt``), all of the 64-round run. Writes
 ``benchmarks/results/participation_scale.json`` and ``participation_scale.md``.
 """
 
@@ -100,8 +101,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--per-round", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=16)
-    parser.add_argument("--warmup-rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=64)
+    parser.add_argument("--warmup-rounds", type=int, default=8)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     runs = []

@@ -218,3 +218,39 @@ def test_flower_clients_per_round_equals_the_loop_engine(tmp_path):
         site_state = unflatten(transport.saved[node].arrays["state"])
         assert max_abs_diff(site_state, tmap(lambda x, c=c: x[c : c + 1], sim.states)) < 1e-6
     assert (tmp_path / "participation.csv").read_text() == participation_csv(part, rounds)
+
+
+# -- (f) a round among the participants only (engines/lazyround.py) -------------------------------
+@pytest.mark.parametrize(
+    "alg, stages, options",
+    [("localsgdm", 1, None), ("scaffold", 1, None), ("codaplus", 2, None), ("codasca", 2, None),
+     ("codasca", 2, {"form": "code"})],
+)  # fmt: skip
+def test_a_lazy_round_equals_the_round_over_every_client(alg, stages, options):
+    kw = dict(m=2, clients=6, rounds=6, local_steps=2, stages=stages, options=options)
+    lazy, full = sampled_sim(alg, "vmap", **kw), sampled_sim(alg, "vmap", **kw)
+    full._own = ()  # every round over all K rows, as before lazy rounds
+    assert lazy._own  # the algorithm declares what a client keeps as its own
+    kept_once = 0
+    while not lazy.done:
+        lazy.run_round(), full.run_round()
+        kept_once += lazy._template is not None  # the shared entries held once: a lazy round
+        assert max_abs_diff(lazy.states, full.states) < 1e-6  # reading states writes the broadcast
+    assert kept_once >= (2 if stages > 1 else 5)  # rounds 2-3 and 5 (CODA: not a stage's first or last)
+    assert lazy.ledger.summary() == full.ledger.summary()  # the same bytes are counted
+
+
+def test_lazy_rounds_keep_the_global_state_once_and_touch_only_the_participants_rows():
+    sim = sampled_sim("scaffold", "vmap", m=2, clients=6, rounds=3, local_steps=2)
+    sim.run_round(), sim.run_round()  # round 0 over all rows, round 1 lazy
+    before = {k: v.clone() for k, v in sim._rows["c_local"].items()}
+    sim.run_round()
+    took_part = sim._participants
+    for name, old in before.items():
+        new = sim._rows["c_local"][name]
+        assert torch.equal(new[~took_part], old[~took_part])  # absent rows: not written
+        assert not torch.equal(new[took_part], old[took_part])
+    name, stacked = next(iter(sim._rows["w"].items()))
+    assert sim._template is not None and sim._template["w"][name].shape == stacked.shape[1:]  # one row
+    w = sim.states["w"][name]  # read: the broadcast written into every row
+    assert torch.equal(w, sim._rows["w"][name][:1].expand_as(w)) and sim._template is None

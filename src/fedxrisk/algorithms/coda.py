@@ -86,10 +86,9 @@ class CODAPlus(Algorithm):
     uses_pos_ratio = True  # the AUC losses weigh the classes by p
     touches_labels = {"aux_scales": "curvature_bounds(p): the curvatures' bounds over any batch"}
     acts_at_stage_end, restarts_w = True, ("restart", "average")  # the stage restart (CoDA, NPA too)
-    default_lr = (
-        3.0  # sigmoid scores make the square loss gradients small (factor p(1 − p)); see docs/benchmarks.md
-    )
+    default_lr = 3.0  # sigmoid scores: square-loss gradients small (factor p(1 − p)); docs/benchmarks.md
     lr_pos_budget: ClassVar[float] = 0.27  # default_lr × p(1 − p) at p = 0.1, where 3.0 was chosen
+    own_state: ClassVar[tuple[str, ...]] = ("loss", "p", "ref", "iterate_sum", "iterate_count")
 
     @classmethod
     def default_lr_for(cls, pos_ratio: float) -> float:
@@ -315,6 +314,7 @@ class CODASCA(CODAPlus):
 
     name = "codasca"
     communicates = ("w", "a", "b", "alpha", "c")
+    own_state: ClassVar[tuple[str, ...]] = (*CODAPlus.own_state, "c_local")
 
     eta_g: float = 1.0  # server extrapolation; theory √K, tuned in {0.99, 0.999, 1, 1.1}
     control_variate: str | None = None  # "iterates" (eq. 6) | "gradients" (code: mean raw gradient)

@@ -7,6 +7,7 @@ every I steps the model and the momentum are averaged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -35,6 +36,7 @@ class LocalSGDM(Algorithm):
     name = "localsgdm"
     needs_both_classes = False  # cross-entropy: one-class clients are ordinary
     communicates = ("w", "m")
+    own_state: ClassVar[tuple[str, ...]] = ("loss",)  # per client; the rest: the broadcast
     default_lr = 0.3  # selected on validation in docs/evidence.md (digits, MNIST-1D; 1.0 diverges)
 
     problem: Problem

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +84,7 @@ class SCAFFOLD(Algorithm):
     name = "scaffold"
     needs_both_classes = False  # cross-entropy: one-class clients are ordinary
     communicates = ("w", "c")
+    own_state: ClassVar[tuple[str, ...]] = ("loss", "c_local")  # per client; the rest: the broadcast
 
     problem: Problem
     eta_g: float = 1.0

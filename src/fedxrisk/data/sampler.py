@@ -83,8 +83,9 @@ class ClientSampler:
                 parts.append(self.rngs[k].permutation(self.sizes[k]))
                 have += self.sizes[k]
             queue = np.concatenate(parts)
-            if len(queue) > self._buf.shape[1]:
-                grown = np.zeros((len(self.sizes), len(queue)), dtype=np.int64)
+            if len(queue) > self._buf.shape[1]:  # grow by half at least: O(K) copies stay rare
+                width = max(len(queue), self._buf.shape[1] * 3 // 2)
+                grown = np.zeros((len(self.sizes), width), dtype=np.int64)
                 grown[:, : self._buf.shape[1]] = self._buf
                 self._buf = grown
             self._buf[k, : len(queue)] = queue

@@ -56,6 +56,8 @@ class DistributedSimulation(Simulation):
     checkpoint on every rank (a loop/vmap run can resume it, and vice versa).
     """
 
+    lazy_rounds = False  # every rank takes part in every collective: rounds over all its rows
+
     def __init__(
         self,
         algorithm: Algorithm,

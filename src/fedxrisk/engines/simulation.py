@@ -30,6 +30,8 @@ from fedxrisk.data.federated import FederatedData
 from fedxrisk.data.sampler import make_samplers
 from fedxrisk.engines import privacy as dp
 from fedxrisk.engines.clientround import client_round
+from fedxrisk.engines.flops import forward_flops_per_sample
+from fedxrisk.engines.lazyround import LazyStates, lazy_round, lazy_round_applies, own_entries
 from fedxrisk.engines.ledger import ByteLedger
 from fedxrisk.engines.participation import Participation, round_collective, round_mask
 from fedxrisk.engines.pooling import merge_pool
@@ -152,21 +154,6 @@ AUTO_COMPILE_MIN_CLIENT_STEPS = 500_000
 AUTO_LOOP_MIN_CONV_FLOPS = 10_000_000
 
 
-def forward_flops_per_sample(sim: Simulation) -> tuple[int, bool]:
-    """(forward FLOPs of one training sample, whether the model has convolutions)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    problem = getattr(sim.algorithm, "problem", None)
-    if problem is None:
-        return 0, False
-    params, buffers = problem.init_model()
-    x = sim.data.data.x_train[:2].to(sim.device)  # two samples: BatchNorm needs more than one
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        problem.logits(params, buffers, x)
-    conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in problem.model.modules())
-    return counter.get_total_flops() // len(x), conv
-
-
 class AutoEngine(Engine):
     """Picks the fastest correct engine for the run: ``loop`` for one client or for a
     convolutional model of at least :data:`AUTO_LOOP_MIN_CONV_FLOPS` per sample
@@ -244,11 +231,12 @@ class SimCollective:
         return self.engine.map_clients(fn, *trees)
 
 
-class Simulation(RunReporting):
+class Simulation(LazyStates, RunReporting):
     """Runs an algorithm's rounds on simulated clients; one :meth:`run_round` per round (what the
     run loop reads besides: :class:`~fedxrisk.engines.reporting.RunReporting`)."""
 
     is_primary = True  # writes the run's outputs (distributed engine: rank 0 only)
+    lazy_rounds = True  # rounds among the participants only, where they apply (engines/lazyround.py)
 
     def __init__(
         self,
@@ -293,6 +281,8 @@ class Simulation(RunReporting):
         infos = [ClientInfo(k, data.shard_sizes[k], data.client_pos_ratio(k), width) for k in self.clients]
         self.states = tmap(lambda x: x.to(self.device), stack([algorithm.init(c) for c in infos]))
         self.round = 0  # rounds completed
+        lazy = self.lazy_rounds and participation is not None and privacy is None
+        self._own = (own_entries(algorithm, self.states) if lazy else None) or ()
         self.privacy = None if privacy is None else dp.PrivateAggregator(
             privacy, algorithm, index(self.states, 0), seed, data.num_clients
         )  # fmt: skip
@@ -333,24 +323,32 @@ class Simulation(RunReporting):
         return self._batch(self.sampler.next(rows.cpu().numpy()), step, rows)
 
     def run_round(self) -> RoundPlan:
-        """I local steps on every client, then the algorithm's communication (:func:`client_round`)."""
+        """I local steps on every client, then the algorithm's communication (:func:`client_round`);
+        among the participants only where it applies (:func:`~fedxrisk.engines.lazyround.lazy_round`)."""
         plan = self.plans[self.round]
         mask = self._participants = round_mask(self.privacy, self.participation, plan.round, self.clients)
-        comms: list[Any] = []  # the round's collective (the distributed engine's finishes the round)
+        if self._own and mask is not None and lazy_round_applies(self.algorithm, self.plans, self.round):
+            inner = SimCollective(self.num_clients, self.engine, self.ledger, self.seed)
+            finite = lazy_round(self, mask, self._next_batch, inner)
+        else:
+            comms: list[Any] = []  # the round's collective (the distributed engine's finishes the round)
 
-        def collective(states: Tree) -> Any:
-            self.states = states  # after the local steps, as the distributed engine's collective reads them
-            comms.append(self._collective())
-            return site_collective(comms[-1], getattr(self.algorithm, "problem", None))  # FedBN, heads
+            def collective(states: Tree) -> Any:
+                self.states = (
+                    states  # after the local steps, as the distributed engine's collective reads them
+                )
+                comms.append(self._collective())
+                return site_collective(comms[-1], getattr(self.algorithm, "problem", None))  # FedBN, heads
 
-        self.states = client_round(
-            self.algorithm, self.engine, self.states, self.plans, self.round,
-            self._next_batch, self.aux_sampler.sample,
-            lambda positions: self.local_data.batch(positions, self.device), collective, mask,
-        )  # fmt: skip
+            self.states = client_round(
+                self.algorithm, self.engine, self.states, self.plans, self.round,
+                self._next_batch, self.aux_sampler.sample,
+                lambda positions: self.local_data.batch(positions, self.device), collective, mask,
+            )  # fmt: skip
+            finite = self._finite(comms[-1])
         self.ledger.close_round()
         self.round += 1
-        if not self._finite(comms[-1]):
+        if not finite:
             raise NonFiniteLoss(plan.round + 1)  # 1-based, as in history.csv
         return plan
 

@@ -61,13 +61,14 @@ class ClientSampling:
         if self.kind == "poisson":
             return u < self.rate
         # fixed: the clients holding the m smallest of K uniforms (m without replacement)
-        order = (
-            torch.argsort(u)
+        m = fixed_count(self.rate, num_clients)  # a partial selection: O(K), not a sort
+        picked = (
+            torch.topk(u, m, largest=False).indices
             if weights is None
-            else torch.argsort(u.log() / _weights(weights), descending=True)
+            else torch.topk(u.log() / _weights(weights), m, largest=True).indices
         )
         chosen = torch.zeros(num_clients, dtype=torch.bool)
-        chosen[order[: fixed_count(self.rate, num_clients)]] = True
+        chosen[picked] = True
         return chosen
 
     def denominator(self, num_clients: int, participants: int) -> float:
