@@ -329,7 +329,8 @@ class Simulation(LazyStates, RunReporting):
         mask = self._participants = round_mask(self.privacy, self.participation, plan.round, self.clients)
         if self._own and mask is not None and lazy_round_applies(self.algorithm, self.plans, self.round):
             inner = SimCollective(self.num_clients, self.engine, self.ledger, self.seed)
-            finite = lazy_round(self, mask, self._next_batch, inner)
+            lazy_finite = lazy_round(self, mask, self._next_batch, inner)
+            finite = lambda: lazy_finite  # noqa: E731
         else:
             comms: list[Any] = []  # the round's collective (the distributed engine's finishes the round)
 
@@ -345,10 +346,10 @@ class Simulation(LazyStates, RunReporting):
                 self._next_batch, self.aux_sampler.sample,
                 lambda positions: self.local_data.batch(positions, self.device), collective, mask,
             )  # fmt: skip
-            finite = self._finite(comms[-1])
+            finite = lambda: self._finite(comms[-1])  # noqa: E731  (after the round count moves, as before)
         self.ledger.close_round()
         self.round += 1
-        if not finite:
+        if not finite():
             raise NonFiniteLoss(plan.round + 1)  # 1-based, as in history.csv
         return plan
 
