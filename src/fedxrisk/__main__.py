@@ -1,3 +1,5 @@
+"""``python -m fedxrisk``: the ``fedxrisk`` command line."""
+
 from fedxrisk.cli import main
 
 main()

@@ -1,3 +1,5 @@
+"""``python -m fedxrisk.cli``: the ``fedxrisk`` command line."""
+
 from fedxrisk.cli import main
 
 main()
