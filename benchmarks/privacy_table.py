@@ -49,6 +49,8 @@ MEANINGS: dict[Any, str] = {
     ("local_scgdm", "v"): "momentum of the compositional gradient",
     "pos_pool": "per-sample sigmoid scores (FeDXL2: and log u) of the positives used, + 0/1 mask",
     "neg_pool": "per-sample sigmoid scores of the negatives used, + 0/1 mask",
+    "ev_pool": "survival: per-patient risk score η and time T of the events used (FeDXL2-Cox: and log u), + 0/1 mask",
+    "all_pool": "survival: per-patient risk score η and time T of the patients used (FeDXL1-C-index: and the event flag), + 0/1 mask",
 }
 
 
@@ -71,6 +73,7 @@ def collect() -> dict[str, Any]:
     from fedxrisk.models import build_model
     from fedxrisk.problem import Problem
     from fedxrisk.tree import leaves
+    from support_matrix import survival_dir
 
     torch.set_num_threads(1)
     calls: list[tuple[str, str, list[int], int]] = []  # (kind, name, per-client shape of the leaves, round)
@@ -97,7 +100,11 @@ def collect() -> dict[str, Any]:
     rows = {}
     for name, cls in sorted(ALGORITHMS.items()):
         calls.clear()
-        data = make_federated("digits", 2, "iid", 0.3, 0)
+        data = (  # a survival algorithm on a tiny generated time/event table (support_matrix's)
+            make_federated("survival", 2, "iid", None, 0, data_dir=survival_dir())
+            if cls.task == "survival"
+            else make_federated("digits", 2, "iid", 0.3, 0)
+        )
         problem = Problem(build_model("mlp", data.data.input_shape, 0), data.data.pos_ratio)
         options = {"positives_per_batch": 4} if cls.positives_per_batch else {}
         algorithm = cls(problem, **options)
