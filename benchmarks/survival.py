@@ -315,6 +315,13 @@ def render(results: dict[str, Any], data_dir: str | None) -> str:
     if fed is not None:
         lines += ["", test_events(fed), "± is the SD of the row's value over the training seeds (the same test "
                   "patients); the bracketed intervals resample the test patients (1,000 draws within each region)."]  # fmt: skip
+    lines += ["", "Each region's test C-index (mean over the seeds), federated and pooled rows: where a row's "
+              "mean regional value comes from (events per region above).", "",
+              "| row | " + " | ".join(f"region {r}" for r in range(6)) + " |", "|---|" + "---|" * 6]  # fmt: skip
+    for name, per_seed in sel.items():
+        if per_seed and not name.startswith("local"):
+            by_region = np.nanmean(np.array([per_seed[s]["regional"] for s in sorted(per_seed)], float), 0)
+            lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in by_region) + " |")
     lines += ["", "FLamby's published numbers on the same split (5 seeds; their training budgets):", "",
               "| FLamby row | mean regional test C-index | pooled test C-index |", "|---|---|---|"]  # fmt: skip
     for name, (reg, pooled) in FLAMBY.items():
