@@ -25,7 +25,7 @@ After a refactor that moves or splits modules with behaviour unchanged bit for
 bit, the moved files show as missing and the new ones are not in the record, so
 the check fails for every result that imported them. The remedy is not to
 edit the record: rerun the benchmark (or, for the evidence study,
-``python benchmarks/evidence.py --verify REGIME``, which reruns seed 0 of every
+``python benchmarks/evidence/run.py --verify REGIME``, which reruns seed 0 of every
 row, requires bit-for-bit equal metrics and curves, and only then records the
 new fingerprint), or mark it kept with the reason. Only the parent process's
 imports can be seen: for a benchmark that imports fedxrisk only in worker

@@ -143,14 +143,14 @@ def test_fcsg_scores_a_plain_batch_once_with_the_same_gradient():
 
 
 def _evidence():
-    spec = importlib.util.spec_from_file_location("evidence", ROOT / "benchmarks" / "evidence.py")
+    spec = importlib.util.spec_from_file_location("evidence", ROOT / "benchmarks" / "evidence" / "study.py")
     evidence = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(evidence)
     return evidence
 
 
 def test_two_stage_starts_from_exactly_the_pretrained_model(tmp_path, monkeypatch):
-    """benchmarks/evidence.py: a two-stage cell's config starts (model.init_from) from CE's run folder."""
+    """benchmarks/evidence/study.py: a two-stage cell's config starts (model.init_from) from CE's run folder."""
     from fedxrisk.run.build import build
 
     evidence = _evidence()
@@ -172,7 +172,7 @@ def test_two_stage_starts_from_exactly_the_pretrained_model(tmp_path, monkeypatc
 
 
 def test_study_validation_is_the_run_layers_20_percent_per_client_and_class():
-    """benchmarks/evidence.py carves validation with data.validation (no code of its own)."""
+    """benchmarks/evidence/study.py carves validation with data.validation (no code of its own)."""
     from fedxrisk.run.build import build_data
 
     evidence = _evidence()

@@ -2,7 +2,7 @@
 
 The default run (README) and seed 0 of docs/cli.md's comparison are re-run here
 and compared with ``benchmarks/results/quick_docs.json`` (written by
-``python benchmarks/quick_docs.py``). On the machine that wrote the file the
+``python benchmarks/defaults/quick_docs.py``). On the machine that wrote the file the
 numbers agree to the last digit (same seed, same engine); another CPU may order
 floating-point sums differently, so AUROC and AP get a tolerance of 0.005.
 """
@@ -84,7 +84,9 @@ def test_the_evaluate_example_is_the_documented_default_run():
 
 def test_the_speed_tables_are_rendered_from_the_committed_speed_reports():
     """docs/performance.md's tables equal a fresh rendering of docs/benchmarks/*/speed.csv (no timing)."""
-    spec = importlib.util.spec_from_file_location("speed_tables", ROOT / "benchmarks" / "speed_tables.py")
+    spec = importlib.util.spec_from_file_location(
+        "speed_tables", ROOT / "benchmarks" / "timing" / "speed_tables.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rendered = module.tables()

@@ -9,7 +9,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_documented_config_errors_are_the_printed_ones():
-    spec = importlib.util.spec_from_file_location("config_errors", ROOT / "benchmarks" / "config_errors.py")
+    spec = importlib.util.spec_from_file_location(
+        "config_errors", ROOT / "benchmarks" / "reliability" / "config_errors.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.render() == module.OUT.read_text(), "refresh: python benchmarks/config_errors.py"
+    assert module.render() == module.OUT.read_text(), (
+        "refresh: python benchmarks/reliability/config_errors.py"
+    )

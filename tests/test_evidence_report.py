@@ -1,4 +1,4 @@
-"""The evidence study's controls and paired tests (benchmarks/evidence.py, evidence_report.py)."""
+"""The evidence study's controls and paired tests (benchmarks/evidence/study.py, report.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))  # the repository root: `benchmarks.*`
 
-import evidence as E  # noqa: E402
-import evidence_report as R  # noqa: E402
+from benchmarks.evidence import report as R  # noqa: E402
+from benchmarks.evidence import study as E  # noqa: E402
 
 
 def test_the_controls_get_exactly_the_two_stage_rows_extra_steps():

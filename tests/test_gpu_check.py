@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py, the GPU path's prepared script, kept working on a CPU-only machine."""
+"""benchmarks/timing/gpu_check.py, the GPU path's prepared script, kept working on a CPU-only machine."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks.*`
 
-import gpu_check  # noqa: E402
+from benchmarks.timing import gpu_check  # noqa: E402
 
 
 def test_the_equivalence_table_on_the_cpu(tmp_path):

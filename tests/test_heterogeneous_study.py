@@ -1,6 +1,6 @@
 """Issue 33's study pieces: class-aware batches for cross-entropy through the run layer, the study's
-label-noise transform (benchmarks/heterogeneous.py), and the default tune ranges against the
-committed stability table (benchmarks/stability_ranges.py)."""
+label-noise transform (benchmarks/heterogeneous/study.py), and the default tune ranges against the
+committed stability table (benchmarks/heterogeneous/stability_ranges.py)."""
 
 from __future__ import annotations
 
@@ -21,15 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    """``benchmarks/heterogeneous/NAME.py``, imported as ``benchmarks.heterogeneous.NAME``."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # the repository root: `benchmarks.*`
+    return importlib.import_module(f"benchmarks.heterogeneous.{name}")
 
 
 def _setup(positives: int):
@@ -51,7 +46,7 @@ def test_cross_entropy_draws_class_aware_batches_when_asked():
 
 
 def test_the_study_flips_the_chosen_share_of_labels_at_half_of_the_sites_only():
-    study = _bench("heterogeneous")
+    study = _bench("study")
     from fedxrisk.data import make_federated
     from fedxrisk.data.validation import with_validation
 
@@ -83,7 +78,9 @@ def test_every_auc_methods_default_tune_range_ran_without_nan_at_both_ends(stabi
 
     ranges, table = stability
     methods = [m for m in _bench("stability").METHODS]
-    assert set(table.get("ranges", {})) == set(methods), "rerun benchmarks/stability.py --resume --ranges"
+    assert set(table.get("ranges", {})) == set(methods), (
+        "rerun benchmarks/heterogeneous/stability.py --resume --ranges"
+    )
     for method in methods:
         space = load()["algorithms"][method]["search_space"]["lr"]
         measured = ranges.stable_range(table, method)

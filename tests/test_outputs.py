@@ -414,7 +414,9 @@ def test_compare_refuses_to_replace_another_comparison(tmp_path):
 # ---- the table in docs/reliability.md -----------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("outputs_table", ROOT / "benchmarks" / "outputs_table.py")
+_spec = importlib.util.spec_from_file_location(
+    "outputs_table", ROOT / "benchmarks" / "reliability" / "outputs_table.py"
+)
 table = importlib.util.module_from_spec(_spec)
 sys.modules["outputs_table"] = table  # dataclasses look their module up
 _spec.loader.exec_module(table)

@@ -1,4 +1,4 @@
-"""The real-data study's selection rule, paired comparisons and status line (benchmarks/real_data*.py)."""
+"""The real-data study's selection rule, paired comparisons and status line (benchmarks/real_data/)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks.*`
 
-import real_data as rd  # noqa: E402
-import real_data_report as rep  # noqa: E402
+from benchmarks.real_data import report as rep  # noqa: E402
+from benchmarks.real_data import study as rd  # noqa: E402
 from fedxrisk.stats import compare_models  # noqa: E402
 
 

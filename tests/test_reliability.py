@@ -1,6 +1,6 @@
 """Bad input stops with one line, exit 2, and leaves the run folder as it was (issue 17).
 
-The cases are those of ``benchmarks/reliability_table.py`` (the table in
+The cases are those of ``benchmarks/reliability/reliability_table.py`` (the table in
 docs/reliability.md); each expected message is spelled out here, and the
 committed table must show the same message. Then: model.pt is committed before
 summary.json, and a run failed on a NaN loss resumes from its last checkpoint.
@@ -25,7 +25,7 @@ from fedxrisk.run import folder as run_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
-    "reliability_table", ROOT / "benchmarks" / "reliability_table.py"
+    "reliability_table", ROOT / "benchmarks" / "reliability" / "reliability_table.py"
 )
 table = importlib.util.module_from_spec(_spec)
 sys.modules["reliability_table"] = table  # dataclasses look their module up

@@ -1,4 +1,4 @@
-"""Issue 34's trial of further bad inputs (benchmarks/reliability_trial.py): tune, privacy, secure
+"""Issue 34's trial of further bad inputs (benchmarks/reliability/reliability_trial.py): tune, privacy, secure
 aggregation, Flower apps, [server], personalization, evaluate/cross-site/check, survival tables,
 positives_per_batch. Each case stops with the message spelled out here (exit 2, nothing written or
 changed, a link's target included), or is accepted and passes its check; the committed table
@@ -20,7 +20,7 @@ pytest.importorskip("flwr")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 _spec = importlib.util.spec_from_file_location(
-    "reliability_trial", ROOT / "benchmarks" / "reliability_trial.py"
+    "reliability_trial", ROOT / "benchmarks" / "reliability" / "reliability_trial.py"
 )
 table = importlib.util.module_from_spec(_spec)
 sys.modules["reliability_trial"] = table

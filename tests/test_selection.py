@@ -89,7 +89,7 @@ def _val_ids(fed) -> list[set[int]]:
 
 
 def test_carving_is_the_evidence_studys_split_and_each_clients_own():
-    """The split benchmarks/evidence.py made itself before issue 22 (its cells reproduce bit for bit):
+    """The split benchmarks/evidence/study.py made itself before issue 22 (its cells reproduce bit for bit):
     the sha256 of its validation ids here was computed by that code (evidence.split_validation at
     6f6917a); a client's part does not depend on the other clients' shards."""
     import hashlib

@@ -1,7 +1,7 @@
 """Files from another site (issue 26): the model carries its preprocessing; text written or printed is safe.
 
 The bad-input cases (tampered models, NaN inputs, leaks, bad options) are in
-benchmarks/sites_table.py and checked message by message in tests/test_sites_table.py.
+benchmarks/reliability/sites_table.py and checked message by message in tests/test_sites_table.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Files from another site and bad options (issue 26): each case of benchmarks/sites_table.py
+"""Files from another site and bad options (issue 26): each case of benchmarks/reliability/sites_table.py
 stops with the message spelled out here (exit 2, nothing written or changed), or runs and passes its check.
 
 The committed table (docs/reliability.md) must show the same messages.
@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("sites_table", ROOT / "benchmarks" / "sites_table.py")
+_spec = importlib.util.spec_from_file_location(
+    "sites_table", ROOT / "benchmarks" / "reliability" / "sites_table.py"
+)
 table = importlib.util.module_from_spec(_spec)
 sys.modules["sites_table"] = table  # dataclasses look their module up
 _spec.loader.exec_module(table)

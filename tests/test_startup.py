@@ -1,6 +1,6 @@
 """The command line starts without torch: `fedxrisk --help`, `list` and argument errors stay light.
 
-Timing is measured by benchmarks/startup.py, not here; these tests check the
+Timing is measured by benchmarks/timing/startup.py, not here; these tests check the
 cause (which modules a command imports) and that the catalogue `list` reads
 equals the registries it is generated from.
 """

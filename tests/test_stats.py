@@ -82,7 +82,7 @@ def test_delong_interval_covers_true_auroc_at_nominal_rate():
     400 seeded draws with m = 60, n = 90. If the true coverage were 0.95 the count of
     covering intervals is Binomial(400, 0.95): SD 4.4, so ±4 SD is [0.906, 0.994];
     DeLong's Wald interval is known to under-cover slightly at small sizes (the
-    benchmark benchmarks/delong_coverage.py measures it), hence the band [0.91, 0.99].
+    benchmark benchmarks/evaluation/delong_coverage.py measures it), hence the band [0.91, 0.99].
     A variance off by a factor 2 either way gives ≈ 0.83 or ≈ 0.99+ and fails.
     """
     mu = np.sqrt(2) * norm.ppf(0.8)

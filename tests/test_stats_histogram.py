@@ -55,7 +55,7 @@ def test_4096_bins_match_exact_metrics_within_bound_and_1e3(kind):
     assert bound["auroc"] <= 2e-3
     assert (
         err_ap <= 2e-3 and err_pauc <= 1e-3
-    )  # AP is the least precise (≈ 1e-3, benchmarks/histogram_error.py)
+    )  # AP is the least precise (≈ 1e-3, benchmarks/evaluation/histogram_error.py)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -74,7 +74,7 @@ def test_paired_delong_equals_its_definition_pair_by_pair(seed):
                                       - 2 * got.correlation * delong(y, s1).se * delong(y, s2).se, abs=1e-14)  # fmt: skip
 
 
-# pROC's worked example (roc.test on its aSAH data) is checked by benchmarks/proc_check.py, which reads
+# pROC's worked example (roc.test on its aSAH data) is checked by benchmarks/evaluation/proc_check.py, which reads
 # the data from R itself: the data ship with pROC under the GPL, so they are not copied into this repository.
 
 

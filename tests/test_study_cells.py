@@ -1,4 +1,4 @@
-"""The studies' cells are runs of the run layer (benchmarks/study_cells.py, used by evidence.py and
+"""The studies' cells are runs of the run layer (benchmarks/common/study_cells.py, used by evidence.py and
 real_data.py): what a cell selects is what ``fedxrisk run`` with the same config selects."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `benchmarks.*`
 
-import study_cells as sc  # noqa: E402
+from benchmarks.common import study_cells as sc  # noqa: E402
 from fedxrisk.cli import main as cli_main  # noqa: E402
 from fedxrisk.metrics import auroc  # noqa: E402
 from fedxrisk.run.recipes import run_experiment  # noqa: E402

@@ -2,7 +2,7 @@
 ``model.personal`` (none / head / bn / finetune; Ditto is the algorithm ``ditto``, whose site
 models are checked in each of its cells) × privacy level (none / instance / client) × engine (the
 engine registry but ``auto``, plus Flower) × selection (last / best). The axes are declared once,
-in benchmarks/support_matrix.py, from the registries: a new algorithm or engine joins by itself.
+in benchmarks/codebase/support_matrix.py, from the registries: a new algorithm or engine joins by itself.
 
 Every cell of the full product is checked as ``fedxrisk check`` checks it (Flower's:
 its run config's check): refused in one line naming a setting it sets, or accepted. A refused
@@ -46,7 +46,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("support_matrix", ROOT / "benchmarks" / "support_matrix.py")
+_spec = importlib.util.spec_from_file_location(
+    "support_matrix", ROOT / "benchmarks" / "codebase" / "support_matrix.py"
+)
 support = importlib.util.module_from_spec(_spec)
 sys.modules["support_matrix"] = support
 _spec.loader.exec_module(support)
@@ -190,7 +192,7 @@ def test_the_design_covers_every_value_per_algorithm_and_every_pair():
 
 
 def test_the_docs_table_is_the_generated_one():
-    assert support.DOC.read_text() == support.render(), "run `python benchmarks/support_matrix.py`"
+    assert support.DOC.read_text() == support.render(), "run `python benchmarks/codebase/support_matrix.py`"
 
 
 # -- the runs ------------------------------------------------------------------------------------

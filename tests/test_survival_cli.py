@@ -303,7 +303,7 @@ def test_the_federated_c_index_is_exact_when_no_bin_holds_two_patients():
 
 
 def test_the_studys_bootstrap_draws_are_the_reports_resamples():
-    """benchmarks/survival.py averages bootstrap_draws over seeds: one model's draws give exactly
+    """benchmarks/survival/survival.py averages bootstrap_draws over seeds: one model's draws give exactly
     cindex_report's pooled and mean-over-sites intervals (the same resamples of the same patients)."""
     from fedxrisk.stats.survival import bootstrap_draws
 

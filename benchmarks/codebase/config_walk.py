@@ -9,7 +9,7 @@ Passing the whole config object is not counted (every layer receives it); readin
 ``cfg.setting`` inside a function is not seen by the tracer, so the count is the value's hand-offs
 after it leaves the config, a lower bound of the walk a reader follows.
 
-    python benchmarks/config_walk.py      # writes benchmarks/results/config_walk{,_stays}.md (seconds)
+    python benchmarks/codebase/config_walk.py      # writes benchmarks/results/config_walk{,_stays}.md (seconds)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "config_walk.md"  # the table the docs show
 STAYS = ROOT / "benchmarks" / "results" / "config_walk_stays.md"  # each function, by file
 PACKAGE = str(ROOT / "src" / "fedxrisk")
@@ -91,7 +91,7 @@ def main() -> None:
     lines = [
         "A setting's walk from `run_experiment` to its use: the functions that receive its value as an "
         "argument (itself, or in a dict, list or settings object; not the whole config) during a tiny "
-        "traced run, and their files. `python benchmarks/config_walk.py`",
+        "traced run, and their files. `python benchmarks/codebase/config_walk.py`",
         "",
         "| setting | functions it stays in | files | fedxrisk calls traced |",
         "|---|---|---|---|",
@@ -108,7 +108,12 @@ def main() -> None:
     )
     STAYS.write_text(
         "\n".join(
-            ["Where each setting's value stays (`python benchmarks/config_walk.py`):", "", *details, ""]
+            [
+                "Where each setting's value stays (`python benchmarks/codebase/config_walk.py`):",
+                "",
+                *details,
+                "",
+            ]
         )
     )
     print("\n".join(lines))

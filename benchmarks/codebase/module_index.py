@@ -1,8 +1,8 @@
 """Every module of ``src/fedxrisk`` with the first sentence of its docstring: the index at the end
 of docs/architecture.md, generated from the code so that it cannot go stale (issue 39 item 5).
 
-    python benchmarks/module_index.py            # rewrite the index region of docs/architecture.md
-    python benchmarks/module_index.py --check    # exit 1 if the committed index differs
+    python benchmarks/codebase/module_index.py            # rewrite the index region of docs/architecture.md
+    python benchmarks/codebase/module_index.py --check    # exit 1 if the committed index differs
 
 ``tests/test_module_index.py`` runs the check and requires a docstring in every module.
 """
@@ -15,10 +15,10 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "fedxrisk"
 DOC = ROOT / "docs" / "architecture.md"
-BEGIN = "<!-- BEGIN MODULE INDEX (python benchmarks/module_index.py) -->"
+BEGIN = "<!-- BEGIN MODULE INDEX (python benchmarks/codebase/module_index.py) -->"
 END = "<!-- END MODULE INDEX -->"
 ABBREVIATIONS = {"Alg", "Algs", "Eq", "Eqs", "al", "Fig", "Sec", "Thm", "vs", "cf", "e.g", "i.e", "No"}
 
@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = with_index(current)
     if args.check:
         if wanted != current:
-            print("docs/architecture.md's module index is stale: run python benchmarks/module_index.py")
+            print(
+                "docs/architecture.md's module index is stale: run python benchmarks/codebase/module_index.py"
+            )
             return 1
         return 0
     DOC.write_text(wanted)

@@ -6,8 +6,8 @@ the machine's load average before and after (other work stretches the wall time,
 time), and writes ``benchmarks/results/test_time.json`` and ``test_time.md`` (one sentence,
 which benchmarks/docs.py copies into README.md).
 
-    python benchmarks/test_time.py                # about 3 minutes on an idle 2-core machine
-    python benchmarks/test_time.py --render-only  # the .md from test_time.json
+    python benchmarks/codebase/test_time.py                # about 3 minutes on an idle 2-core machine
+    python benchmarks/codebase/test_time.py --render-only  # the .md from test_time.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 RAW = RESULTS / "test_time.json"
 # the three checks of the committed results themselves are left out: while this runs, its own

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 METRICS = ("auroc", "ap", "pauc")
 VAL_COLUMN = {"auroc": "val_auroc", "ap": "val_ap", "pauc": "val_pauc30_norm"}  # pauc: FPR ≤ 0.3
 NAN = dict.fromkeys(METRICS, math.nan)
@@ -195,7 +195,7 @@ def record_sources(
     the union of the ``cells``' :func:`source_fingerprint` files. Refuses, in one line, a cell that ran
     uncommitted source or a source not in ``sources``, and cells that ran different versions of a
     file. ``label``: a cell's name in those lines."""
-    import provenance
+    from benchmarks import provenance
 
     known = json.loads(sources.read_text()) if sources.exists() else {}
     files: dict[str, str] = {}

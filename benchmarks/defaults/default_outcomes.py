@@ -9,7 +9,7 @@ exceeds 1e6 in size. Real data (``--data``, or the environment
 variable ``FEDXRISK_DATA``, holding ``heart-disease/``, ``medmnist/``, ``adbench/``; see
 /work/shared/data/README.md) are skipped with a note when absent.
 
-    PYTHONPATH=src python benchmarks/default_outcomes.py --data ../shared/data --jobs 2
+    PYTHONPATH=src python benchmarks/defaults/default_outcomes.py --data ../shared/data --jobs 2
 
 Writes ``benchmarks/results/default_outcomes.{json,md}`` (a generated region of docs/tune.md).
 """
@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOWUP = 1e6  # |final training loss| above this: diverged (finite, not yet NaN)
 OUT = ROOT / "benchmarks" / "results" / "default_outcomes"
 BUNDLED = {  # name -> RunConfig changes
@@ -147,7 +147,7 @@ def main() -> None:
         cells = {a: {d: futures[(a, d)].result() for d in columns} for a in algorithms}
     for a, row in cells.items():
         print(a, " ".join(cell(r) for r in row.values()), flush=True)
-    command = "python benchmarks/default_outcomes.py --data ../shared/data" + (
+    command = "python benchmarks/defaults/default_outcomes.py --data ../shared/data" + (
         f" --jobs {args.jobs}" if args.jobs > 1 else ""
     )
     wall = time.perf_counter() - start

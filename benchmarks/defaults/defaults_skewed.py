@@ -21,8 +21,8 @@ end) and no checkpoints. Reported: the final model's test AUROC and AP, ``summar
 ``below_chance`` flag (training AUROC, as no validation exists) and the step size used.
 
     python benchmarks/provenance.py run defaults_skewed -- \\
-        python benchmarks/defaults_skewed.py --data ../shared/data --seeds 5
-    python benchmarks/defaults_skewed.py --render-only        # the table from the JSON
+        python benchmarks/defaults/defaults_skewed.py --data ../shared/data --seeds 5
+    python benchmarks/defaults/defaults_skewed.py --render-only        # the table from the JSON
 
 Resumable: each finished cell is stored in ``benchmarks/results/defaults_skewed.json`` at once; a
 rerun skips the cells already there (one process, one cell at a time). Cost, measured: 140 cells
@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_cells import read_cells, source_fingerprint, write_cells  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.study_cells import read_cells, source_fingerprint, write_cells  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "defaults_skewed.json"
 TABLE = RESULTS / "defaults_skewed.md"
@@ -70,7 +70,7 @@ METHODS = {  # `fedxrisk list` name -> label
     "fedxl2": "FeDXL2",
     "fcsg_m": "FCSG-M",
 }
-COMMAND = "python benchmarks/defaults_skewed.py --data ../shared/data --seeds {seeds}"
+COMMAND = "python benchmarks/defaults/defaults_skewed.py --data ../shared/data --seeds {seeds}"
 
 
 def key(dataset: str, algorithm: str, seed: int) -> str:

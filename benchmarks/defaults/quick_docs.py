@@ -10,8 +10,8 @@ timed by wall clock), then writes
   and its time), which benchmarks/docs.py copies into README.md and docs/cli.md;
 - ``docs/img/three_auroc_vs_rounds.png``, the comparison's plot.
 
-    python benchmarks/quick_docs.py                # about 1 minute on 2 cores
-    python benchmarks/quick_docs.py --render-only  # the .md files from quick_docs.json
+    python benchmarks/defaults/quick_docs.py                # about 1 minute on 2 cores
+    python benchmarks/defaults/quick_docs.py --render-only  # the .md files from quick_docs.json
 
 ``tests/test_docs.py`` re-runs the default run and one seed of the comparison
 and checks them against ``quick_docs.json``.
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 RAW = RESULTS / "quick_docs.json"
 FIGURE = ROOT / "docs" / "img" / "three_auroc_vs_rounds.png"

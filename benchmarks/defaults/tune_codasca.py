@@ -1,7 +1,7 @@
 """``fedxrisk tune -a codasca --trials 20`` on the default dataset: its cost, and whether the best
 config beats the default config (trial 0, enqueued first) on validation AUROC.
 
-    PYTHONPATH=src python benchmarks/tune_codasca.py [--trials 20] [--keep DIR]
+    PYTHONPATH=src python benchmarks/defaults/tune_codasca.py [--trials 20] [--keep DIR]
 
 Runs the command as a subprocess (wall time; CPU time of the child processes; the 1-minute load
 average of the shared machine before and after) and writes ``benchmarks/results/tune_codasca.{json,md}``
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "tune_codasca"
 
 

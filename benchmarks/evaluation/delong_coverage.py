@@ -7,8 +7,8 @@ curve, both by numerical integration. For each setting, ``draws`` seeded samples
 the coverage is the share of intervals holding the true value (Monte Carlo SE
 √(c(1−c)/draws)).
 
-    python benchmarks/delong_coverage.py                # ≈ 1-2 CPU-minutes
-    python benchmarks/delong_coverage.py --render-only  # tables from the committed JSON
+    python benchmarks/evaluation/delong_coverage.py                # ≈ 1-2 CPU-minutes
+    python benchmarks/evaluation/delong_coverage.py --render-only  # tables from the committed JSON
 
 Writes benchmarks/results/delong_coverage.json and delong_coverage_{delong,bootstrap}.md.
 """
@@ -28,7 +28,7 @@ from scipy.stats import norm
 from fedxrisk.metrics import average_precision, partial_auroc
 from fedxrisk.stats import bootstrap_intervals, delong, weighted_ap, weighted_partial_auroc
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 NAME = "delong_coverage"
 FPR = 0.3
 DELONG_SETTINGS = [

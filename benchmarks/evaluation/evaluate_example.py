@@ -5,8 +5,8 @@ evaluation.json numbers) and ``evaluate_example.md`` (the printout as a code blo
 temporary run folder shown as ``runs/quick``), which benchmarks/docs.py copies into
 docs/cli.md.
 
-    python benchmarks/evaluate_example.py                # about 1 minute on 2 cores
-    python benchmarks/evaluate_example.py --render-only  # the .md from the JSON
+    python benchmarks/evaluation/evaluate_example.py                # about 1 minute on 2 cores
+    python benchmarks/evaluation/evaluate_example.py --render-only  # the .md from the JSON
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "benchmarks" / "results" / "evaluate_example.json"
 SHOWN = "runs/quick"  # the folder name the doc's commands use
 

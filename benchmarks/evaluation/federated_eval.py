@@ -10,9 +10,9 @@ federated models at every hospital: ``fedxrisk cross-site``, table and heatmap.
 Writes ``benchmarks/results/federated_eval.json`` (every number), ``federated_eval.md`` (the
 tables docs/evaluation.md shows) and ``docs/figures/federated_eval_cross_site.png``.
 
-    python benchmarks/provenance.py run federated_eval -- python benchmarks/federated_eval.py \\
+    python benchmarks/provenance.py run federated_eval -- python benchmarks/evaluation/federated_eval.py \\
         --data ../shared/data/heart-disease          # about 4 minutes on 2 cores
-    python benchmarks/federated_eval.py --render-only   # the .md from the JSON
+    python benchmarks/evaluation/federated_eval.py --render-only   # the .md from the JSON
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "benchmarks" / "results" / "federated_eval.json"
 FIGURE = ROOT / "docs" / "figures" / "federated_eval_cross_site.png"
 HOSPITALS = ("Cleveland", "Hungarian", "Switzerland", "VA")

@@ -8,8 +8,8 @@ models produce them, and two adversarial ones — logits crowded within about ha
 worst-case bound :func:`fedxrisk.stats.histogram_bounds` reported (what every histogram
 engine logs as ``val_*_bound``), and how many draws had every exact metric within its bound.
 
-    python benchmarks/histogram_error.py                # ≈ 20 s
-    python benchmarks/histogram_error.py --render-only  # the table from the committed JSON
+    python benchmarks/evaluation/histogram_error.py                # ≈ 20 s
+    python benchmarks/evaluation/histogram_error.py --render-only  # the table from the committed JSON
 
 Writes benchmarks/results/histogram_error.json and histogram_error.md (docs/benchmarks.md).
 """
@@ -25,7 +25,7 @@ import numpy as np
 from fedxrisk.metrics import auroc, average_precision, partial_auroc
 from fedxrisk.stats import histogram_ap, histogram_auroc, histogram_bounds, histogram_pauc, score_histogram
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 NAME = "histogram_error"
 BINS = (256, 1024, 4096, 16384)
 N = 20_000

@@ -7,8 +7,8 @@ roc.test's help page). Each case is written to a CSV, pROC reads it through
 p-value, the AUROC difference and its 95 % interval are compared with
 :func:`fedxrisk.stats.delong_paired`.
 
-    python benchmarks/proc_check.py                # needs Rscript with pROC (Debian: r-cran-proc)
-    python benchmarks/proc_check.py --render-only  # the table from the committed JSON
+    python benchmarks/evaluation/proc_check.py                # needs Rscript with pROC (Debian: r-cran-proc)
+    python benchmarks/evaluation/proc_check.py --render-only  # the table from the committed JSON
 
 Writes benchmarks/results/proc_check.json and proc_check.md (shown in docs/benchmarks.md).
 Without Rscript it says so and only re-renders the committed JSON.
@@ -29,7 +29,7 @@ import numpy as np
 
 from fedxrisk.stats import delong_paired
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 NAME = "proc_check"
 CASES = 12
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-import evidence as E
-import evidence_report as R
+from benchmarks.evidence import report as R
+from benchmarks.evidence import study as E
 
 
 def _plt():

@@ -1,4 +1,4 @@
-"""Tables, figures and paired tests of the evidence study (``benchmarks/evidence.py``).
+"""Tables, figures and paired tests of the evidence study (``benchmarks/evidence/study.py``).
 
 Everything here reads the committed raw results (``evidence_v2.json``) only; nothing trains.
 Each row of a regime is compared per seed with two references: CE FedAvg from scratch and
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-import evidence as E
+from benchmarks.evidence import study as E
 
 ALPHA = 0.05
 METRIC_NAMES = {"auroc": "AUROC", "ap": "AP", "pauc": "pAUC₀.₃"}
@@ -274,14 +274,14 @@ def coverage_table(results: dict[str, Any]) -> str:
         missing += 1
         lines.append(f"| {regime} | {label(method, two)} | {done}/{len(cands)} | "
                      f"{','.join(map(str, got)) or '–'} | {','.join(map(str, planned))} |")  # fmt: skip
-    head = (f"The study's plan (`PLAN` in benchmarks/evidence.py, in priority order): {len(want) - missing} "
+    head = (f"The study's plan (`PLAN` in benchmarks/evidence/study.py, in priority order): {len(want) - missing} "
             f"of {len(want)} rows complete"
             + (", every row ran.\n" if not missing else "; the rows still missing cells, in plan order:\n\n"))  # fmt: skip
     return head + ("\n".join(lines) + "\n" if missing else "")
 
 
 def render(results: dict[str, Any]) -> list[str]:
-    """Write every table and figure; returns the file names written."""
+    """Write every table (the figures: plots.py); returns the file names written."""
     tables = {
         "evidence.md": results_table(results),
         "evidence_paired.md": paired_table(results),
@@ -292,7 +292,4 @@ def render(results: dict[str, Any]) -> list[str]:
     }
     for name, text in tables.items():
         (E.RESULTS / name).write_text(text)
-    import evidence_plots
-
-    evidence_plots.plot(results)
     return list(tables)

@@ -29,8 +29,8 @@ Results go to ``benchmarks/results/evidence.json`` after every run (resumable:
 finished cells are skipped); ``--render-only`` rebuilds the tables
 (``benchmarks/results/evidence*.md``) and figures (``docs/figures/evidence_*.png``).
 
-    nice -n 5 python benchmarks/evidence.py            # the study (hours on one core)
-    python benchmarks/evidence.py --render-only        # tables and figures from the JSON
+    nice -n 5 python benchmarks/evidence/run.py            # the study (hours on one core)
+    python benchmarks/evidence/run.py --render-only        # tables and figures from the JSON
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_cells import VAL_COLUMN, objective, select_lr, source_fingerprint, train_cell  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.study_cells import VAL_COLUMN, objective, select_lr, source_fingerprint, train_cell  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURES = ROOT / "docs" / "figures"
 RUNS = ROOT / "runs" / "evidence"  # a run folder per cell (not committed); two-stage cells start from CE's
@@ -348,17 +348,6 @@ def final_runs(results, regime, method, two_stage) -> list[dict[str, Any]]:
     return [r for r in runs if r is not None]
 
 
-def render(results) -> None:
-    """Tables (benchmarks/results/evidence*.md), figures, then every doc region (docs.py)."""
-    import docs
-    import evidence_report
-
-    for name in evidence_report.render(results):
-        print(f"wrote benchmarks/results/{name}")
-    for doc in docs.render():
-        print(f"updated {doc.relative_to(ROOT)}")
-
-
 def cell_sources(results) -> dict[str, str]:
     """{file: sha256} over every cell's recorded source; refuses cells that ran different code."""
     known = json.loads(SOURCES.read_text()) if SOURCES.exists() else {}
@@ -380,7 +369,7 @@ def cell_sources(results) -> dict[str, str]:
 
 def record_provenance(results, note: str = "") -> None:
     """benchmarks/results/provenance.json's "evidence" entry: the union of the cells' sources."""
-    import provenance
+    from benchmarks import provenance
 
     commits = sorted({r["source"]["commit"] for r in results.values()},
                      key=lambda c: provenance.git("log", "-1", "--format=%ct", c))  # oldest first  # fmt: skip
@@ -395,7 +384,7 @@ def verify(results, regime: str, methods: tuple[str, ...] = tuple(METHODS)) -> N
     """Rerun seed 0 of every row of ``regime`` that has it (CE first: the two-stage start) and
     require bit-for-bit equal validation and test metrics and curves; only then record the
     current source as the study's (after a refactor that should not change behaviour)."""
-    import provenance
+    from benchmarks import provenance
 
     cells = [(m, t, selected_lr(results, regime, m, t)) for m, t in variants(regime) if m in methods]
     cells = [(m, t, lr) for m, t, lr in cells if lr is not None and key(regime, m, t, lr, 0) in results]
@@ -421,7 +410,9 @@ def verify(results, regime: str, methods: tuple[str, ...] = tuple(METHODS)) -> N
     print(f"recorded the current source for evidence ({len(cells)} cells equal)")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> bool:
+    """Train the missing cells (or merge, verify, record); True when the tables should be
+    rendered next (``run.py`` renders them: this module never imports its report)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--render-only", action="store_true", help=f"tables and figures from {OUT.name}")
     parser.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regime names")
@@ -436,7 +427,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     PART["name"] = args.part
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     if args.merge:
         merge_parts()
     if args.verify:
@@ -444,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(1)
         verify(load_results(), args.verify, tuple(m.strip() for m in args.methods.split(",")))
-        return
+        return False
     if not args.render_only and not args.merge and not args.record_provenance:
         import torch
 
@@ -457,8 +447,4 @@ def main(argv: list[str] | None = None) -> None:
         run_study(regimes, tuple(int(s) for s in args.seeds.split(",")), methods)
     if args.record_provenance:
         record_provenance(load_results())
-    render(load_results())
-
-
-if __name__ == "__main__":
-    main()
+    return True

@@ -5,7 +5,7 @@ Rows: CE FedAvg (``localsgdm``) + 20 fine-tuning steps (its global column is CE 
 + a personal head, Ditto (λ = 0.1, 1); FedBN needs a BatchNorm model (none of the tabular ones).
 Defaults of every algorithm, FLamby's hospital split (``partition = source``), the last model.
 
-    python benchmarks/personal_heart.py --data ../shared/data [--seeds 0 1 2] [--out FILE.json]
+    python benchmarks/heterogeneous/personal_heart.py --data ../shared/data [--seeds 0 1 2] [--out FILE.json]
 """
 
 from __future__ import annotations

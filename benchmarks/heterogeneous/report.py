@@ -1,4 +1,4 @@
-"""Tables of the heterogeneous-sites study (heterogeneous.py): per-site and pooled metrics, the paired
+"""Tables of the heterogeneous-sites study (study.py): per-site and pooled metrics, the paired
 tests, and FLamby's two accuracy conventions next to its published numbers.
 
 Every test-set number is recomputed from the stored per-seed test scores (each patient scored by
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-import heterogeneous as study
+from benchmarks.heterogeneous import study
 
-RESULTS = Path(__file__).resolve().parent / "results"
-COMMAND = "nice -n 10 python benchmarks/heterogeneous.py --data ../shared/data --regimes REGIME"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+COMMAND = "nice -n 10 python benchmarks/heterogeneous/run.py --data ../shared/data --regimes REGIME"
 # FLamby (Ogier du Terrail et al., NeurIPS 2022 Datasets and Benchmarks), Fed-Heart-Disease, 5 seeds:
 FLAMBY_CLIENT_MEAN = {"FedAvg": 0.685, "FedYogi / FedAdagrad (best federated)": 0.731, "pooled": 0.735}
 FLAMBY_POOLED_TEST = {"FedAvg": 0.748, "FedAdam (best federated)": 0.779, "pooled": 0.795}

@@ -12,7 +12,7 @@ Dirichlet draw leaving a client without data is refused by fedxrisk before train
 The data (``/work/shared/data``, see its README) are read from ``--data``.
 
     PYTHONPATH=src python benchmarks/provenance.py run stability -- \
-        python benchmarks/stability.py --data /work/shared/data
+        python benchmarks/heterogeneous/stability.py --data /work/shared/data
 
 Runs one process (one thread), appending every finished run to ``stability.json`` (``--resume``
 skips the runs already there); writes ``benchmarks/results/stability.md``.
@@ -33,7 +33,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `benchmarks.*` imports
 OUT = ROOT / "benchmarks" / "results" / "stability"
 METHODS = (
     "codasca", "codaplus", "coda", "npa", "localsgdam", "localscgdam",
@@ -133,8 +134,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append("Not every seed ran (the study was stopped; `--resume` continues it): "
                      + ", ".join(f"{c}: {n} of {len(results['seeds'])} seeds for every method" for c, n in short.items()) + ".")  # fmt: skip
     lines += [f"Note: {n}" for n in results["notes"]]
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import stability_ranges
+    from benchmarks.heterogeneous import stability_ranges
 
     lines += stability_ranges.render_ranges(results)
     if results.get("ranges"):
@@ -181,7 +181,7 @@ def main() -> None:
         results["notes"].append(f"resumed from runs made by `{results['first_command']}`")
     save = lambda: path.write_text(json.dumps(results, indent=1, default=str) + "\n")  # noqa: E731
     if args.verify:
-        import stability_ranges
+        from benchmarks.heterogeneous import stability_ranges
 
         differ = stability_ranges.verify(results, cols, one)
         if differ:
@@ -194,7 +194,7 @@ def main() -> None:
         results["notes"].append(f"seed 0 of every method on {', '.join(stability_ranges.VERIFY_COLUMNS)} "
                                 f"reran bit for bit at {commit.stdout.strip()} (--verify)")  # fmt: skip
     if args.ranges:  # first: cheaper than the table's missing cells
-        import stability_ranges
+        from benchmarks.heterogeneous import stability_ranges
 
         start = time.process_time()
         auc = [m for m in methods if m in METHODS]

@@ -22,11 +22,11 @@ Protocol, the same for every row, each cell a run of the library's run layer
    deployed models (each site's validation rows scored by the model that site deploys, pooled).
 3. Final: that value on every seed; per site (each site's deployed model on its own test rows)
    and pooled test AUROC, AP and accuracy at 0.5 (logit > 0), test scores kept for the paired
-   tests (heterogeneous_report.py).
+   tests (report.py).
 
-    nice -n 10 python benchmarks/heterogeneous.py --data ../shared/data --regimes heart
-    python benchmarks/heterogeneous.py --render-only        # tables (docs: python benchmarks/docs.py)
-    python benchmarks/heterogeneous.py --record-provenance  # the cells' source → provenance.json
+    nice -n 10 python benchmarks/heterogeneous/run.py --data ../shared/data --regimes heart
+    python benchmarks/heterogeneous/run.py --render-only        # tables (docs: python benchmarks/docs.py)
+    python benchmarks/heterogeneous/run.py --record-provenance  # the cells' source → provenance.json
                                                             # (a study run ends with it)
 """
 
@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_cells import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.study_cells import (  # noqa: E402
     encode_scores,
     read_cells,
     record_sources,
@@ -54,7 +54,7 @@ from study_cells import (  # noqa: E402
     write_cells,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "heterogeneous.json"
 SOURCES = RESULTS / "heterogeneous_sources.json"
@@ -319,7 +319,9 @@ def record_provenance(results: dict[str, Any]) -> None:
     record_sources("heterogeneous", cells, SOURCES, lambda rec: f"{rec['regime']}|{rec['row']}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> bool:
+    """Train the missing cells (or record their source); True when the tables should be rendered
+    next (``run.py`` renders them: this module never imports its report)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=str(DATA["root"]), help="folder with heart-disease/ and adbench/")
     parser.add_argument("--regimes", default="heart", help=f"comma-separated, of: {', '.join(REGIMES)}")
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.record_provenance:
         record_provenance(load_results())
-        return
+        return False
     if not args.render_only:
         import torch
 
@@ -343,12 +345,5 @@ def main(argv: list[str] | None = None) -> None:
         if not DATA["root"].is_dir():
             sys.exit(f"heterogeneous: --data {DATA['root']}: no such folder")
         run_study(regimes)
-    import heterogeneous_report
-
-    heterogeneous_report.render(load_results())
-    if not args.render_only:
         record_provenance(load_results())  # every cell's source, or which cell to rerun
-
-
-if __name__ == "__main__":
-    main()
+    return True

@@ -12,10 +12,10 @@ at I = 8 by the mean final AUROC on a validation split (20 % of every client's
 training shard, :func:`fedxrisk.data.validation.hold_out`) over the tuning seeds,
 never on the test set; it is then fixed for all I and seeds.
 
-    python benchmarks/coda_windows.py                   # T = 512 steps, seeds 0 1, tuning seed 100
-    python benchmarks/coda_windows.py --render-only     # table from the committed CSVs
-    python benchmarks/coda_windows.py --update --methods npa   # rerun some methods only
-    python benchmarks/coda_windows.py --steps 128 --seeds 0 --tuning-seeds 100  # smoke test
+    python benchmarks/papers/coda_windows.py                   # T = 512 steps, seeds 0 1, tuning seed 100
+    python benchmarks/papers/coda_windows.py --render-only     # table from the committed CSVs
+    python benchmarks/papers/coda_windows.py --update --methods npa   # rerun some methods only
+    python benchmarks/papers/coda_windows.py --steps 128 --seeds 0 --tuning-seeds 100  # smoke test
 
 Writes benchmarks/results/coda_windows{,_tuning}.csv and coda_windows.md.
 """
@@ -51,7 +51,7 @@ METHODS = {
 WINDOWS = (1, 8, 32, 128)
 LR_GRID = (0.3, 1.0, 3.0, 10.0)
 TUNE_WINDOW = 8
-OUT = Path(__file__).parent / "results"
+OUT = Path(__file__).resolve().parents[1] / "results"
 
 
 def run(method: str, window: int, lr: float, seed: int, steps: int, validation: bool = False) -> dict:

@@ -1,9 +1,9 @@
 """CPU-scale reproductions of the FCSG paper's three experiments (docs/fcsg.md).
 
-    nice -n 10 python benchmarks/fcsg.py invariant   # Fig. 1: test accuracy vs rounds
-    nice -n 10 python benchmarks/fcsg.py auprc       # Table 2: final test AP
-    nice -n 10 python benchmarks/fcsg.py maml        # Fig. 2-3: few-shot accuracy vs rounds
-    python benchmarks/fcsg.py auprc --render-only    # table + figure from the committed CSVs
+    nice -n 10 python benchmarks/papers/fcsg.py invariant   # Fig. 1: test accuracy vs rounds
+    nice -n 10 python benchmarks/papers/fcsg.py auprc       # Table 2: final test AP
+    nice -n 10 python benchmarks/papers/fcsg.py maml        # Fig. 2-3: few-shot accuracy vs rounds
+    python benchmarks/papers/fcsg.py auprc --render-only    # table + figure from the committed CSVs
                                                      # (invariant and maml too)
 
 Each writes ``benchmarks/results/fcsg_<task>.csv``, ``docs/figures/fcsg_<task>.png`` and
@@ -40,7 +40,7 @@ from fedxrisk.tasks import (
     table2_federated,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS, FIGURES = ROOT / "benchmarks" / "results", ROOT / "docs" / "figures"
 
 

@@ -26,8 +26,8 @@ Writes ``benchmarks/results/fedxl_<dataset>.json`` (raw rows and the tuning) and
 ``fedxl_<dataset>.md`` (the tables in docs/fedxl.md); ``--render-only`` rebuilds
 the .md from the .json without running anything.
 
-    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --jobs 2
-    PYTHONPATH=src nice -n 10 python benchmarks/fedxl_bench.py --dataset synthetic --jobs 2
+    PYTHONPATH=src nice -n 10 python benchmarks/papers/fedxl_bench.py --jobs 2
+    PYTHONPATH=src nice -n 10 python benchmarks/papers/fedxl_bench.py --dataset synthetic --jobs 2
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ are moving averages; plain lr for CoDA, SCAFFOLD, FedProx). Then every method ru
 with its chosen step on each p and seed; the table gives the final test AUROC
 (balanced test set, never used for tuning), mean ± std over seeds.
 
-    nice -n 10 python benchmarks/scgdam_table1.py --out benchmarks/results/scgdam_table1.json
+    nice -n 10 python benchmarks/papers/scgdam_table1.py --out benchmarks/results/scgdam_table1.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ small noise-free gradients) is 10 × CE FedAvg's. Test AUROC of CODASCA on digit
 imratio 0.1, MLP, 30 rounds of 8 local steps, B = 32, public p = 0.1) for (C, σ, η) with secret
 noise, one run per seed; prints a line per setting (nothing is written).
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/instance_dp_scale.py
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/privacy/instance_dp_scale.py
 """
 
 from __future__ import annotations

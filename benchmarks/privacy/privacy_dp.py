@@ -15,7 +15,7 @@ Writes ``benchmarks/results/privacy_dp.json`` and ``privacy_dp_support.md``,
 ``privacy_dp_sigma.md``, ``privacy_dp_cost.md`` (generated regions of docs/privacy.md);
 ``--render-only`` rebuilds the .md files from the .json.
 
-    PYTHONPATH=src python benchmarks/privacy_dp.py
+    PYTHONPATH=src python benchmarks/privacy/privacy_dp.py
 """
 
 from __future__ import annotations

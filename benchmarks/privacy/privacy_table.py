@@ -11,7 +11,7 @@ table cannot go stale silently.
 Writes ``benchmarks/results/privacy.json`` and ``privacy.md`` (the table in
 docs/privacy.md); ``--render-only`` rebuilds the .md from the .json.
 
-    PYTHONPATH=src python benchmarks/privacy_table.py
+    PYTHONPATH=src python benchmarks/privacy/privacy_table.py
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def _meaning(algorithm: str, name: str) -> str:
 def collect() -> dict[str, Any]:
     import torch
 
+    from benchmarks.common.data import survival_dir
     from fedxrisk.algorithms import ALGORITHMS, Schedule
     from fedxrisk.data import make_federated
     from fedxrisk.engines import Simulation
@@ -73,7 +74,6 @@ def collect() -> dict[str, Any]:
     from fedxrisk.models import build_model
     from fedxrisk.problem import Problem
     from fedxrisk.tree import leaves
-    from support_matrix import survival_dir
 
     torch.set_num_threads(1)
     calls: list[tuple[str, str, list[int], int]] = []  # (kind, name, per-client shape of the leaves, round)

@@ -25,7 +25,7 @@ heart disease only (cut on campaign for the CPU budget). Writes
 ``benchmarks/results/privacy_utility_<study>.json`` (after every cell) and ``privacy_utility.md`` (generated region of
 docs/privacy.md); ``--render-only`` rebuilds the .md from the .json files; ``--only STUDY`` runs one study.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/privacy_utility.py ../shared/data
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/privacy/privacy_utility.py ../shared/data
 """
 
 from __future__ import annotations

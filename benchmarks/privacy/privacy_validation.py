@@ -4,7 +4,7 @@ Three measurements behind the defaults of ``privacy.validation_noise_multiplier`
 ``privacy.validation_bins`` (docs/privacy.md, "Validation under DP"):
 
 1. **ε share**: ε of a run's training alone and with one Gaussian(z) release per evaluation, for the
-   plans of benchmarks/privacy_utility.py (heart disease: K = 4, q = 1, 50 rounds; campaign: K = 32,
+   plans of benchmarks/privacy/privacy_utility.py (heart disease: K = 4, q = 1, 50 rounds; campaign: K = 32,
    q = 0.25, 40 rounds; evaluations every 5 rounds) at ε = 1, 3, 8 and an instance-level plan.
 2. **bins**: the released AUROC's mean |error| against the exact one (binormal logits, AUROC 0.76,
    20 % positives) over 40 noise draws, instance level at the default z, for 8 … 128 bins and
@@ -13,7 +13,7 @@ Three measurements behind the defaults of ``privacy.validation_noise_multiplier`
    training shard held out as validation; the released AUROC at instance level (every site's records
    summed) and at client level (each site's histogram scaled to the fixed mass), 40 noise draws each.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/privacy_validation.py ../shared/data   # ≈ 1 min
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/privacy/privacy_validation.py ../shared/data   # ≈ 1 min
 
 Writes benchmarks/results/privacy_validation.json and privacy_validation.md.
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 NAME = "privacy_validation"
 ZS = (5.0, 10.0, 20.0)
 BINS = (8, 16, 32, 64, 128)

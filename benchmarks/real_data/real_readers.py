@@ -1,8 +1,8 @@
 """The real-data readers on the public files: what each reads, FLamby's heart-disease preprocessing
 reproduced, and a short end-to-end run per reader (the commands docs/data.md shows).
 
-    python benchmarks/real_readers.py --data ../shared/data            # counts, checks and runs
-    python benchmarks/real_readers.py --data ../shared/data --no-runs  # counts and checks only
+    python benchmarks/real_data/real_readers.py --data ../shared/data            # counts, checks and runs
+    python benchmarks/real_data/real_readers.py --data ../shared/data --no-runs  # counts and checks only
 
 ``--data`` holds ``heart-disease/``, ``medmnist/`` and ``adbench/`` (see that folder's README).
 Writes ``benchmarks/results/real_readers.md`` (a generated region of docs/data.md).
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "real_readers.md"
 RUNS = [  # (what, arguments after `fedxrisk run`, with DATA for the data folder)
     ("heart_disease", "--dataset heart_disease --partition source --clients 4 --set data.data_dir=DATA/heart-disease "

@@ -1,7 +1,7 @@
-"""Tables, paired tests and figures of the real-data study (benchmarks/real_data.py) from its JSON.
+"""Tables, paired tests and figures of the real-data study (benchmarks/real_data/study.py) from its JSON.
 
 Every number of docs/real-data.md and README's "On real data" comes from here:
-``python benchmarks/real_data.py --render-only`` writes ``benchmarks/results/real_data_*.md``,
+``python benchmarks/real_data/run.py --render-only`` writes ``benchmarks/results/real_data_*.md``,
 ``docs/figures/real_data_*.png`` and re-renders the generated regions of the docs.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from real_data import (
+from benchmarks.real_data.study import (
     HOSPITALS,
     LABELS,
     LOCAL_STEPS,
@@ -348,7 +348,7 @@ def plot(results, group: str) -> None:
 
 
 def render(results: dict[str, Any]) -> None:
-    import docs
+    from benchmarks import docs
 
     if not any(not k.startswith("_") for k in results):
         print("real_data: no results yet")

@@ -37,8 +37,8 @@ Results go to ``benchmarks/results/real_data.json`` after every cell
 (resumable, finished cells are skipped); each cell records the commit and a
 digest of the fedxrisk source it ran (``real_data_sources.json``).
 
-    nice -n 10 python benchmarks/real_data.py --data ../shared/data   # the study (~1 h of one core)
-    python benchmarks/real_data.py --render-only                      # tables, figures, docs
+    nice -n 10 python benchmarks/real_data/run.py --data ../shared/data   # the study (~1 h of one core)
+    python benchmarks/real_data/run.py --render-only                      # tables, figures, docs
 """
 
 from __future__ import annotations
@@ -53,11 +53,18 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_cells import objective as objective_of  # noqa: E402
-from study_cells import read_cells, record_sources, select_lr, source_fingerprint, train_cell, write_cells  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.study_cells import objective as objective_of  # noqa: E402
+from benchmarks.common.study_cells import (  # noqa: E402
+    read_cells,
+    record_sources,
+    select_lr,
+    source_fingerprint,
+    train_cell,
+    write_cells,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "real_data.json"
 SOURCES = RESULTS / "real_data_sources.json"
@@ -311,7 +318,7 @@ def verify(results: dict[str, Any]) -> None:
     """Rerun seed 0 of every planned row at its selected lr (a two-stage row from a fresh CE run)
     and require bit-for-bit equal status, validation, test metrics, round and curve; only then
     record the current source as the study's (after changes that should not alter its cells)."""
-    import provenance
+    from benchmarks import provenance
 
     if any(rec["source"]["src_dirty"] for k, rec in results.items() if not k.startswith("_")):
         sys.exit("real_data --verify: some stored cells ran with uncommitted changes in src/; rerun them")
@@ -349,7 +356,9 @@ def record_provenance(results: dict[str, Any]) -> None:
     record_sources("real_data", cells, SOURCES, lambda rec: f"{rec['regime']}|{rec['method']}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> bool:
+    """Train the missing cells (or verify, record); True when the tables should be rendered next
+    (``run.py`` renders them: this module never imports its report)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--data", default=str(DATA["root"]), help="folder with heart-disease/, medmnist/, adbench/"
@@ -363,14 +372,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.record_provenance:
         record_provenance(load_results())
-        return
+        return False
     DATA["root"] = Path(args.data).expanduser().resolve()
     if args.verify:
         import torch
 
         torch.set_num_threads(1)
         verify(load_results())
-        return
+        return False
     if not args.render_only:
         import torch
 
@@ -382,10 +391,4 @@ def main(argv: list[str] | None = None) -> None:
         if not DATA["root"].is_dir():
             sys.exit(f"--data {DATA['root']}: no such folder (it holds heart-disease/, medmnist/, adbench/)")
         run_study(regimes)
-    import real_data_report
-
-    real_data_report.render(load_results())
-
-
-if __name__ == "__main__":
-    main()
+    return True

@@ -1,6 +1,6 @@
 """docs/cli.md's config-error example: each command run, its one-line error recorded as printed.
 
-python benchmarks/config_errors.py      # writes benchmarks/results/config_errors.md
+python benchmarks/reliability/config_errors.py      # writes benchmarks/results/config_errors.md
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from fedxrisk.cli import main
 
-OUT = Path(__file__).with_name("results") / "config_errors.md"
+OUT = (Path(__file__).resolve().parents[1] / "results") / "config_errors.md"
 COMMANDS = (
     "fedxrisk run --set data.imratoi=0.2",
     "fedxrisk run --set experiment.rounds=2.5",

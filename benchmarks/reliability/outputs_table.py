@@ -6,8 +6,8 @@ simulated by an ``ENOSPC`` from ``os.fsync``), runs the command through the CLI 
 records the exit code, the line the user sees and whether every file that was there
 before (and every symlink's target) is byte for byte unchanged, with no ``.tmp`` left.
 
-    python benchmarks/outputs_table.py               # run every case, write results + table
-    python benchmarks/outputs_table.py --render-only # re-render the table from the JSON
+    python benchmarks/reliability/outputs_table.py               # run every case, write results + table
+    python benchmarks/reliability/outputs_table.py --render-only # re-render the table from the JSON
 
 Writes ``benchmarks/results/outputs.json`` and ``benchmarks/results/outputs.md`` (the second
 table of docs/reliability.md). tests/test_outputs.py runs the same cases.
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import casetable  # noqa: E402
-from casetable import message_cell  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common import casetable  # noqa: E402
+from benchmarks.common.casetable import message_cell  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "outputs"
 TINY = dict(rounds=3, stages=1, eval_every=1, clients=2, tensorboard=False, checkpoint_every=1)

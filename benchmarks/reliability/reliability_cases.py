@@ -1,4 +1,4 @@
-"""The cases of benchmarks/reliability_trial.py: each builds its bad input in ``TMP`` and returns the
+"""The cases of benchmarks/reliability/reliability_trial.py: each builds its bad input in ``TMP`` and returns the
 command's arguments (``{tmp}`` stands for ``TMP``) or, for a Python API, a call to make."""
 
 from __future__ import annotations

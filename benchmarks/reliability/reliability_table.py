@@ -6,8 +6,8 @@ with click's test runner), and records the exit code, the message the user sees
 whether the ``--out`` folder is exactly as before (absent stays absent, a
 foreign folder keeps its files).
 
-    python benchmarks/reliability_table.py               # run every case, write results + table
-    python benchmarks/reliability_table.py --render-only # re-render the table from the JSON
+    python benchmarks/reliability/reliability_table.py               # run every case, write results + table
+    python benchmarks/reliability/reliability_table.py --render-only # re-render the table from the JSON
 
 Writes ``benchmarks/results/reliability.json`` and ``benchmarks/results/reliability.md``
 (the table in docs/reliability.md). tests/test_reliability.py runs the same cases.
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import casetable  # noqa: E402
-from casetable import message_cell  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common import casetable  # noqa: E402
+from benchmarks.common.casetable import message_cell  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "reliability"
 TINY = [

@@ -11,8 +11,8 @@ was in ``TMP`` is unchanged (a symbolic link's target included). Its class: ``cl
 checked), ``unclear`` (refused, but not in one ``Error:`` line with exit 2, or something was
 written), ``traceback``, ``silent`` (accepted where a refusal was due) or ``data lost``.
 
-    python benchmarks/reliability_trial.py               # run every case, write results + table
-    python benchmarks/reliability_trial.py --render-only # re-render the table from the JSON
+    python benchmarks/reliability/reliability_trial.py               # run every case, write results + table
+    python benchmarks/reliability/reliability_trial.py --render-only # re-render the table from the JSON
 
 Writes ``benchmarks/results/reliability_trial.json`` and ``…/reliability_trial.md`` (a table of
 docs/reliability.md). tests/test_reliability_trial.py runs the same cases.
@@ -28,10 +28,10 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import casetable  # noqa: E402
-from casetable import message_cell  # noqa: E402
-from reliability_cases import CASES, Case, make_runs  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common import casetable  # noqa: E402
+from benchmarks.common.casetable import message_cell  # noqa: E402
+from benchmarks.reliability.reliability_cases import CASES, Case, make_runs  # noqa: E402
 
 NAME = "reliability_trial"
 CLASSES = ("clear", "runs", "unclear", "traceback", "silent", "data lost")

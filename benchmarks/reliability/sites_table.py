@@ -9,8 +9,8 @@ refused). Its class: ``clear`` (one ``Error:`` line, exit 2, nothing changed),
 ``runs`` (accepted, and the output checked), ``traceback``, ``silent`` (exit 0 where a
 refusal was due, or a wrong output) or ``data lost``.
 
-    python benchmarks/sites_table.py               # run every case, write results + table
-    python benchmarks/sites_table.py --render-only # re-render the table from the JSON
+    python benchmarks/reliability/sites_table.py               # run every case, write results + table
+    python benchmarks/reliability/sites_table.py --render-only # re-render the table from the JSON
 
 Writes ``benchmarks/results/sites.json`` and ``benchmarks/results/sites.md`` (a table of
 docs/reliability.md). tests/test_sites_table.py runs the same cases.
@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import casetable  # noqa: E402
-from casetable import message_cell  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common import casetable  # noqa: E402
+from benchmarks.common.casetable import message_cell  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "sites"
 TINY = ["--rounds", "2", "--stages", "1", "--eval-every", "1", "--clients", "2", "--partition", "iid"]

@@ -1,6 +1,6 @@
 """Distributed engine benchmark: packed-mean overhead and wall time on 1, 2 and 4 processes.
 
-    nice -n 10 python benchmarks/distributed_bench.py [--reps 50] [--rounds 30]
+    nice -n 10 python benchmarks/scale/distributed_bench.py [--reps 50] [--rounds 30]
 
 1. Overhead: under ``torch.distributed.run`` with 2 ranks (gloo, CPU), the time of
    one ``DistCollective.mean`` of a real round payload (pack, one all_reduce,
@@ -28,7 +28,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:

@@ -1,7 +1,7 @@
 """Partial participation at scale (issue 43): ``fedxrisk run`` with K clients, 100 of them per round.
 
-    python benchmarks/participation_scale.py                       # K = 1,000 and 10,000: ~4 min, 2-core CPU
-    python benchmarks/participation_scale.py --clients 1000 100000 --rounds 32
+    python benchmarks/scale/participation_scale.py                       # K = 1,000 and 10,000: ~4 min, 2-core CPU
+    python benchmarks/scale/participation_scale.py --clients 1000 100000 --rounds 32
 
 Each K runs as a fresh ``python -m fedxrisk.cli run`` process: CODASCA on synthetic data with
 20 training samples per client (so the data grows with K), the linear model, 100 clients per round
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 PER_CLIENT = 20  # training samples per client
 

@@ -1,9 +1,9 @@
 """Streaming vs in-memory training data: peak resident memory and training throughput.
 
-    python benchmarks/streaming.py                  # memory: generate the images in /tmp, measure, render
-    python benchmarks/streaming.py --throughput --sizes 10000   # throughput, with and without data.cache
-    python benchmarks/streaming.py --render-only    # re-render the tables from the committed JSON
-    python benchmarks/streaming.py --large          # the 224×224 case (--sizes 600,5000,20000)
+    python benchmarks/scale/streaming.py                  # memory: generate the images in /tmp, measure, render
+    python benchmarks/scale/streaming.py --throughput --sizes 10000   # throughput, with and without data.cache
+    python benchmarks/scale/streaming.py --render-only    # re-render the tables from the committed JSON
+    python benchmarks/scale/streaming.py --large          # the 224×224 case (--sizes 600,5000,20000)
 
 1. Memory: an on-disk folder of 32×32 RGB PNGs (two classes) grows from 10k to
    100k files; each size is trained in a fresh subprocess (CODASCA, 4 clients,
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURE = ROOT / "docs" / "figures" / "streaming_memory.png"
 SIZES = (10_000, 30_000, 100_000)

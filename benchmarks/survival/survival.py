@@ -28,8 +28,8 @@ Protocol, the same for every row:
 5. Paired tests across the seeds against ``fedavg_cox`` (paired t-test on the mean regional
    C-index) and, per seed, a paired bootstrap of the pooled test C-index difference.
 
-    nice -n 10 python benchmarks/survival.py --data ../shared/data/tcga-brca     # the study
-    python benchmarks/survival.py --render-only                                  # the table
+    nice -n 10 python benchmarks/survival/survival.py --data ../shared/data/tcga-brca     # the study
+    python benchmarks/survival/survival.py --render-only                                  # the table
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT_JSON, OUT_MD = RESULTS / "survival.json", RESULTS / "survival.md"
 ROUNDS, LOCAL_STEPS, BATCH, EVAL_EVERY = 60, 8, 16, 5

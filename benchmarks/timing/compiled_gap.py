@@ -1,8 +1,8 @@
 """Where the compiled K-client step loses against the compiled centralized step (issue 43, item 5).
 
-    nice -n 10 python benchmarks/compiled_gap.py              # MLP, CODASCA and LocalSGDM, K = 64, B = 32
+    nice -n 10 python benchmarks/timing/compiled_gap.py              # MLP, CODASCA and LocalSGDM, K = 64, B = 32
 
-One process, one torch thread: for each algorithm, ``benchmarks/speed.py``'s ``compile`` variant
+One process, one torch thread: for each algorithm, ``benchmarks/timing/speed.py``'s ``compile`` variant
 (the vmapped local step of K clients through ``torch.compile``) and ``central_compiled`` (one model
 on K·B samples, compiled), timed interleaved (process CPU clock: median of 15 blocks of 20 steps),
 then each profiled (torch.profiler, 7 interleaved profiles of 20 steps, the median of each part) and its self time split into the matrix products
@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import speed  # noqa: E402  (the same Case and variants as the speed table)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.timing import speed  # noqa: E402  (the same Case and variants as the speed table)
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 MATMUL = ("aten::bmm", "aten::mm", "aten::addmm", "aten::baddbmm")
 
 

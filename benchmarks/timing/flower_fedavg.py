@@ -3,9 +3,9 @@
 Needs ``flwr[simulation]`` (1.41 installs here; it brings Ray), e.g. in a venv that sees torch:
 
     python -m venv --system-site-packages .venv && .venv/bin/pip install "flwr[simulation]==1.41.*"
-    FLWR_TELEMETRY_ENABLED=0 PYTHONPATH=src .venv/bin/python benchmarks/flower_fedavg.py --clients 4,16
+    FLWR_TELEMETRY_ENABLED=0 PYTHONPATH=src .venv/bin/python benchmarks/timing/flower_fedavg.py --clients 4,16
 
-Task: the MLP of benchmarks/speed.py on synthetic data (``per_client`` samples a
+Task: the MLP of benchmarks/timing/speed.py on synthetic data (``per_client`` samples a
 client), K clients, R rounds of I local SGD steps (batch B, lr, no momentum) on
 binary cross-entropy, then the sample-weighted average of the model (all shards
 are equal, so the plain mean). Flower: ``ServerApp`` with ``FedAvg`` and a
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.data import synthetic_data  # noqa: E402
 from fedxrisk.algorithms import ALGORITHMS, Schedule  # noqa: E402
 from fedxrisk.engines import Simulation  # noqa: E402
 from fedxrisk.models import MLP  # noqa: E402
 from fedxrisk.objectives import bce_loss  # noqa: E402
 from fedxrisk.problem import Problem  # noqa: E402
-from speed import synthetic_data  # noqa: E402
 
 SHAPE = (64,)
 PER_CLIENT, BATCH, WINDOW, LR = 128, 32, 8, 0.1
@@ -111,7 +111,7 @@ def main() -> None:
         "--report",
         type=Path,
         default=None,
-        help="also write the report there (docs/benchmarks/flower.md; benchmarks/speed_tables.py renders its table)",
+        help="also write the report there (docs/benchmarks/flower.md; benchmarks/timing/speed_tables.py renders its table)",
     )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -122,7 +122,7 @@ def main() -> None:
         lines.append(line)
 
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    os.environ["PYTHONPATH"] = os.pathsep.join(sys.path)  # Ray workers import fedxrisk and speed
+    os.environ["PYTHONPATH"] = os.pathsep.join(sys.path)  # Ray workers import fedxrisk and benchmarks.common
     import flwr
 
     out("# Flower versus fedxrisk: the same FedAvg task\n")

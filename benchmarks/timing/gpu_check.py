@@ -1,6 +1,6 @@
 """The GPU path in one prepared script (issue 43): engines equal across devices, then the speed table.
 
-    python benchmarks/gpu_check.py --device cuda --out docs/benchmarks/gpu     # on a GPU machine, < 8 min
+    python benchmarks/timing/gpu_check.py --device cuda --out docs/benchmarks/gpu     # on a GPU machine, < 8 min
 
 1. **Equivalence**: the same small run (CODASCA and CE FedAvg on the bundled digits, K = 8,
    3 rounds, I = 4) trained by each engine (loop, vmap, compile) on ``--device`` and by the
@@ -8,7 +8,7 @@
    loop's is reported per engine and must stay under ``--tolerance`` (float32 kernels differ in
    summation order across devices, so bit equality is not expected; CPU loop = vmap is tested
    bit for bit elsewhere).
-2. **Speed**: ``benchmarks/speed.py --device DEVICE`` (model, stacked states and the batch
+2. **Speed**: ``benchmarks/timing/speed.py --device DEVICE`` (model, stacked states and the batch
    resident on the device; the device synchronized around every timed call; wall clock).
 
 Writes ``gpu_check.md`` (the equivalence table, the hardware) and the speed report under
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `benchmarks.*` imports
 
 ALGORITHMS = ("codasca", "localsgdm")
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# GPU check",
         "",
-        f"Command: `python benchmarks/gpu_check.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+        f"Command: `python benchmarks/timing/gpu_check.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
         f"torch {torch.__version__}; {hardware}.",
         "",
         f"Final weights after the same run on `{args.device}` against the CPU loop engine "
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     if not args.no_speed:
-        import speed
+        from benchmarks.timing import speed
 
         speed.main(["--device", args.device, "--models", "mlp,cnn", "--clients", "4,64",
                     "--algorithms", "codasca,localsgdm", "--variants", "central,central_compiled,loop,vmap,compile",

@@ -1,6 +1,6 @@
 """fedxrisk beside Flower's simulation and pfl-research: the same FedAvg task, rounds/s and peak memory.
 
-    python benchmarks/peers.py    # K = 1,000 (100 a round), K = 100 (10 a round): 2-4 min on the loaded 2-core CPU
+    python benchmarks/timing/peers.py    # K = 1,000 (100 a round), K = 100 (10 a round): 2-4 min on the loaded 2-core CPU
 
 Needs the peers, which are not fedxrisk dependencies (the bench refuses in one line, naming the pip
 command, when one is missing):
@@ -51,7 +51,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 FEATURES, LOCAL_STEPS, BATCH, LR = 32, 4, 8, 0.1
 PFL_PYTHON = "/work/venv_pfl/bin/python"
@@ -188,6 +188,7 @@ def _leaves(tree):
 
 
 def work_flower(k: int, m: int, rounds: int, per_client: int) -> dict:
+    import peers  # by reference, so that its cache lives in each Ray actor (this file is __main__ here)
     import torch
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
@@ -195,7 +196,6 @@ def work_flower(k: int, m: int, rounds: int, per_client: int) -> dict:
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
 
-    import peers  # by reference, so that its cache lives in each Ray actor (this file is __main__ here)
     from fedxrisk.objectives import bce_loss
 
     def data():
@@ -548,7 +548,7 @@ def main() -> None:
         )
         print(json.dumps(runs[-1]), flush=True)
     res = {
-        "command": " ".join(["python", "benchmarks/peers.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/timing/peers.py", *sys.argv[1:]]),
         "per_client": args.per_client, "rounds": args.rounds, "warmup": args.warmup,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "load_before": load_before, "load_after": os.getloadavg()[0], "versions": versions(args.pfl_python),

@@ -2,8 +2,8 @@
 
 One command, one process, every variant measured side by side and interleaved:
 
-    nice -n 10 python benchmarks/speed.py                      # the full suite
-    nice -n 10 python benchmarks/speed.py --models mlp --clients 64 --reps 15
+    nice -n 10 python benchmarks/timing/speed.py                      # the full suite
+    nice -n 10 python benchmarks/timing/speed.py --models mlp --clients 64 --reps 15
 
 Variants of one *local step of a whole algorithm* (``--algorithms``, any name
 registered in ``fedxrisk.algorithms.ALGORITHMS``; names not on this branch are
@@ -19,7 +19,7 @@ ratio to ``central`` (and to ``central_compiled``), first-call (compile) time,
 exact stacked-state size, peak RSS growth while stepping (sampled every ms),
 and rounds/s of a whole ``Simulation`` round (I local steps + communicate,
 including sampling and batching). ``--flower`` also runs
-``benchmarks/flower_fedavg.py`` (Flower's simulation versus ours on the same
+``benchmarks/timing/flower_fedavg.py`` (Flower's simulation versus ours on the same
 FedAvg task) with ``--flower-python`` (a venv with ``flwr[simulation]``).
 Writes ``speed.md`` and ``speed.csv`` under ``--out``.
 """
@@ -47,14 +47,15 @@ import torch
 
 from fedxrisk.algorithms import ALGORITHMS, Schedule
 from fedxrisk.algorithms.base import ClientInfo, StepContext
-from fedxrisk.data.datasets import BinaryData
-from fedxrisk.data.federated import FederatedData
 from fedxrisk.engines import Simulation
 from fedxrisk.engines.simulation import CompiledEngine, LoopEngine, VmapEngine
 from fedxrisk.models import MLP, SmallCNN
 from fedxrisk.models.resnet import resnet20
 from fedxrisk.problem import Problem
 from fedxrisk.tree import index, numel_bytes, stack, tmap
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.data import synthetic_data  # noqa: E402
 
 MODELS: dict[str, tuple[Callable[..., torch.nn.Module], tuple[int, ...]]] = {
     "mlp": (MLP, (64,)),  # 64 → 64 → 64 → 1 (digits-sized inputs)
@@ -66,19 +67,6 @@ FIELDS = (
     "model", "algorithm", "clients", "batch", "variant", "step_ms", "step_cpu_ms", "ratio",
     "ratio_compiled", "first_call_s", "state_mb", "peak_rss_mb", "round_s", "rounds_per_s", "reps",
 )  # fmt: skip
-
-
-def synthetic_data(shape: tuple[int, ...], clients: int, per_client: int, seed: int = 0) -> FederatedData:
-    """Random inputs, 30 % positives, ``per_client`` samples on each client."""
-    g = torch.Generator().manual_seed(seed)
-    n = clients * per_client
-    x = torch.randn((n, *shape), generator=g)
-    y = (torch.rand(n, generator=g) < 0.3).float()
-    y[::per_client] = 1.0  # every client holds both classes
-    y[1::per_client] = 0.0
-    data = BinaryData("synthetic", x, y, x[:8], y[:8], y.long().numpy(), (1,))
-    shards = [np.arange(k * per_client, (k + 1) * per_client) for k in range(clients)]
-    return FederatedData(data, shards)
 
 
 class PeakRSS:
@@ -328,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     p.add_argument("--max-state-gb", type=float, default=6.0, help="skip K whose stacked state exceeds this")
     p.add_argument("--profile", default="mlp:64", help="model:K cases to profile (comma list, '' for none)")
-    p.add_argument("--flower", action="store_true", help="also run benchmarks/flower_fedavg.py")
+    p.add_argument("--flower", action="store_true", help="also run benchmarks/timing/flower_fedavg.py")
     p.add_argument("--flower-python", default=".venv/bin/python")
     p.add_argument("--flower-clients", default="4,16")
     p.add_argument("--flower-rounds", type=int, default=5)

@@ -1,15 +1,15 @@
-"""docs/performance.md's speed tables, rendered from the committed reports of benchmarks/speed.py.
+"""docs/performance.md's speed tables, rendered from the committed reports of benchmarks/timing/speed.py.
 
-``benchmarks/speed.py ... --out docs/benchmarks/<run>`` writes ``speed.csv`` and ``speed.md``
+``benchmarks/timing/speed.py ... --out docs/benchmarks/<run>`` writes ``speed.csv`` and ``speed.md``
 (costly: 1 to 15 minutes per run). This script only reads those files and writes
 
 - ``benchmarks/results/speed_targets.md``: the issue-9 targets (MLP within 1.3×, CNN within 1.5×);
 - ``benchmarks/results/speed_<run>_k<K>.md``: step time per engine at one K (ratio to central);
 - ``benchmarks/results/speed_over_k.md``: vmap and loop ratios over K;
 - ``benchmarks/results/flower_fedavg.md``: the table of ``docs/benchmarks/flower.md``, the report of
-  ``benchmarks/flower_fedavg.py --report docs/benchmarks/flower.md`` (needs ``flwr[simulation]``).
+  ``benchmarks/timing/flower_fedavg.py --report docs/benchmarks/flower.md`` (needs ``flwr[simulation]``).
 
-    python benchmarks/speed_tables.py
+    python benchmarks/timing/speed_tables.py
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "docs" / "benchmarks"
 RESULTS = ROOT / "benchmarks" / "results"
 VARIANTS = ("central", "central_compiled", "loop", "vmap", "compile")

@@ -5,8 +5,8 @@ process (median reported), against this tree's ``src`` and, with
 ``--baseline-rev REV``, against the ``src`` of an earlier commit (extracted
 with ``git archive``), interleaved so both see the same machine load:
 
-    python benchmarks/startup.py --baseline-rev 4e3c807 --runs 7
-    python benchmarks/startup.py --render-only      # the table from the committed JSON
+    python benchmarks/timing/startup.py --baseline-rev 4e3c807 --runs 7
+    python benchmarks/timing/startup.py --render-only      # the table from the committed JSON
 
 Writes ``benchmarks/results/startup.json`` and ``startup.md``.
 """
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 COMMANDS = {  # shown name: (arguments, expected exit status)
     "fedxrisk --help": (["--help"], 0),

@@ -1,0 +1,1 @@
+"""The evaluation statistics checked: interval coverage, DeLong against pROC, histogram error, federated evaluation."""

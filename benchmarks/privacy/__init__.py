@@ -1,0 +1,1 @@
+"""Differential privacy: what leaves a client, the accountant's cost, utility against epsilon, validation under DP."""

@@ -1,0 +1,1 @@
+"""Many clients, processes and files: partial participation, the distributed engine, streaming data."""

@@ -1,0 +1,1 @@
+"""Federated survival on Fed-TCGA-BRCA (docs/survival.md)."""
