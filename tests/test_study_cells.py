@@ -64,7 +64,7 @@ def test_the_lr_rule_extends_at_an_edge_and_takes_the_best_validation_value():
 
 
 def test_record_sources_refuses_dirty_unknown_or_mixed_cells_and_records_the_union(tmp_path, monkeypatch):
-    import provenance
+    from benchmarks import provenance
 
     sources = tmp_path / "sources.json"
     sources.write_text(json.dumps({"d1": {"src/a.py": "1", "src/b.py": "2"}, "d2": {"src/a.py": "1"},

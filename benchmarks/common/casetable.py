@@ -4,7 +4,6 @@ a message as one Markdown table cell, and the main that runs the cases or re-ren
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+from benchmarks.common.results import RESULTS, measured
 
 
 def message_cell(message: str) -> str:
@@ -30,17 +29,15 @@ def main(
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--render-only", action="store_true", help="re-render the table from the JSON")
     args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    raw = RESULTS / f"{name}.json"
-    if args.render_only:
-        rows = json.loads(raw.read_text())
-    else:
+
+    def measure() -> list[dict[str, Any]]:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         import torch
 
         torch.set_num_threads(1)
-        rows = run_all()
-        raw.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
+        return run_all()
+
+    rows = measured(RESULTS / f"{name}.json", measure, args.render_only, ensure_ascii=False)
     (RESULTS / f"{name}.md").write_text(render(rows))
 
 

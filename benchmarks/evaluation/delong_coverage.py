@@ -16,8 +16,8 @@ Writes benchmarks/results/delong_coverage.json and delong_coverage_{delong,boots
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -28,7 +28,9 @@ from scipy.stats import norm
 from fedxrisk.metrics import average_precision, partial_auroc
 from fedxrisk.stats import bootstrap_intervals, delong, weighted_ap, weighted_partial_auroc
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.results import RESULTS, measured  # noqa: E402
+
 NAME = "delong_coverage"
 FPR = 0.3
 DELONG_SETTINGS = [
@@ -124,16 +126,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--render-only", action="store_true", help="re-write the .md from the committed JSON")
     args = ap.parse_args()
-    raw = RESULTS / f"{NAME}.json"
-    if args.render_only:
-        results = json.loads(raw.read_text())
-    else:
+
+    def measure() -> dict:
         start = time.perf_counter()
         results = {"seed": args.seed, "delong": delong_study(args.draws, args.seed),
                    "bootstrap": bootstrap_study(args.boot_draws, args.resamples, args.seed)}  # fmt: skip
         results["seconds"] = round(time.perf_counter() - start, 1)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        raw.write_text(json.dumps(results, indent=2) + "\n")
+        return results
+
+    results = measured(RESULTS / f"{NAME}.json", measure, args.render_only, indent=2)
     for part, text in render(results).items():
         (RESULTS / f"{NAME}_{part}.md").write_text(text)
         print(text)

@@ -17,7 +17,7 @@ Writes benchmarks/results/histogram_error.json and histogram_error.md (docs/benc
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,9 @@ import numpy as np
 from fedxrisk.metrics import auroc, average_precision, partial_auroc
 from fedxrisk.stats import histogram_ap, histogram_auroc, histogram_bounds, histogram_pauc, score_histogram
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.results import RESULTS, measured  # noqa: E402
+
 NAME = "histogram_error"
 BINS = (256, 1024, 4096, 16384)
 N = 20_000
@@ -118,9 +120,7 @@ def main() -> None:
     p.add_argument("--render-only", action="store_true", help="only re-render the table from the JSON")
     args = p.parse_args()
     path = RESULTS / f"{NAME}.json"
-    rows = json.loads(path.read_text()) if args.render_only else study(args.seeds)
-    if not args.render_only:
-        path.write_text(json.dumps(rows, indent=1) + "\n")
+    rows = measured(path, lambda: study(args.seeds), args.render_only)
     (RESULTS / f"{NAME}.md").write_text(render(rows))
     print(render(rows))
 

@@ -19,9 +19,9 @@ against the definition and against pROC's published aSAH numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,7 +29,9 @@ import numpy as np
 
 from fedxrisk.stats import delong_paired
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.results import RESULTS, measured  # noqa: E402
+
 NAME = "proc_check"
 CASES = 12
 
@@ -137,11 +139,7 @@ def main() -> None:
     if not args.render_only and shutil.which("Rscript") is None:
         print("Rscript not found: the committed results are kept (Debian: apt-get install r-cran-proc)")
         args.render_only = True
-    if args.render_only:
-        result = json.loads(json_path.read_text())
-    else:
-        result = run()
-        json_path.write_text(json.dumps(result, indent=1) + "\n")
+    result = measured(json_path, run, args.render_only)
     (RESULTS / f"{NAME}.md").write_text(render(result))
     print(render(result))
 

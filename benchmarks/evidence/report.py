@@ -274,7 +274,7 @@ def coverage_table(results: dict[str, Any]) -> str:
         missing += 1
         lines.append(f"| {regime} | {label(method, two)} | {done}/{len(cands)} | "
                      f"{','.join(map(str, got)) or '–'} | {','.join(map(str, planned))} |")  # fmt: skip
-    head = (f"The study's plan (`PLAN` in benchmarks/evidence/study.py, in priority order): {len(want) - missing} "
+    head = (f"The study's plan (`PLAN` in benchmarks/evidence.py, in priority order): {len(want) - missing} "
             f"of {len(want)} rows complete"
             + (", every row ran.\n" if not missing else "; the rows still missing cells, in plan order:\n\n"))  # fmt: skip
     return head + ("\n".join(lines) + "\n" if missing else "")

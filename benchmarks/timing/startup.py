@@ -14,7 +14,6 @@ Writes ``benchmarks/results/startup.json`` and ``startup.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -26,6 +25,9 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks.*` imports
+from benchmarks.common.results import measured  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -110,12 +112,9 @@ def main() -> None:
     p.add_argument("--baseline-rev", default=None, help="also time the src of this git revision")
     p.add_argument("--render-only", action="store_true", help="re-render startup.md from startup.json")
     args = p.parse_args()
-    raw = RESULTS / "startup.json"
-    if args.render_only:
-        result = json.loads(raw.read_text())
-    else:
-        result = measure(args.runs, args.baseline_rev)
-        raw.write_text(json.dumps(result, indent=1) + "\n")
+    result = measured(
+        RESULTS / "startup.json", lambda: measure(args.runs, args.baseline_rev), args.render_only
+    )
     (RESULTS / "startup.md").write_text(render(result))
     print((RESULTS / "startup.md").read_text())
 
