@@ -6,7 +6,7 @@ benchmark runs, the sha256 of every ``fedxrisk`` source file its process
 imported, by path relative to the repository root, is written with the commit
 to ``benchmarks/results/provenance.json`` under the benchmark's name:
 
-    python benchmarks/provenance.py run NAME -- python benchmarks/x.py ARGS   # run, then record
+    python benchmarks/provenance.py run NAME -- python benchmarks/STUDY/x.py ARGS   # run, then record
     python benchmarks/provenance.py status                                  # every bench, one line
 
 ``status`` is the list of every study with its cost: each record keeps the wall time and CPU time

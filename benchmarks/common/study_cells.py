@@ -1,4 +1,4 @@
-"""What the two studies (evidence.py, real_data.py) share: a cell trained through the run layer,
+"""What the studies (evidence, real_data, heterogeneous) share: a cell trained through the run layer,
 the learning-rate rule on validation, and the source fingerprint of a cell.
 
 A cell is one run of ``fedxrisk run``'s machinery: :func:`fedxrisk.run.build.build_data` carves

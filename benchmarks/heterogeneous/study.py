@@ -116,7 +116,7 @@ HOSPITALS = ("Cleveland", "Hungarian", "Switzerland", "VA")
 
 
 def positives_per_batch(pos_ratio: float, batch: int) -> int:
-    """Class-aware batches (as real_data.py): the data's share of positives, at least a quarter."""
+    """Class-aware batches (as real_data/study.py): the data's share of positives, at least a quarter."""
     return max(1, round(batch * max(pos_ratio, 0.25)))
 
 
