@@ -7,7 +7,7 @@ imported, by path relative to the repository root, is written with the commit
 to ``benchmarks/results/provenance.json`` under the benchmark's name:
 
     python benchmarks/provenance.py run NAME -- python benchmarks/STUDY/x.py ARGS   # run, then record
-    python benchmarks/provenance.py status                                  # every bench, one line
+    python benchmarks/provenance.py status                                  # every bench, one line, by study folder
 
 ``status`` is the list of every study with its cost: each record keeps the wall time and CPU time
 the last run took and the machine's load average when it started (REBUILD.toml's ``cheap`` flag
@@ -238,7 +238,18 @@ def main(argv: list[str] | None = None) -> None:
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         run(args.name, command)
     else:
-        print("\n".join(status()))
+        print("\n".join(by_folder(benches(), status())))
+
+
+def by_folder(registered: list[dict[str, Any]], lines: list[str]) -> list[str]:
+    """``status``'s lines under the folder of each bench's script (its study), folders in
+    REBUILD.toml's order."""
+    groups: dict[str, list[str]] = {}
+    for bench, line in zip(registered, lines):
+        words = bench["command"].split()
+        folder = Path(words[1]).parent.as_posix() if len(words) > 1 else "?"
+        groups.setdefault(folder, []).append(f"  {line}")
+    return [row for folder, rows in groups.items() for row in (f"{folder}/", *rows)]
 
 
 if __name__ == "__main__":

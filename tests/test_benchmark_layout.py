@@ -124,3 +124,14 @@ def test_every_rebuild_command_names_a_script_that_exists():
 )
 def test_the_readme_lists_every_study_folder(folder):
     assert f"`benchmarks/{folder}/`" in (ROOT / "benchmarks" / "README.md").read_text()
+
+
+def test_status_lists_each_bench_under_its_study_folder():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import provenance
+
+    registered = [{"command": "python benchmarks/evidence/run.py"}, {"command": "python benchmarks/timing/speed.py --x"},
+                  {"command": "python benchmarks/evidence/run.py --verify R"}]  # fmt: skip
+    assert provenance.by_folder(registered, ["a: 1", "b: 2", "c: 3"]) == [
+        "benchmarks/evidence/", "  a: 1", "  c: 3", "benchmarks/timing/", "  b: 2"
+    ]  # fmt: skip
