@@ -62,16 +62,26 @@ def build(
 
 # (algorithm, model.personal, model, stages): 4 clients, 2 per rank (tests/test_personal.py's runs)
 PERSONAL_SPECS = [("localsgdm", "bn", "cnn", 1), ("codaplus", "head", "cnn", 2), ("ditto", "none", "mlp", 1)]
+# the same with [server] optimizer = "adam" (lr SERVER_LR): the server step leaves personal entries alone
+PERSONAL_SERVER_SPECS = [
+    ("localsgdm", "head", "mlp", 1),
+    ("localsgdm", "bn", "cnn", 1),
+    ("ditto", "none", "mlp", 1),
+]
+SERVER_LR = 0.05
 
 
-def personal_run(alg, personal, model, stages):
-    """FedBN / a personal head / Ditto on the distributed engine."""
+def personal_run(alg, personal, model, stages, server_lr=None):
+    """FedBN / a personal head / Ditto on the distributed engine (``server_lr``: with server Adam)."""
+    from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
+
     data = make_federated("digits", 4, "class", 0.3, 0)
     problem = Problem(build_model(model, data.data.input_shape, 0), data.data.pos_ratio, personal=personal)
     schedule = Schedule.build(4 if stages > 1 else 2, 2, 0.1, stages)
-    sim = DistributedSimulation(
-        ALGORITHMS[alg](problem), data, schedule, 8, 0, clients_per_rank=2, timeout=60
-    )
+    algorithm = ALGORITHMS[alg](problem)
+    if server_lr is not None:
+        algorithm = with_server_optimizer(algorithm, ServerOptimizer("adam", lr=server_lr))
+    sim = DistributedSimulation(algorithm, data, schedule, 8, 0, clients_per_rank=2, timeout=60)
     while not sim.done:
         sim.run_round()
     full = sim.state_dict()
@@ -224,6 +234,7 @@ def main(out: Path) -> None:
     results["gather_ledger_equal"] = dist_ledger.summary() == sim_ledger.summary()
     results["class_aware_probe"] = class_aware_probe()
     results["personal"] = [personal_run(*spec) for spec in PERSONAL_SPECS]
+    results["personal_server"] = [personal_run(*spec, server_lr=SERVER_LR) for spec in PERSONAL_SERVER_SPECS]
     if group.rank == 0:
         torch.save(results, out / "results.pt")
 

@@ -94,6 +94,27 @@ def test_personal_entries_on_the_distributed_engine_equal_the_loop_engine(worker
 
 
 @pytest.mark.slow  # torchrun: 2 real ranks
+def test_server_adam_with_personal_entries_on_the_distributed_engine_equals_the_loop_engine(worker_results):
+    """[server] adam with a personal head, FedBN and Ditto on 2 ranks: the server step leaves personal
+    entries alone (engines/server_opt.py), so the global model the distributed engine evaluates (its
+    mean of the sites' personal entries, taken before communicate) is the loop engine's."""
+    from dist_worker import PERSONAL_SERVER_SPECS, SERVER_LR
+    from fedxrisk.engines.server_opt import ServerOptimizer
+    from test_personal import personal_sim
+
+    _, results, _ = worker_results
+    assert [r["spec"] for r in results["personal_server"]] == PERSONAL_SERVER_SPECS
+    for r in results["personal_server"]:
+        alg, personal, model, stages = r["spec"]
+        opt = ServerOptimizer("adam", lr=SERVER_LR)
+        loop = run_all(personal_sim(alg, personal, clients=4, model=model, stages=stages, server=opt))
+        assert max_abs_diff(loop.states, r["states"]) < 1e-5, r["spec"]
+        assert r["ledger"] == loop.ledger.summary(), r["spec"]
+        (lp, lb), (dp, db) = loop.global_model(), r["global_model"]
+        assert max_abs_diff({"p": lp, "b": lb}, {"p": dp, "b": db}) < 1e-5, r["spec"]
+
+
+@pytest.mark.slow  # torchrun: 2 real ranks
 def test_class_aware_probe(worker_results):
     """Class-aware batches on 2 ranks: exactly 3 positives in every batch of 8, p = 3/8 (test_classaware)."""
     from test_classaware import assert_exact_class_aware

@@ -23,11 +23,17 @@ from helpers import assert_equal_across_clients, max_abs_diff, one_per_family, r
 
 
 def personal_sim(alg, personal, engine="loop", clients=3, rounds=2, steps=2, stages=1, model="cnn",
-                 dataset="digits", partition="class", imratio=0.3, options=None, seed=0, data=None):  # fmt: skip
+                 dataset="digits", partition="class", imratio=0.3, options=None, seed=0, data=None,
+                 server=None):  # fmt: skip
+    """``server``: a :class:`~fedxrisk.engines.server_opt.ServerOptimizer` to wrap the algorithm in."""
     data = data or make_federated(dataset, clients, partition, imratio, seed)
     net = build_model(model, data.data.input_shape, seed)
     problem = Problem(net, data.data.pos_ratio, personal=personal)
     algorithm = ALGORITHMS[alg](problem, **(options or {}))
+    if server is not None:
+        from fedxrisk.engines.server_opt import with_server_optimizer
+
+        algorithm = with_server_optimizer(algorithm, server)
     return Simulation(algorithm, data, Schedule.build(rounds, steps, 0.1, stages), 8, seed, engine)
 
 

@@ -2,7 +2,7 @@
 
 1. A released validation AUROC within 2 noise SDs of ½ cannot tell a model from its inverse: the
    run says so (once). The noise SD it states (``val_auroc_noise_sd``, a parametric bootstrap of the
-   release) is checked against the real spread of the release over independent secret draws, and
+   release) is checked against the real spread of the release over independent (seeded) draws, and
    the rule fires on an inverted model seen through heavy noise but not on a good one through light.
 2. Client-level DP states up front the noise-to-clip ratio σ/(qK) of the mean update, with a
    warning at ≥ 1: the ratio is checked against the noise the private aggregator really adds.
@@ -42,7 +42,8 @@ def _fine(n: int, shift: float, seed: int = 0) -> np.ndarray:
 def test_the_stated_noise_sd_is_the_releases_real_spread():
     dp = ValidationDP(3.0, "instance", 8)
     fine = _fine(400, 1.0)
-    released = [release(fine, dp, NoiseSource.secret(), 1) for _ in range(200)]
+    # independent draws, seeded so that the test cannot fail on an unlucky spread (secret noise did)
+    released = [release(fine, dp, NoiseSource.reproducible(seed), 1) for seed in range(400)]
     real = np.std([histogram_auroc(r[0]) for r in released])
     stated = np.median([auroc_noise_sd(r, dp) for r in released[:20]])
     assert stated == pytest.approx(real, rel=0.3) and real > 0.005

@@ -18,7 +18,7 @@ pytest.importorskip("optuna")
 pytest.importorskip("flwr")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))  # the repository root: `benchmarks.*`
 _spec = importlib.util.spec_from_file_location(
     "reliability_trial", ROOT / "benchmarks" / "reliability" / "reliability_trial.py"
 )

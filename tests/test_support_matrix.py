@@ -261,6 +261,7 @@ def test_the_effect_check_sees_a_server_step_that_does_nothing(tmp_path):
 SLOW_CELLS = [
     Cell("codasca", engine="distributed", server="adam"),
     Cell("localsgdm", engine="distributed", personal="head", privacy="none", selection="best"),
+    Cell("localsgdm", engine="distributed", server="adam", personal="head"),  # the step spares the heads
     Cell("localsgdm", engine="distributed", privacy="instance"),
     Cell("codasca", engine="compile", personal="finetune"),
 ]

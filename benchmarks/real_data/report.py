@@ -46,7 +46,7 @@ FLAMBY = {
 }
 DOCS_GROUPS = {  # results file → regimes it shows
     "heart": ("heart", "heart draw2", "heart mlp"),
-    "breast": ("breast",),
+    "image": ("breast", "retina rare"),
     "campaign": ("campaign class", "campaign dirichlet"),
 }
 
@@ -119,6 +119,18 @@ def diff_cell(cmp: dict[str, Any], metric: str) -> str:
     d = [s[metric][0] for s in cmp["seeds"]]
     wins = sum(x > 0 for x in d)
     return f"{np.mean(d):+.3f} ± {np.std(d):.3f} ({wins}/{len(d)})"
+
+
+def seed_p(cmp: dict[str, Any] | None, metric: str) -> str:
+    """Paired t-test over seeds of the per-seed differences (two-sided; needs 3 seeds)."""
+    from scipy.stats import ttest_1samp
+
+    d = [s[metric][0] for s in cmp["seeds"]] if cmp else []
+    if len(d) < 3:
+        return "–"
+    if np.std(d) == 0:
+        return "1" if np.mean(d) == 0 else "0"
+    return f"{ttest_1samp(d, 0.0).pvalue:.2g}"
 
 
 def p_cell(cmp: dict[str, Any], metric: str) -> str:
@@ -280,8 +292,8 @@ def status_table(results) -> str:
 
 def summary_table(results) -> str:
     """README: CE FedAvg against each AUC method, from scratch and two-stage, per regime (AUROC)."""
-    lines = ["| data | CE FedAvg | method | its AUROC | Δ vs CE (wins) | DeLong p < 0.05 (+/−) | Δ vs CE → CE |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| data | CE FedAvg | method | its AUROC | Δ vs CE (wins) | seeds t p | DeLong p < 0.05 (+/−) "
+             "| Δ vs CE → CE | seeds t p |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for regime in REGIMES:
         ce = final_runs(results, regime, "ce", "scratch")
         if not ce:
@@ -299,8 +311,9 @@ def summary_table(results) -> str:
             sig = [s["auroc"] for s in cmp["seeds"] if s["auroc"][1] < 0.05]
             ctrl = by_row.get((label, "CE → CE"))
             lines.append(f"| {regime} | {ce_auc} | {label} | {ms([r['test']['auroc'] for r in runs])} | "
-                         f"{diff_cell(cmp, 'auroc')} | {sum(d > 0 for d, _ in sig)}/{sum(d < 0 for d, _ in sig)} "
-                         f"of {len(cmp['seeds'])} | {diff_cell(ctrl, 'auroc') if ctrl else ''} |")  # fmt: skip
+                         f"{diff_cell(cmp, 'auroc')} | {seed_p(cmp, 'auroc')} | {sum(d > 0 for d, _ in sig)}/"
+                         f"{sum(d < 0 for d, _ in sig)} of {len(cmp['seeds'])} | "
+                         f"{diff_cell(ctrl, 'auroc') if ctrl else ''} | {seed_p(ctrl, 'auroc') if ctrl else ''} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -26,6 +26,13 @@ round's ``communicate``, so CODASCA's η_g step is the next round's x. At the en
 algorithm that restarts w there (``Algorithm.stage_restart``: the CODA family's restart from the
 stage's average iterate), the step acts on the restart point instead of the round's mean (which the
 restart discards): x ← step(x, restart point), so the server step survives every stage end.
+
+Personal entries (``Problem.local_names``: FedPer's head, FedBN's BatchNorm layers) never pass
+through the server step: the step and its state (x, m, v) cover the shared entries of w only, and
+a personal entry leaves ``communicate`` as the site's own local result (at a CODA-family stage end:
+the site's own restart point), exactly as without ``[server]``. A personal entry is no server
+model, so it has no pseudo-gradient to step (and the distributed engine, which tracks the sites'
+mean of personal entries before ``communicate``, then equals the loop engine's global model).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any
 
 import torch
 
+from fedxrisk.algorithms.personal import merge_personal, split_personal
 from fedxrisk.engines.server_rules import DEFAULT_LR, OPTIMIZERS, value_error, wrap_reason
 from fedxrisk.tree import Tree, tmap
 
@@ -109,18 +117,33 @@ def _expand(count: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return count.reshape(count.shape + (1,) * (like.dim() - count.dim()))
 
 
-class ServerStepCollective:
-    """The round's collective with the optimizer on the first ``mean`` that carries ``w``."""
+def shared_step(
+    optimizer: ServerOptimizer, state: dict[str, Any], w: Tree, personal: frozenset[str]
+) -> tuple[Tree, dict[str, Any]]:
+    """:meth:`ServerOptimizer.step` on the shared entries of ``w``; its ``personal`` entries as given."""
+    x, new = optimizer.step(state, split_personal(w, personal))
+    return merge_personal(w, x, personal), new
 
-    def __init__(self, comm: Any, optimizer: ServerOptimizer, state: dict[str, Any]):
-        self.comm, self.optimizer, self.state = comm, optimizer, state
+
+class ServerStepCollective:
+    """The round's collective with the optimizer on the first ``mean`` that carries ``w`` (its
+    shared entries: ``personal`` entries come back from the site's collective untouched)."""
+
+    def __init__(
+        self,
+        comm: Any,
+        optimizer: ServerOptimizer,
+        state: dict[str, Any],
+        personal: frozenset[str] = frozenset(),
+    ):
+        self.comm, self.optimizer, self.state, self.personal = comm, optimizer, state, personal
 
     def mean(self, tree: Tree) -> Tree:
         avg = self.comm.mean(tree)
         if isinstance(avg, dict) and "w" in avg and self.state is not None and not self.state.get("done"):
-            x, self.state = self.optimizer.step(self.state, avg["w"])
+            w, self.state = shared_step(self.optimizer, self.state, avg["w"], self.personal)
             self.state["done"] = True
-            avg = dict(avg, w=x)
+            avg = dict(avg, w=w)
         return avg
 
     def __getattr__(self, name: str) -> Any:  # gather, pool, per_client, and engine extras
@@ -139,10 +162,14 @@ def with_server_optimizer(algorithm: Any, optimizer: ServerOptimizer) -> Any:
         raise ValueError(f"[server] optimizer: {reason}")
     wrapped = copy.copy(algorithm)
     init, communicate = algorithm.init, algorithm.communicate
+    personal = frozenset(getattr(getattr(algorithm, "problem", None), "local_names", ()))
+
+    def shared_x(w: Tree) -> Tree:  # x: where the next round starts (shared entries only)
+        return tmap(torch.clone, split_personal(w, personal))
 
     def init_with_server(client: Any) -> dict[str, Any]:
         state = init(client)
-        return {**state, KEY: optimizer.init_state(state["w"])}
+        return {**state, KEY: optimizer.init_state(split_personal(state["w"], personal))}
 
     restarts = type(algorithm).stage_restart(vars(algorithm)) is not None
 
@@ -150,12 +177,12 @@ def with_server_optimizer(algorithm: Any, optimizer: ServerOptimizer) -> Any:
         inner = {k: v for k, v in state.items() if k != KEY}
         if restarts and ctx.stage_end:  # the step acts on the restart point, not the discarded mean
             out = communicate(inner, comm, ctx)
-            x, new = optimizer.step(dict(state[KEY]), out["w"])
-            return {**out, "w": x, KEY: dict(new, x=tmap(torch.clone, x))}
-        server = ServerStepCollective(comm, optimizer, dict(state[KEY]))
+            w, new = shared_step(optimizer, dict(state[KEY]), out["w"], personal)
+            return {**out, "w": w, KEY: dict(new, x=shared_x(w))}
+        server = ServerStepCollective(comm, optimizer, dict(state[KEY]), personal)
         out = communicate(inner, server, ctx)
         new = {k: v for k, v in server.state.items() if k != "done"}
-        return {**out, KEY: dict(new, x=tmap(torch.clone, out["w"]))}  # x: where the next round starts
+        return {**out, KEY: dict(new, x=shared_x(out["w"]))}
 
     wrapped.init, wrapped.communicate = init_with_server, communicate_with_server
     wrapped.communicates = (*algorithm.communicates, KEY)
