@@ -14,7 +14,7 @@ from fedxrisk.catalog import table
 from fedxrisk.engines.launch import check_launch
 from fedxrisk.errors import ConfigError
 from fedxrisk.run import combos
-from fedxrisk.run.privacy import check_privacy
+from fedxrisk.run.privacy_rules import check_privacy
 from fedxrisk.run.spec import RunConfig
 
 
