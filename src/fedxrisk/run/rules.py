@@ -63,7 +63,9 @@ MONITORS = (
     "val_pauc50_norm",
     "val_cindex",
 )  # engines/validation.py VAL_KEYS
-BINARY_MONITORS = MONITORS[:4]  # a site monitor: personalization is a binary task's
+SURVIVAL_MONITORS = ("val_cindex",)  # survival data's (engines/validation.py exact_validation)
+# a site monitor's metric: personalization is a binary task's
+BINARY_MONITORS = tuple(m for m in MONITORS if m not in SURVIVAL_MONITORS)
 PERSONAL_MONITORS = ("mean", "worst", "weighted")  # engines/personal.py AGGREGATES
 SITE_MONITORS = tuple(f"site_{m}_{a}" for m in BINARY_MONITORS for a in PERSONAL_MONITORS)  # site_validation
 
