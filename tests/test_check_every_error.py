@@ -53,6 +53,21 @@ CONFIGS = {  # a config file → the start of each error line, in the order both
             "privacy.delta must lie in (0, 1), got 2.0",
         ],
     ),
+    "parts of one rule": (  # [data], [experiment], [model]: values a single rule used to stop at the first of
+        '[experiment]\nselection = "worst"\nearly_stopping = -1\n[data]\nstream = "maybe"\nworkers = -1\n'
+        'image_size = 0\naugment = "rotate"\n[model]\npersonal = "all"\n[algorithm]\nfinetune_steps = -1\n',
+        [
+            "data.stream must be true, false or \"auto\", got 'maybe'",
+            "data.workers must be between 0 (decode in the training process) and 64, got -1",
+            "data.image_size must be an integer between 1 and 4096, got 0",
+            "unknown data.augment 'rotate'",
+            "data.image_size, data.normalize and data.augment apply to image datasets",
+            "unknown selection 'worst' (experiment.selection)",
+            "experiment.early_stopping must be ≥ 0 (0: off), got -1",
+            "unknown personal 'all' (model.personal)",
+            "algorithm.finetune_steps must be ≥ 0 (0: no fine-tuning), got -1",
+        ],
+    ),
 }
 
 
