@@ -91,6 +91,7 @@ def second_defaults(root: Path = SRC) -> list[str]:
     return sorted(found, key=lambda f: (f.split(":")[0], int(f.split(":")[1].split()[0])))
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_no_run_setting_has_a_second_literal_default_in_src():
     assert second_defaults() == []
 
