@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     )),
     ("run.spec", ("fedxrisk.run", "fedxrisk.run.spec", "fedxrisk.run.identity", "fedxrisk.run.readback")),  # run/__init__ imports nothing
     ("run.privacy", ("fedxrisk.run.privacy",)),
-    ("run.checks", ("fedxrisk.run.configtypes", "fedxrisk.run.combos", "fedxrisk.run.rules", "fedxrisk.run.checks")),
+    ("run.checks", ("fedxrisk.run.configtypes", "fedxrisk.run.combos", "fedxrisk.run.privacy_rules", "fedxrisk.run.rules", "fedxrisk.run.checks", "fedxrisk.run.nested")),
     ("run.names", ("fedxrisk.run.names",)),
     ("run.configfile", ("fedxrisk.run.configfile",)),
     ("run.weights", ("fedxrisk.run.weights",)),
@@ -273,7 +273,8 @@ TORCH_FREE = (
     "fedxrisk.errors", "fedxrisk.catalog", "fedxrisk.schedule", "fedxrisk.textsafe", "fedxrisk.outfiles",
     "fedxrisk.engines.launch", "fedxrisk.data.stream_choice", "fedxrisk.data.preprocessing",
     "fedxrisk.data.partition", "fedxrisk.run.spec", "fedxrisk.run.privacy", "fedxrisk.run.rules", "fedxrisk.run.checks",
-    "fedxrisk.run.names", "fedxrisk.run.configtypes", "fedxrisk.run.configfile", "fedxrisk.cli",
+    "fedxrisk.run.names", "fedxrisk.run.configtypes", "fedxrisk.run.configfile", "fedxrisk.run.privacy_rules",
+    "fedxrisk.run.nested", "fedxrisk.cli",
     "fedxrisk.cli.common", "fedxrisk.cli.run", "fedxrisk.cli.flags", "fedxrisk.cli.check",
 )  # fmt: skip
 HEAVY_LIBRARIES = ("torch", "sklearn", "scipy", "matplotlib")

@@ -72,6 +72,7 @@ def test_streamed_cached_run_equals_in_memory_run_with_augmentation(folder, tmp_
     assert max_abs_diff(memory.states, cached.states) < 1e-5
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_the_second_run_reads_the_cache_and_decodes_no_file(folder, tmp_path, decodes, capsys):
     where = tmp_path / "cache"
     cfg = _cfg(folder, cache=str(where), workers=0, checkpoint_every=0)
@@ -187,6 +188,7 @@ def test_bad_cache_settings_are_named(folder, setting, message):
     assert str(e.value) == message
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_an_undecodable_file_is_skipped_as_without_the_cache(tmp_path):
     data = tmp_path / "images"
     write_image_folder(data, per_class=24, size=8)

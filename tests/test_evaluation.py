@@ -87,6 +87,7 @@ def runs(tmp_path_factory):
 @pytest.mark.filterwarnings(
     "ignore:data.batch_size = .* exceeds every client's data:UserWarning"
 )  # tiny shards
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_evaluate_reproduces_the_runs_final_metrics_and_client_counts(runs, tmp_path):
     result = fedxrisk.evaluate(runs / "digits", bootstrap=50, out=tmp_path)
     summary = json.loads((runs / "digits" / "summary.json").read_text())

@@ -152,6 +152,7 @@ def test_vectorized_sampler_reproduces_the_per_client_stream_and_resumes():
     assert all(((row >= 0) & (row < n)).all() for row, n in zip(fast.next(), sizes))
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_compiled_step_keeps_inputs_untouched():
     sim = make_sim("localsgdm", "compile", clients=2, rounds=1)
     sim.engine = CompiledEngine(backend="aot_eager")

@@ -124,6 +124,7 @@ def test_a_bad_sampling_rate_is_refused(tmp_path):
         FlowerConfig.from_run_config(rc)
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_flower_and_fedxrisk_run_plan_one_privacy_for_a_target_epsilon(tmp_path):
     """Issue 39: one privacy plan. With ``target_epsilon`` (σ found by the accountant from the
     set-up facts, not fixed as in test_one_path) a Flower trial and `fedxrisk run` of the

@@ -74,6 +74,7 @@ def test_bound_is_half_the_share_of_pairs_sharing_a_bin():
     assert histogram_validation(counts)["val_auroc_bound"] == pytest.approx(shared / (2 * 3 * 3), abs=0)
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_random_coarse_histograms_never_exceed_the_bound():
     """Many random draws with the fixed bins and scores on a coarse grid (many ties across classes)."""
     rng = np.random.default_rng(1)

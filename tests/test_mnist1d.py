@@ -12,6 +12,7 @@ pytest.importorskip("mnist1d")
 from fedxrisk.data import DATASETS, load_dataset  # noqa: E402
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_mnist1d_is_generated_deterministically_without_touching_global_rngs():
     random.seed(1)
     np.random.seed(1)

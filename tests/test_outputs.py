@@ -222,6 +222,7 @@ def test_plot_never_writes_through_a_symlink(run_copy, tmp_path):
     assert target.read_text() == "precious\n" and not (run_copy / "auroc_vs_rounds.png").exists()
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_compare_never_writes_through_a_symlink(tmp_path):
     out = tmp_path / "cmp"
     assert cli("compare", *CMP, "--out", out).exit_code == 0

@@ -214,6 +214,8 @@ def test_flower_clients_per_round_equals_the_loop_engine(tmp_path):
     )
     params, _ = sim.global_model()
     assert max_abs_diff(torch.load(tmp_path / "model.pt")["params"], params) < 1e-6
+    # the loss of the last round's participants only: an absent site's stale loss is not in it
+    assert summary["final"]["train_loss"] == pytest.approx(sim.train_loss(), abs=1e-6)
     for c, node in enumerate(sorted(transport.saved)):  # absent rounds kept exactly (control variates too)
         site_state = unflatten(transport.saved[node].arrays["state"])
         assert max_abs_diff(site_state, tmap(lambda x, c=c: x[c : c + 1], sim.states)) < 1e-6

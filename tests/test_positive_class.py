@@ -83,6 +83,7 @@ def test_breast_cancer_positive_class_is_malignant():
     assert int(fed.data.y_test.sum()) == int((raw.y_test == 0).sum()) == 64  # 212 malignant of 569, 30% test
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_inverted_labels_warned_and_training_shards_apart(tmp_path):
     root = _named_folder(tmp_path / "img")
     cfg = RunConfig(dataset="folder", data_dir=str(root), imratio=None, partition="iid", model="linear",

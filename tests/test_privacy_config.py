@@ -81,6 +81,7 @@ def test_cli_refuses_fedxl_with_dp_in_one_line_and_exit_2():
     assert "score pools" in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_run_reports_epsilon_per_evaluation_and_in_the_summary(tmp_path, capfd):
     cfg = cfg_with("clip=0.5", "noise_multiplier=1.5", "sampling_rate=0.5")
     result = run_experiment(cfg, tmp_path / "run")
@@ -97,6 +98,7 @@ def test_run_reports_epsilon_per_evaluation_and_in_the_summary(tmp_path, capfd):
     assert "-DP per client" in capfd.readouterr().err
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_target_epsilon_sets_sigma_for_the_planned_rounds():
     setup = build(cfg_with("clip=1", "target_epsilon=5", "sampling_rate=0.5", "delta=1e-5"))
     plan = setup.privacy

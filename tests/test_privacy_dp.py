@@ -266,6 +266,7 @@ def test_epsilon_with_poisson_sampling_equals_the_librarys_own_computation():
     assert epsilon(0.0, 5, 1e-5) == math.inf
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_noise_for_epsilon_is_the_smallest_sigma_reaching_the_target():
     for target in (1.0, 8.0):
         sigma = noise_for_epsilon(target, 100, 1e-5, q=0.2)

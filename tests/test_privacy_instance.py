@@ -23,7 +23,7 @@ from fedxrisk.errors import ConfigError
 from fedxrisk.problem import Problem
 from fedxrisk.run.build import build
 from fedxrisk.run.configfile import load_config
-from fedxrisk.run.privacy import check_privacy
+from fedxrisk.run.privacy_rules import check_privacy
 from fedxrisk.run.recipes import run_experiment
 from fedxrisk.tree import index, leaves
 from helpers import make_sim

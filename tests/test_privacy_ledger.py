@@ -73,6 +73,7 @@ def test_replace_one_epsilon_is_the_pld_replace_one_accounting(q):
         assert replace_epsilon(ledger, 1e-5) == pytest.approx(half.get_epsilon(1e-5), rel=1e-3)
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_every_epsilon_carries_its_relation_and_the_replace_one_epsilon(tmp_path, capfd):
     result = run_experiment(cfg_with("noise_multiplier=2.0"), tmp_path / "run")
     p, n = result.summary["privacy"], result.summary["data"]["train_samples"]
@@ -130,6 +131,7 @@ def test_a_target_after_earlier_rounds_composes_the_ledger():
     )  # earlier rounds: as run
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_the_ledger_of_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
     full = run_experiment(cfg_with("noise_multiplier=1.5", rounds=4), tmp_path / "full")
     short = run_experiment(cfg_with("noise_multiplier=1.5", rounds=2), tmp_path / "short")

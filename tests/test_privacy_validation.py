@@ -122,6 +122,7 @@ def test_the_sensitivity_is_one_record_or_one_sites_fixed_mass():
 # -- accounting ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_validation_segments_compose_as_gaussians_and_halve_under_fixed_sampling():
     train = Segment(0, 5, 0.5, 1.2, 5, "fixed", 8)
     val = Segment(0, 5, 1.0, 3.0, 5, "fixed", release="validation")
@@ -172,6 +173,7 @@ def test_selection_best_under_dp_costs_exactly_the_validation_releases(runs):
     assert "validation" not in last["privacy"]
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_early_stopping_under_dp_accounts_the_releases_it_made(tmp_path):
     extra = (
         "experiment.early_stopping=1",

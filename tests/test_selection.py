@@ -272,6 +272,7 @@ def _expected_stop(values: list[float], patience: int) -> int | None:
     return None
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_early_stopping_stops_at_the_right_evaluation(tmp_path):
     cfg = RunConfig(dataset="digits", lr=8.0, early_stopping=2, **{**RUN, "rounds": 40})
     run = run_experiment(cfg, tmp_path / "run")

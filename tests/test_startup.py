@@ -99,6 +99,7 @@ def test_config_errors_print_their_line_and_exit_2_without_importing_torch(tmp_p
     assert result["cpu"] < 2.0, result  # importing torch alone costs ~2-3 s of CPU here
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_a_hyperparameter_range_error_is_still_found_by_the_algorithm_itself():
     """The algorithms' own range checks load torch; the message is the same one line."""
     result = _run_cli_in_a_fresh_process(

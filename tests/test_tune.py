@@ -113,6 +113,7 @@ def test_foreign_folder_is_refused(tmp_path):
 # ---- studies -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_best_config_reproduces_its_trial_value(tmp_path):
     from fedxrisk.run.configfile import load_config
     from fedxrisk.run.recipes import run_experiment
@@ -224,6 +225,7 @@ def test_a_balanced_run_writes_the_lowered_default_into_its_config(tmp_path):
     assert load_config(tmp_path / "r" / "config.toml").lr == result.summary["config"]["lr"]
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_several_algorithms_get_the_same_number_of_trials(tmp_path):
     out = tmp_path / "t"
     args = ["tune", "-a", "codasca,LocalSGDM", *TINY, "--trials", "1", "-q", "--out", str(out)]
@@ -296,6 +298,7 @@ def test_a_refused_choice_is_named_before_any_trial(tmp_path):
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.slow  # over 0.9 s in the quick subset (issue 39: keep it under 3 min)
 def test_tune_searches_the_server_lr_and_shows_each_warning_once(tmp_path, recwarn):
     out = tmp_path / "t"
     skewed = ["--clients", "8", "--set", "data.partition=dirichlet", "--set", "data.dirichlet_alpha=0.05"]

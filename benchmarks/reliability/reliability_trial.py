@@ -111,9 +111,11 @@ def run_case(case: Case, tmp: Path, runs: Path) -> dict:
     message = message_of(output, crash, tmp)
     after = snapshot(tmp)
     kept = all(after.get(k) == v for k, v in before.items())
-    # refused: nothing new, and no more than the one Error line on the terminal
+    # refused: nothing new, and each Error line once on the terminal (a config with several mistakes
+    # lists each on a line of its own, as `fedxrisk check` does: issue 39)
     new = set(after) - set(before)
-    quiet = not new and sum(ln.lower().startswith("error") for ln in output.splitlines()) <= 1
+    errors = [ln for ln in output.splitlines() if ln.lower().startswith("error")]
+    quiet = not new and len(errors) == len(set(errors))
     ok = case.check(tmp) if case.check is not None and code == 0 else None
     return {"id": case.id, "new": case.new, "command": case.command, "input": case.what, "exit": code, "message": message,
             "class": classify(case, code, message, kept, quiet, ok)}  # fmt: skip

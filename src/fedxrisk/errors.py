@@ -11,6 +11,18 @@ class ConfigError(ValueError):
     """An invalid experiment setting; the message names the setting."""
 
 
+class ConfigErrors(ConfigError):
+    """Several :class:`ConfigError` one rule found at once (``errors``); the message is the first's,
+    saying how many follow (``fedxrisk check`` lists each on a line of its own)."""
+
+    def __init__(self, errors: list[ConfigError]):
+        self.errors = list(errors)
+        more = (
+            f" (and {len(self.errors) - 1} more: `fedxrisk check` lists them)" if len(self.errors) > 1 else ""
+        )
+        super().__init__(f"{self.errors[0]}{more}")
+
+
 class DataFileError(ValueError):
     """A data file is malformed; the message names the file and the expected layout."""
 

@@ -33,18 +33,22 @@ class BadConfig(click.ClickException):
 
 @contextmanager
 def config_errors() -> Iterator[None]:
-    """A :class:`ConfigError` as one ``Error:`` line, exit 2; under torchrun only rank 0 prints it
-    (every rank meets the same mistake: it was printed once per rank)."""
+    """A :class:`ConfigError` as one ``Error:`` line (a ``ConfigErrors``: one per error), exit 2; under
+    torchrun only rank 0 prints it (every rank meets the same mistake: it was printed once per rank)."""
     import os
 
     from fedxrisk.outfiles import DISK_ERRORS
+    from fedxrisk.textsafe import printable
 
     try:
         yield
     except ConfigError as e:
         if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
             sys.exit(2)
-        raise BadConfig(str(e)) from None
+        *before, last = getattr(e, "errors", [e])  # ConfigErrors: a line each, as `fedxrisk check`
+        for one in before:
+            click.echo(f"Error: {printable(str(one))}", err=True)
+        raise BadConfig(str(last)) from None
     except OSError as e:  # a full disk or a refused permission the output layer did not wrap: one line
         if e.errno not in DISK_ERRORS:
             raise

@@ -158,8 +158,14 @@ class Federation(RunReporting):
         return self._model
 
     def train_loss(self) -> float:
-        """The mean of the sites' last losses (NaN when none reports it: under DP or SecAgg+)."""
-        losses = [r.metrics["loss"] for r in self._reports if "loss" in r.metrics]
+        """The mean of the last round's participants' losses, as the simulation's (an absent site
+        reports its stale loss; NaN when none reports one: under DP or SecAgg+)."""
+        active = self._participants(self.round - 1) if self.round > 0 else None
+        losses = [
+            r.metrics["loss"]
+            for s, r in zip(self.sites, self._reports)
+            if "loss" in r.metrics and (active is None or bool(active[s.client]))
+        ]
         return float(np.mean(losses)) if losses else math.nan
 
     def evaluate(self, params: Tree, buffers: Tree) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from fedxrisk.tree import Tree, leaves, tmap
 
 def check_flower_privacy(cfg: Any) -> None:
     """One-line :class:`ConfigError` for a ``[privacy]`` table a Flower run cannot honour (the run
-    layer's :func:`~fedxrisk.run.privacy.check_privacy` has checked the rest)."""
+    layer's :func:`~fedxrisk.run.privacy_rules.check_privacy` has checked the rest)."""
     p = cfg.privacy
     if p is None:
         return

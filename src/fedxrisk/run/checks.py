@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fedxrisk.catalog import table
-from fedxrisk.errors import ConfigError, missing_data_dir
+from fedxrisk.errors import ConfigError, ConfigErrors, missing_data_dir
 from fedxrisk.run.configtypes import check_value, hyperparameter_types
 from fedxrisk.run.rules import ALGORITHM_CHECKS, CHECKS, MONITORS, SELECTIONS, schedule  # noqa: F401  (re-exported)
 from fedxrisk.run.spec import (
@@ -56,13 +56,14 @@ def check(cfg: RunConfig, thorough: bool = False) -> list[ConfigError]:
 
 
 def checked(cfg: RunConfig | CheckedConfig) -> CheckedConfig:
-    """``cfg`` as a :class:`CheckedConfig`, or its first error raised (with how many follow)."""
+    """``cfg`` as a :class:`CheckedConfig`, or its error raised (several: :class:`ConfigErrors`)."""
     if isinstance(cfg, CheckedConfig):
         return cfg
     errors = check(cfg)
+    if len(errors) > 1:
+        raise ConfigErrors(errors)  # its message: the first, and how many more
     if errors:
-        more = f" (and {len(errors) - 1} more: `fedxrisk check` lists them)" if len(errors) > 1 else ""
-        raise ConfigError(f"{errors[0]}{more}")
+        raise errors[0]
     return CheckedConfig(cfg, CheckedConfig(pretrain_config(cfg)) if cfg.pretrain is not None else None)
 
 
@@ -92,6 +93,8 @@ def _messages(cfg: RunConfig, thorough: bool = False, table_name: str = "algorit
 def _collect(one: Callable[[RunConfig], None], cfg: RunConfig, out: list[str], typed: bool) -> None:
     try:
         one(cfg)
+    except ConfigErrors as e:  # a rule that found several (run/privacy_rules.py)
+        out += [str(x) for x in e.errors]
     except ConfigError as e:
         out.append(str(e))
     except TypeError:

@@ -13,7 +13,7 @@ TOML has no null: the string ``"none"`` sets a key that accepts None (e.g.
 
 Every error is a :class:`~fedxrisk.errors.ConfigError` with one message that names the key
 (``section.key``) and what is allowed; :func:`read_sections` collects all of them,
-:func:`config_from_sections` raises the first.
+:func:`config_from_sections` raises them (:class:`~fedxrisk.errors.ConfigErrors`).
 """
 
 from __future__ import annotations
@@ -26,22 +26,24 @@ from pathlib import Path
 from typing import Any
 
 from fedxrisk import catalog
-from fedxrisk.engines.server_rules import KEYS as SERVER_TABLE
-from fedxrisk.errors import ConfigError
+from fedxrisk.errors import ConfigError, ConfigErrors
 from fedxrisk.run import checks
 from fedxrisk.run.configtypes import MISMATCH, NONE, check_value, coerce, hyperparameter_types, unknown_key
 from fedxrisk.run.names import resolve
+from fedxrisk.run.nested import (  # noqa: F401  (re-exported)
+    SERVER_KEYS,
+    pretrain_from_table,
+    pretrain_table,
+    server_from_table,
+    server_table,
+)
 from fedxrisk.run.privacy import DEFAULTS as PRIVACY_DEFAULTS
 from fedxrisk.run.privacy import privacy_from_table
 from fedxrisk.run.spec import (
-    PRETRAIN_ALGORITHM,
     SECTION_ORDER,
-    STAGE_KEYS,
     RunConfig,
-    check_stage_algorithm,
     non_default,
     settings,
-    stage_algorithm,
 )
 
 if sys.version_info >= (3, 11):
@@ -56,7 +58,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
 PRIVACY, SERVER = "privacy", "server"
 NESTED = (PRETRAIN, PRIVACY, SERVER)  # sections kept as one dict field of RunConfig
-SERVER_KEYS = SERVER_TABLE  # engines/server_rules.py: the [server] keys and their types
 
 
 def _fields() -> dict[str, Any]:
@@ -78,12 +79,13 @@ def section_of(key: str) -> str:
 
 # -- sections ↔ RunConfig ------------------------------------------------------
 def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
-    """Build and validate a RunConfig from a sectioned dict (a parsed TOML file); the first error
-    raised (:func:`read_sections` gives them all)."""
+    """Build and validate a RunConfig from a sectioned dict (a parsed TOML file); its error raised,
+    or a :class:`~fedxrisk.errors.ConfigErrors` holding every one (the CLI prints a line each)."""
     cfg, errors = read_sections(doc)
+    if len(errors) > 1:
+        raise ConfigErrors(errors)
     if errors:
-        more = f" (and {len(errors) - 1} more: `fedxrisk check` lists them)" if len(errors) > 1 else ""
-        raise ConfigError(f"{errors[0]}{more}")
+        raise errors[0]
     return cfg
 
 
@@ -102,14 +104,10 @@ def read_sections(doc: Mapping[str, Any], thorough: bool = False) -> tuple[RunCo
             return MISMATCH
 
     for section, table in doc.items():
-        if section == SERVER and table is not None:  # every unknown key and wrong type at once
-            value = collect(lambda t=table: _server_table(t, errors))
-            if value is not MISMATCH:
-                values[section] = value
-        elif section in NESTED and table is not None:
-            parse = {PRETRAIN: pretrain_from_table, PRIVACY: privacy_from_table}[section]
-            value = collect(lambda p=parse, t=table: p(t))
-            if value is not MISMATCH:
+        if section in NESTED and table is not None:  # every unknown key and wrong type at once
+            read = {PRETRAIN: pretrain_table, PRIVACY: privacy_from_table, SERVER: server_table}[section]
+            value = collect(lambda r=read, t=table: r(t, errors))
+            if value is not MISMATCH:  # the well-typed keys, checked with the rest
                 values[section] = value
         elif section not in SECTIONS:
             collect(lambda s=section: _unknown_section(s, fields))
@@ -169,51 +167,6 @@ def _unknown_section(section: str, fields: Mapping[str, Any]) -> None:
             f"{section!r} belongs in [{section_of(section)}], as {section_of(section)}.{section}"
         )
     raise unknown_key(section, SECTIONS, "a config file")
-
-
-def server_from_table(table: Any) -> dict[str, Any]:
-    """Type-check a ``[server]`` table (its values: run/combos.py); the first error raised."""
-    errors: list[ConfigError] = []
-    out = _server_table(table, errors)
-    if errors:
-        raise errors[0]
-    return out
-
-
-def _server_table(table: Any, errors: list[ConfigError]) -> dict[str, Any]:
-    """The ``[server]`` keys that are known and well typed; every other key's error appended."""
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"[server] must be a table of keys, got {table!r}")
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in SERVER_KEYS:
-            errors.append(unknown_key(f"server.{key}", list(SERVER_KEYS), "[server]"))
-            continue
-        try:
-            out[key] = check_value(f"server.{key}", value, SERVER_KEYS[key])
-        except ConfigError as e:
-            errors.append(e)
-    return out
-
-
-def pretrain_from_table(table: Any) -> dict[str, Any]:
-    """Type-check a ``[pretrain]`` table (stage keys plus the algorithm's hyperparameters)."""
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"[pretrain] must be a table of keys, got {table!r}")
-    name = table.get("algorithm", PRETRAIN_ALGORITHM)
-    check_stage_algorithm(name)
-    fields, hparams = _fields(), hyperparameter_types(stage_algorithm(name))
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key in STAGE_KEYS:
-            out[key] = check_value(f"pretrain.{key}", value, fields[key])
-        elif key in hparams:
-            out[key] = check_value(f"pretrain.{key}", value, hparams[key])
-        else:
-            raise unknown_key(
-                f"pretrain.{key}", [*STAGE_KEYS, *hparams], f"[pretrain] with algorithm = {name!r}"
-            )
-    return out
 
 
 def config_to_sections(cfg: RunConfig) -> dict[str, dict[str, Any]]:

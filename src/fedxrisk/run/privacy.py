@@ -21,7 +21,7 @@ Keys (all optional but ``clip`` and one of ``noise_multiplier`` / ``target_epsil
 full (at instance level the unit is a record); at client level the unit is a client, for which
 the rule is δ ≪ 1/K, and 1/(10·N) ≤ 1/(10·K) holds it too, so ε numbers of both levels share δ.
 
-:func:`privacy_from_table` type-checks the table, :func:`check_privacy` checks it against the
+:func:`privacy_from_table` type-checks the table, :mod:`fedxrisk.run.privacy_rules` checks it against the
 run (one line per refusal), :func:`plan_privacy` turns it into the engine's
 :class:`~fedxrisk.engines.privacy.ClientDP` or an instance-private algorithm, and a
 :class:`PrivacyPlan` that reports ε(δ) after any number of rounds.
@@ -29,8 +29,6 @@ run (one line per refusal), :func:`plan_privacy` turns it into the engine's
 
 from __future__ import annotations
 
-import math
-import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,41 +84,37 @@ def _value(key: str, value: Any) -> Any:
     raise ConfigError(f"privacy.{key}: expected {names}, got {value!r} ({type(value).__name__})")
 
 
-def privacy_from_table(table: Any) -> dict[str, Any]:
-    """A ``[privacy]`` table, type-checked, with every key filled (defaults)."""
+def privacy_from_table(table: Any, errors: list[ConfigError] | None = None) -> dict[str, Any]:
+    """A ``[privacy]`` table, type-checked, with every key filled (defaults). With ``errors`` every
+    error is appended (a wrong key or value is left out: its default stays), else the first raised."""
     if not isinstance(table, Mapping):
         raise ConfigError(f"[privacy] must be a table of keys, got {table!r}")
-    unknown = sorted(set(table) - set(KEYS))
-    if unknown:
-        allowed = ", ".join(k for k in KEYS if k != "noise_seed")
-        raise ConfigError(f"unknown key privacy.{unknown[0]}; [privacy] allows: {allowed}")
+    found: list[ConfigError] = []
+    allowed = ", ".join(k for k in KEYS if k != "noise_seed")
+    found += [
+        ConfigError(f"unknown key privacy.{k}; [privacy] allows: {allowed}")
+        for k in sorted(set(table) - set(KEYS))
+    ]
     if "clip" not in table:
-        raise ConfigError("privacy.clip is missing: the L2 clipping norm C (e.g. clip = 1.0)")
-    values = {**DEFAULTS, **{k: _value(k, v) for k, v in table.items()}}
+        found.append(ConfigError("privacy.clip is missing: the L2 clipping norm C (e.g. clip = 1.0)"))
+    values = dict(DEFAULTS)
+    for key in (k for k in table if k in KEYS):
+        try:
+            values[key] = _value(key, table[key])
+        except ConfigError as e:
+            found.append(e)
     if values.pop("noise_seed", None) is not None:
-        raise ConfigError(
-            "privacy.noise_seed is gone: noise is secret by default; privacy.reproducible_noise = SEED "
-            "is the test mode (the run is then not private)"
+        found.append(
+            ConfigError(
+                "privacy.noise_seed is gone: noise is secret by default; privacy.reproducible_noise = SEED "
+                "is the test mode (the run is then not private)"
+            )
         )
+    if errors is None and found:
+        raise found[0]
+    if errors is not None:
+        errors.extend(found)
     return values
-
-
-def _algorithm_stub(cfg: Any) -> Any:
-    """What the refusal checks read of an algorithm, before any model or data exists."""
-    from fedxrisk.algorithms import ALGORITHMS
-
-    cls = ALGORITHMS[cfg.algorithm]
-    attrs = {k: cfg.options.get(k, getattr(cls, k, 0)) for k in ("stage_batch_size", "round_batch_size")}
-    problem = types.SimpleNamespace(
-        pos_ratio_mode=cfg.pos_ratio_mode, buffer_policy="average", init_model=lambda: ({}, {})
-    )  # BatchNorm refusals need the model: build() runs the full check
-    names = ("couples_samples", "uses_pos_ratio", "declares_sample_loss", "touches_labels")
-    declared = {k: getattr(cls, k) for k in names}
-    positives = cfg.positives_per_batch or cfg.options.get("positives_per_batch", 0)
-    return types.SimpleNamespace(
-        name=cfg.algorithm, collectives=cls.collectives, problem=problem, positives_per_batch=positives,
-        **declared, **attrs,
-    )  # fmt: skip
 
 
 def instance_pos_ratio(cfg: Any) -> float | None:
@@ -144,90 +138,6 @@ def instance_noise(cfg: Any) -> Any:
     from fedxrisk.engines.privacy import NoiseSource
 
     return NoiseSource.reproducible(p["reproducible_noise"])
-
-
-def check_privacy(cfg: Any) -> None:
-    """One-line :class:`ConfigError` for a ``[privacy]`` table the run cannot honour."""
-    p = cfg.privacy
-    if p is None:
-        return
-    if not isinstance(p, Mapping):
-        raise ConfigError(f"privacy must be a table of settings or None, got {p!r}")
-    p = privacy_from_table(p)
-    if cfg.pretrain is not None:
-        raise ConfigError(
-            "privacy with a [pretrain] stage: the accountant does not compose two stages; drop one"
-        )
-    from fedxrisk.engines.privacy import (
-        ClientDP,
-        ClientSampling,
-        unsupported_instance_reason,
-        unsupported_reason,
-    )
-    from fedxrisk.engines.privacy.accountant import input_refusal
-
-    if p["level"] not in LEVELS:
-        raise ConfigError(f"privacy.level must be one of {LEVELS}, got {p['level']!r}")
-    if (p["noise_multiplier"] is None) == (p["target_epsilon"] is None):
-        raise ConfigError("privacy: set exactly one of privacy.noise_multiplier and privacy.target_epsilon")
-    if p["noise_multiplier"] is not None and not 0 < p["noise_multiplier"] < math.inf:
-        raise ConfigError(
-            f"privacy.noise_multiplier must be a finite number > 0 (σ = 0 adds no noise: ε would be "
-            f"infinite), got {p['noise_multiplier']:g}; drop [privacy] for a run without DP"
-        )
-    if p["target_epsilon"] is not None and not (0 < p["target_epsilon"] < math.inf):
-        raise ConfigError(f"privacy.target_epsilon must be a finite number > 0, got {p['target_epsilon']}")
-    if p["delta"] is not None and not 0.0 < p["delta"] < 1.0:
-        raise ConfigError(f"privacy.delta must lie in (0, 1), got {p['delta']}")
-    if p["reproducible_noise"] is not None and p["reproducible_noise"] < 0:
-        raise ConfigError(f"privacy.reproducible_noise must be ≥ 0, got {p['reproducible_noise']}")
-    if not 0 < p["validation_noise_multiplier"] < math.inf or not 3 <= p["validation_bins"] <= 4096:
-        raise ConfigError(
-            "privacy.validation_noise_multiplier must be a finite number > 0 and privacy.validation_bins an "
-            f"integer in [3, 4096], got {p['validation_noise_multiplier']:g} and {p['validation_bins']}"
-        )
-    reason = input_refusal(p["noise_multiplier"], p["target_epsilon"], p["validation_noise_multiplier"])
-    if reason is not None:
-        raise ConfigError(reason)
-    ClientDP(p["clip"], p["noise_multiplier"] or 0.0, ClientSampling(p["sampling_rate"], p["sampling"]))
-    q, k = p["sampling_rate"], cfg.clients
-    if p["level"] == "client" and p["sampling"] == "fixed" and q < 1.0 and round(q * k) < 1:
-        raise ConfigError(
-            f"privacy.sampling_rate = {q:g} with sampling 'fixed' draws round(q·K) = 0 of K = {k} clients "
-            f"per round; set sampling_rate above {1 / (2 * k):.3g} (one client) or sampling = 'poisson'"
-        )
-    stub = _algorithm_stub(cfg)
-    if p["pos_ratio"] is not None and not 0.0 < p["pos_ratio"] < 1.0:
-        raise ConfigError(f"privacy.pos_ratio must lie in (0, 1), got {p['pos_ratio']}")
-    if p["level"] == "client":
-        reason = unsupported_reason(stub)
-        if reason is not None:
-            raise ConfigError(f"privacy.level = 'client': {reason}")
-        if stub.uses_pos_ratio and cfg.pos_ratio_mode == "global" and instance_pos_ratio(cfg) is None:
-            raise ConfigError(  # the pooled p (and the default lr) would depend on every site's counts
-                f"privacy.level = 'client': {cfg.algorithm}'s AUC loss needs a public class prior p, not one "
-                "counted from every site's records; set privacy.pos_ratio (e.g. 0.1) or data.imratio"
-            )
-        if cfg.buffer_policy == "local":
-            raise ConfigError(
-                "privacy.level = 'client' with model.buffer_policy = 'local': the evaluated model would "
-                "average the clients' BatchNorm statistics without noise; use buffer_policy 'average'"
-            )
-        return
-    reason = unsupported_instance_reason(stub)
-    if reason is not None:
-        raise ConfigError(f"privacy.level = 'instance': {reason}")
-    if stub.uses_pos_ratio and instance_pos_ratio(cfg) is None:
-        raise ConfigError(
-            f"privacy.level = 'instance': {cfg.algorithm}'s AUC loss needs a public class prior p, not "
-            "one counted from the records; set privacy.pos_ratio (e.g. 0.1) or data.imratio"
-        )
-    if p["sampling_rate"] < 1.0:
-        raise ConfigError("privacy.sampling_rate < 1 is client sampling: it applies to level = 'client' only")
-    if cfg.engine == "compile":
-        raise ConfigError(
-            "privacy.level = 'instance' runs on engines loop, vmap and distributed, not compile"
-        )
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,30 @@ from typing import Any
 
 from fedxrisk.catalog import table
 from fedxrisk.engines.launch import check_launch
-from fedxrisk.errors import ConfigError
+from fedxrisk.errors import ConfigError, ConfigErrors
 from fedxrisk.run import combos
-from fedxrisk.run.privacy import check_privacy
+from fedxrisk.run.privacy_rules import check_privacy
 from fedxrisk.run.spec import RunConfig
+
+
+def _each(*parts: Callable[[RunConfig], None]) -> Callable[[RunConfig], None]:
+    """One rule of independent parts: every part's error, not only the first (several: ConfigErrors)."""
+
+    def one(cfg: RunConfig) -> None:
+        errors: list[ConfigError] = []
+        for part in parts:
+            try:
+                part(cfg)
+            except ConfigErrors as e:
+                errors += e.errors
+            except ConfigError as e:
+                errors.append(e)
+        if len(errors) > 1:
+            raise ConfigErrors(errors)
+        if errors:
+            raise errors[0]
+
+    return one
 
 
 def _choice(name: str, value: Any, allowed) -> None:
@@ -63,7 +83,9 @@ MONITORS = (
     "val_pauc50_norm",
     "val_cindex",
 )  # engines/validation.py VAL_KEYS
-BINARY_MONITORS = MONITORS[:4]  # a site monitor: personalization is a binary task's
+SURVIVAL_MONITORS = ("val_cindex",)  # survival data's (engines/validation.py exact_validation)
+# a site monitor's metric: personalization is a binary task's
+BINARY_MONITORS = tuple(m for m in MONITORS if m not in SURVIVAL_MONITORS)
 PERSONAL_MONITORS = ("mean", "worst", "weighted")  # engines/personal.py AGGREGATES
 SITE_MONITORS = tuple(f"site_{m}_{a}" for m in BINARY_MONITORS for a in PERSONAL_MONITORS)  # site_validation
 
@@ -77,10 +99,7 @@ def _validation(cfg: RunConfig) -> None:
         raise ConfigError(f"validation must be 0 (none) or a fraction in (0, 1), got {v}")
 
 
-def _selection(cfg: RunConfig) -> None:
-    """``selection``, ``monitor`` and ``early_stopping`` are known; the last two need validation data."""
-    _choice("selection", cfg.selection, SELECTIONS)
-    _choice("personal_monitor", cfg.personal_monitor, PERSONAL_MONITORS)
+def _monitor(cfg: RunConfig) -> None:
     if cfg.monitor is not None:
         if cfg.monitor not in SITE_MONITORS:  # site_<val_*>_<aggregate>: docs/personalization.md
             _choice("monitor", cfg.monitor, MONITORS)
@@ -94,26 +113,54 @@ def _selection(cfg: RunConfig) -> None:
                 f"monitor {cfg.monitor!r} under [privacy]: the sites' validation values are not released "
                 "through DP, so choosing on them would spend privacy ε does not count; use a val_* monitor"
             )
+
+
+def _early_stopping(cfg: RunConfig) -> None:
     if cfg.early_stopping < 0:
         raise ConfigError(f"early_stopping must be ≥ 0 (0: off), got {cfg.early_stopping}")
+
+
+def _needs_validation(cfg: RunConfig) -> None:
     needs = (
-        "selection = 'best'" if cfg.selection == "best" else "early_stopping" if cfg.early_stopping else None
+        "selection = 'best'"
+        if cfg.selection == "best"
+        else "early_stopping"
+        if cfg.early_stopping > 0
+        else None
     )
     if needs and cfg.validation == 0:
         raise ConfigError(f"{needs} chooses on validation data: set data.validation (e.g. 0.2 or 'auto')")
 
 
-def _stream(cfg: RunConfig) -> None:
-    from fedxrisk.data.stream_choice import MAX_WORKERS, ON_BAD_FILE, STREAM_CHOICES
+_selection = _each(  # ``selection``, ``monitor`` and ``early_stopping``; the last two need validation data
+    lambda c: _choice("selection", c.selection, SELECTIONS),
+    lambda c: _choice("personal_monitor", c.personal_monitor, PERSONAL_MONITORS),
+    _monitor,
+    _early_stopping,
+    _needs_validation,
+)
+
+
+def _stream_choice(cfg: RunConfig) -> None:
+    from fedxrisk.data.stream_choice import STREAM_CHOICES
 
     if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
         raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
+
+
+def _workers(cfg: RunConfig) -> None:
+    from fedxrisk.data.stream_choice import MAX_WORKERS
+
     if cfg.workers is not None and not 0 <= cfg.workers <= MAX_WORKERS:
         raise ConfigError(
             f"data.workers must be between 0 (decode in the training process) and {MAX_WORKERS}, got {cfg.workers}"
         )
+
+
+def _on_bad_file(cfg: RunConfig) -> None:
+    from fedxrisk.data.stream_choice import ON_BAD_FILE
+
     _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
-    _missing(cfg)
 
 
 def _missing(cfg: RunConfig) -> None:
@@ -126,29 +173,49 @@ def _missing(cfg: RunConfig) -> None:
         )
 
 
+def _parser(parse: Callable[[RunConfig], Any]) -> Callable[[RunConfig], None]:
+    """A rule from the data layer's own parser of a setting (its ValueError: the one-line refusal)."""
+
+    def one(cfg: RunConfig) -> None:
+        try:
+            parse(cfg)
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    return one
+
+
 def _reading(cfg: RunConfig) -> None:
     """Memory budget, evaluation batch, normalization and cache: the data layer's own parsers."""
     from fedxrisk.data.preprocessing import IMAGE_DATASETS, normalization
     from fedxrisk.data.stream_choice import check_cache, eval_batch_size, parse_bytes
 
-    try:
-        parse_bytes(cfg.memory_budget)
-        eval_batch_size((1,), 1, cfg.eval_batch_size)
-        normalization(cfg.normalize)
-        check_cache(cfg.cache, cfg.dataset, cfg.stream, IMAGE_DATASETS)
-    except ConfigError:
-        raise
-    except ValueError as e:  # the parsers' one-line refusals of a setting
-        raise ConfigError(str(e)) from None
+    _each(
+        _parser(lambda c: parse_bytes(c.memory_budget)),
+        _parser(lambda c: eval_batch_size((1,), 1, c.eval_batch_size)),
+        _parser(lambda c: normalization(c.normalize)),
+        _parser(lambda c: check_cache(c.cache, c.dataset, c.stream, IMAGE_DATASETS)),
+    )(cfg)
 
 
-def _images(cfg: RunConfig) -> None:
-    from fedxrisk.data.preprocessing import AUGMENTATIONS, IMAGE_DATASETS
-
+def _image_size(cfg: RunConfig) -> None:
     size = cfg.image_size
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 4096):
         raise ConfigError(f"data.image_size must be an integer between 1 and 4096, got {size!r}")
+
+
+def _augment(cfg: RunConfig) -> None:
+    from fedxrisk.data.preprocessing import AUGMENTATIONS
+
     _choice("data.augment", cfg.augment, AUGMENTATIONS)
+
+
+def _image_dataset(cfg: RunConfig) -> None:
+    from fedxrisk.data.preprocessing import IMAGE_DATASETS
+
+    size = cfg.image_size
     images = size is not None or cfg.normalize not in (None, "none") or cfg.augment != "none"
     if images and cfg.dataset not in IMAGE_DATASETS:
         raise ConfigError(
@@ -214,12 +281,13 @@ def _launch(cfg: RunConfig) -> None:
 PERSONAL = ("none", "bn", "head")  # fedxrisk.problem.PERSONAL (this module imports no torch)
 
 
-def _personal(cfg: RunConfig) -> None:
-    """``model.personal`` and ``algorithm.finetune_steps`` (fedxrisk.engines.personal)."""
-    _choice("personal", cfg.personal, PERSONAL)
+def _finetune_steps(cfg: RunConfig) -> None:
     if cfg.finetune_steps < 0:
         raise ConfigError(f"finetune_steps must be ≥ 0 (0: no fine-tuning), got {cfg.finetune_steps}")
-    if cfg.personal != "none" and cfg.privacy and cfg.privacy.get("level", "client") == "client":
+
+
+def _personal_dp(cfg: RunConfig) -> None:
+    if cfg.personal in PERSONAL[1:] and cfg.privacy and cfg.privacy.get("level", "client") == "client":
         raise ConfigError(
             f"model.personal = {cfg.personal!r} with privacy.level = 'client': the evaluated model would "
             "average the sites' personal entries without noise; use personal = 'none'"
@@ -233,9 +301,11 @@ CHECKS: tuple[Callable[[RunConfig], None], ...] = (
         ("buffer_policy", "buffer_policies"), ("pos_ratio_mode", "pos_ratio_modes"))),
     _imratio,
     *(_at_least(name, 1) for name in ("clients", "rounds", "batch_size", "eval_every", "stages")),
-    _lr, _checkpoint_every, _stream, _reading, _images, _validation, _selection, _dirichlet_alpha,
+    _lr, _checkpoint_every, _stream_choice, _workers, _on_bad_file, _missing, _reading,
+    _image_size, _augment, _image_dataset, _validation, _selection, _dirichlet_alpha,
     *(_finite(name) for name in FINITE),
-    _seed, _test_imratio, _positive_classes, _clients_per_rank, _num_samples, _launch, _personal,
+    _seed, _test_imratio, _positive_classes, _clients_per_rank, _num_samples, _launch,
+    lambda c: _choice("personal", c.personal, PERSONAL), _finetune_steps, _personal_dp,
     *combos.CHECKS,  # settings that meet each other (run/combos.py)
 )  # fmt: skip
 

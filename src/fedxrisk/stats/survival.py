@@ -69,6 +69,20 @@ def _resample_counts(site: np.ndarray, draws: int, seed: int) -> np.ndarray:
     return w
 
 
+def _site_draws(
+    k_all: np.ndarray, m_all: np.ndarray, site: np.ndarray, w: np.ndarray
+) -> list[tuple[Any, np.ndarray, float, np.ndarray]]:
+    """Each site's (id, rows, Harrell's C of its patients, C of each resample ``w``'s rows), in
+    ``np.unique`` order: the one per-site loop of :func:`bootstrap_draws` and :func:`cindex_report`."""
+    out = []
+    for k in np.unique(site):
+        rows = np.flatnonzero(site == k)
+        ks, ms = k_all[np.ix_(rows, rows)], m_all[np.ix_(rows, rows)]
+        c = float(_weighted_c(ks, ms, np.ones((1, len(rows))))[0])
+        out.append((k, rows, c, _weighted_c(ks, ms, w[:, rows])))
+    return out
+
+
 def bootstrap_draws(
     times: Any, events: Any, scores: Any, sites: Any, draws: int = DRAWS, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -79,10 +93,7 @@ def bootstrap_draws(
     site = np.asarray(sites).ravel()
     w = _resample_counts(site, draws, seed)
     k_all, m_all = _pair_matrices(t, e, s)
-    per_site = []
-    for k in np.unique(site):
-        rows = np.flatnonzero(site == k)
-        per_site.append(_weighted_c(k_all[np.ix_(rows, rows)], m_all[np.ix_(rows, rows)], w[:, rows]))
+    per_site = [d for _, _, _, d in _site_draws(k_all, m_all, site, w)]
     with np.errstate(invalid="ignore"):
         return _weighted_c(k_all, m_all, w), np.nanmean(np.stack(per_site), 0)
 
@@ -101,18 +112,19 @@ def cindex_report(
     failure) with patient-bootstrap percentile intervals at ``level`` (module doc)."""
     t, e, s = _survival_arrays(times, events, scores)
     site = np.zeros(len(t), np.int64) if sites is None else np.asarray(sites).ravel()
-    ids = [int(v) for v in np.unique(site)]
     w = _resample_counts(site, draws, seed)
-    ones = np.ones((1, len(t)))
     k_all, m_all = _pair_matrices(t, e, s)
     pooled = _entry(
-        float(_weighted_c(k_all, m_all, ones)[0]), _weighted_c(k_all, m_all, w), int(e.sum()), len(t), level
+        float(_weighted_c(k_all, m_all, np.ones((1, len(t))))[0]),
+        _weighted_c(k_all, m_all, w),
+        int(e.sum()),
+        len(t),
+        level,
     )
+    sites_draws = _site_draws(k_all, m_all, site, w)
     per_site, site_draws, site_values = {}, [], []
-    for k in ids:
-        rows = np.flatnonzero(site == k)
-        ks, ms = k_all[np.ix_(rows, rows)], m_all[np.ix_(rows, rows)]
-        c, d = float(_weighted_c(ks, ms, ones[:, rows])[0]), _weighted_c(ks, ms, w[:, rows])
+    for key, rows, c, d in sites_draws:
+        k = int(key)
         name = site_names[k] if 0 <= k < len(site_names) else f"site {k}"
         per_site[name] = _entry(c, d, int(e[rows].sum()), len(rows), level)
         if np.isfinite(c):
@@ -124,7 +136,7 @@ def cindex_report(
         "interval": f"{level:.0%} percentile interval over {draws} resamples of the evaluated patients within "
         f"each site (seed {seed}); Harrell's C, ties in score count ½",
     }
-    if len(ids) > 1 and site_values:
+    if len(sites_draws) > 1 and site_values:
         mean = float(np.mean(site_values))
         with np.errstate(invalid="ignore"):
             mean_draws = np.nanmean(np.stack(site_draws), 0) if site_draws else np.full(draws, np.nan)
