@@ -115,7 +115,7 @@ EXPECTED = {
     'dp-pos-ratio-zero': 'privacy.pos_ratio must lie in (0, 1), got 0.0',
     'dp-pos-ratio-one': 'privacy.pos_ratio must lie in (0, 1), got 1.0',
     'dp-client-public-p': "privacy.level = 'client': codasca's AUC loss needs a public class prior p, not one counted from every site's records; set privacy.pos_ratio (e.g. 0.1) or data.imratio",
-    'dp-instance-rate': "privacy.level = 'instance': codasca's AUC loss needs a public class prior p, not one counted from the records; set privacy.pos_ratio (e.g. 0.1) or data.imratio",
+    'dp-instance-rate': "privacy.sampling_rate < 1 is client sampling: it applies to level = 'client' only",
     'app-secagg-number': "run-config 'secure-aggregation': expected true/false, got 2 (int)",
     'app-secagg-range-zero': 'secure-aggregation-range must be a finite number > 0, got 0.0',
     'app-secagg-range-negative': 'secure-aggregation-range must be a finite number > 0, got -5.0',

@@ -80,8 +80,10 @@ def tune_new(*extra: str) -> Callable[[Path], list[str]]:
     return tune_with(*extra, "--out", "{tmp}/t")
 
 
-PRIVATE = ("privacy.clip=1.0", "privacy.noise_multiplier=1.0")
-INSTANCE = ("privacy.level='instance'", "privacy.clip=1.0", "privacy.noise_multiplier=1.0")
+# client level needs a public class prior (the data's imratio is "none" here): each case then makes one mistake
+PUBLIC_P = "privacy.pos_ratio=0.3"
+PRIVATE = ("privacy.clip=1.0", "privacy.noise_multiplier=1.0", PUBLIC_P)
+INSTANCE = ("privacy.level='instance'", "privacy.clip=1.0", "privacy.noise_multiplier=1.0", PUBLIC_P)
 
 
 def user_folder(tmp: Path) -> None:
@@ -302,13 +304,13 @@ CASES: list[Case] = ISSUE + [
     Case("dp-delta-zero", "run", "`privacy.delta = 0`", run_with(*PRIVATE, "privacy.delta=0")),
     Case("dp-delta-one", "run", "`privacy.delta = 1`", run_with(*PRIVATE, "privacy.delta=1.0")),
     Case("dp-delta-nan", "run", "`privacy.delta = nan`", run_with(*PRIVATE, "privacy.delta=nan")),
-    Case("dp-clip-zero", "run", "`privacy.clip = 0`", run_with("privacy.clip=0.0", "privacy.noise_multiplier=1.0")),
-    Case("dp-clip-inf", "run", "`privacy.clip = inf`", run_with("privacy.clip=inf", "privacy.noise_multiplier=1.0")),
-    Case("dp-clip-missing", "run", "`[privacy]` without `clip`", run_with("privacy.noise_multiplier=1.0")),
-    Case("dp-sigma-negative", "run", "`privacy.noise_multiplier = -1`", run_with("privacy.clip=1.0", "privacy.noise_multiplier=-1.0")),
-    Case("dp-sigma-inf", "run", "`privacy.noise_multiplier = inf`", run_with("privacy.clip=1.0", "privacy.noise_multiplier=inf")),
-    Case("dp-epsilon-zero", "run", "`privacy.target_epsilon = 0`", run_with("privacy.clip=1.0", "privacy.target_epsilon=0.0")),
-    Case("dp-epsilon-nan", "run", "`privacy.target_epsilon = nan`", run_with("privacy.clip=1.0", "privacy.target_epsilon=nan")),
+    Case("dp-clip-zero", "run", "`privacy.clip = 0`", run_with("privacy.clip=0.0", "privacy.noise_multiplier=1.0", PUBLIC_P)),
+    Case("dp-clip-inf", "run", "`privacy.clip = inf`", run_with("privacy.clip=inf", "privacy.noise_multiplier=1.0", PUBLIC_P)),
+    Case("dp-clip-missing", "run", "`[privacy]` without `clip`", run_with("privacy.noise_multiplier=1.0", PUBLIC_P)),
+    Case("dp-sigma-negative", "run", "`privacy.noise_multiplier = -1`", run_with("privacy.clip=1.0", "privacy.noise_multiplier=-1.0", PUBLIC_P)),
+    Case("dp-sigma-inf", "run", "`privacy.noise_multiplier = inf`", run_with("privacy.clip=1.0", "privacy.noise_multiplier=inf", PUBLIC_P)),
+    Case("dp-epsilon-zero", "run", "`privacy.target_epsilon = 0`", run_with("privacy.clip=1.0", "privacy.target_epsilon=0.0", PUBLIC_P)),
+    Case("dp-epsilon-nan", "run", "`privacy.target_epsilon = nan`", run_with("privacy.clip=1.0", "privacy.target_epsilon=nan", PUBLIC_P)),
     Case("dp-sigma-and-epsilon", "run", "both `noise_multiplier` and `target_epsilon`", run_with(*PRIVATE, "privacy.target_epsilon=3.0")),
     Case("dp-rate-zero", "run", "`privacy.sampling_rate = 0`", run_with(*PRIVATE, "privacy.sampling_rate=0.0")),
     Case("dp-rate-above-one", "run", "`privacy.sampling_rate = 1.5`", run_with(*PRIVATE, "privacy.sampling_rate=1.5")),
@@ -320,7 +322,7 @@ CASES: list[Case] = ISSUE + [
     Case("dp-key-unknown", "run", "`privacy.sigma = 1` (not a key)", run_with(*PRIVATE, "privacy.sigma=1.0")),
     Case("dp-pos-ratio-zero", "run", "instance level, `privacy.pos_ratio = 0`", run_with(*INSTANCE, "privacy.pos_ratio=0.0")),
     Case("dp-pos-ratio-one", "run", "instance level, `privacy.pos_ratio = 1`", run_with(*INSTANCE, "privacy.pos_ratio=1.0")),
-    Case("dp-client-public-p", "run", "client level, CODASCA, neither `privacy.pos_ratio` nor `data.imratio`", run_with(*PRIVATE)),
+    Case("dp-client-public-p", "run", "client level, CODASCA, neither `privacy.pos_ratio` nor `data.imratio`", run_with("privacy.clip=1.0", "privacy.noise_multiplier=1.0")),
     Case("dp-instance-rate", "run", "instance level with `privacy.sampling_rate = 0.5` (a client-level key)", run_with(*INSTANCE, "privacy.sampling_rate=0.5")),
     # -- secure aggregation and Flower apps ---------------------------------------------------------
     Case("app-secagg-number", "flower new-app", "`--set secure-aggregation=2`", app_with("secure-aggregation=2")),
