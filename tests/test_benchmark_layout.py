@@ -119,6 +119,26 @@ def test_every_rebuild_command_names_a_script_that_exists():
     assert missing == []
 
 
+def test_every_rebuild_script_that_imports_a_benchmark_module_finds_the_package():
+    """Run as ``python benchmarks/x/y.py``, a script sees only its own folder on ``sys.path``: one
+    that imports ``benchmarks.*`` (at the top or inside a function) must put the repository root
+    there first (privacy_table.py's lazy import once failed this way)."""
+    scripts = {w for b in tomllib.loads((ROOT / "benchmarks" / "REBUILD.toml").read_text())["bench"]
+               for w in shlex.split(b["command"]) if w.endswith(".py")}  # fmt: skip
+    lost = []
+    for script in sorted(scripts):
+        tree = ast.parse((ROOT / script).read_text())
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        named = [n.module if isinstance(n, ast.ImportFrom) else a.name for n in imports
+                 for a in (n.names if isinstance(n, ast.Import) else [None])]  # fmt: skip
+        inserts = (
+            "sys.path.insert(0, str(Path(__file__).resolve().parents[2]))" in (ROOT / script).read_text()
+        )
+        if any((m or "").startswith("benchmarks.") or m == "benchmarks" for m in named) and not inserts:
+            lost.append(script)
+    assert lost == []
+
+
 @pytest.mark.parametrize(
     "folder", sorted({p.parent.name for p in (ROOT / "benchmarks").glob("*/*.py")} - {"results"})
 )
