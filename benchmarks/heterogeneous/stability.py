@@ -128,7 +128,8 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"NaN runs: {nan}. Finished but below 0.6 test AUROC in some seed: {', '.join(weak) or 'none'}.",
     ]
-    short = {c: min(len(row.get(c, [])) for row in cells.values()) for c in cols}  # seeds every method ran
+    # seeds every method ran (none yet right after the range ends, which run first)
+    short = {c: min((len(row.get(c, [])) for row in cells.values()), default=0) for c in cols}
     short = {c: n for c, n in short.items() if n < len(results["seeds"])}
     if short:
         lines.append("Not every seed ran (the study was stopped; `--resume` continues it): "
