@@ -36,7 +36,8 @@ def _error_lines(stderr: str) -> list[str]:
 def test_a_launch_mistake_is_one_line_before_any_rank_starts(tmp_path):
     cases = {
         "more ranks than clients": (["--clients", "2"], "got WORLD_SIZE=3 for 2 clients"),
-        "bad key": (["--set", "data.clientz=2"], "unknown key 'data.clientz'"),
+        # one mistake each: three clients for the three ranks, so only the key is wrong (check lists every error)
+        "bad key": (["--clients", "3", "--set", "data.clientz=2"], "unknown key 'data.clientz'"),
         "not distributed": (["--engine", "loop"], "add --engine distributed"),
     }
     for name, (args, piece) in cases.items():
