@@ -1,7 +1,7 @@
 """The real-data study's command: train the missing cells (``study.py``), then write the tables,
 figures and doc regions (``report.py``).
 
-    nice -n 10 python benchmarks/real_data/run.py --data ../shared/data   # the study (~1 h of one core)
+    nice -n 10 python benchmarks/real_data/run.py --data ../shared/data   # the study (~30 min, 2 cores)
     python benchmarks/real_data/run.py --render-only                      # tables, figures, docs
 
 The options are ``study.py``'s (``--help``). Only this module imports both the study and its

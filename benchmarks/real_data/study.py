@@ -37,7 +37,7 @@ Results go to ``benchmarks/results/real_data.json`` after every cell
 (resumable, finished cells are skipped); each cell records the commit and a
 digest of the fedxrisk source it ran (``real_data_sources.json``).
 
-    nice -n 10 python benchmarks/real_data/run.py --data ../shared/data   # the study (~1 h of one core)
+    nice -n 10 python benchmarks/real_data/run.py --data ../shared/data   # the study (~30 min, 2 cores)
     python benchmarks/real_data/run.py --render-only                      # tables, figures, docs
 """
 
@@ -112,33 +112,16 @@ def _campaign(partition: str) -> dict[str, Any]:
             "model": "linear", "batch": 32, "rounds": 60, "seeds": (0, 1, 2), "val": "carve"}  # fmt: skip
 
 
+def _image(path: str, positive_classes: list[int]) -> dict[str, Any]:
+    return {"dataset": "medmnist", "path": path, "positive_classes": positive_classes, "partition": "iid",
+            "clients": 4, "model": "cnn28", "batch": 32, "rounds": 30, "seeds": (0, 1, 2, 3, 4), "val": "official"}  # fmt: skip
+
+
 REGIMES: dict[str, dict[str, Any]] = {
     "heart": _heart("linear"),
-    "breast": {
-        "dataset": "medmnist",
-        "path": "medmnist/breastmnist.npz",
-        "positive_classes": [0],
-        "partition": "iid",
-        "clients": 4,
-        "model": "cnn28",
-        "batch": 32,
-        "rounds": 30,
-        "seeds": (0, 1, 2, 3, 4),
-        "val": "official",
-    },  # fmt: skip
+    "breast": _image("medmnist/breastmnist.npz", [0]),
     # the image regime with a rare class (issue 42): diabetic-retinopathy grade 4, 6 % of the rows
-    "retina rare": {
-        "dataset": "medmnist",
-        "path": "medmnist/retinamnist.npz",
-        "positive_classes": [4],
-        "partition": "iid",
-        "clients": 4,
-        "model": "cnn28",
-        "batch": 32,
-        "rounds": 30,
-        "seeds": (0, 1, 2, 3, 4),
-        "val": "official",
-    },  # fmt: skip
+    "retina rare": _image("medmnist/retinamnist.npz", [4]),
     "campaign class": _campaign("class"),
     "campaign dirichlet": _campaign("dirichlet"),
     "heart mlp": _heart("mlp"),
