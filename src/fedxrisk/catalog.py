@@ -40,7 +40,7 @@ KNOBS: dict[str, tuple[float, float, bool]] = {
 }
 LR_SPAN = 10.0
 # The high end of the lr range, as a factor of default_lr, where default × LR_SPAN failed in the
-# measured study (benchmarks/stability.py --ranges, results/stability.md: NaN or refused on the
+# measured study (benchmarks/heterogeneous/stability.py --ranges, results/stability.md: NaN or refused on the
 # heart hospitals or a label-skewed split at defaults); tests/test_heterogeneous_study.py checks
 # every AUC method's range against that table.
 LR_HIGH: dict[str, float] = {

@@ -6,6 +6,11 @@ importing torch; the modules that raise them import them from here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 
 class ConfigError(ValueError):
     """An invalid experiment setting; the message names the setting."""
@@ -21,6 +26,34 @@ class ConfigErrors(ConfigError):
             f" (and {len(self.errors) - 1} more: `fedxrisk check` lists them)" if len(self.errors) > 1 else ""
         )
         super().__init__(f"{self.errors[0]}{more}")
+
+
+def caught(check: Callable[[], Any]) -> list[ConfigError]:
+    """The errors ``check()`` raises: a :class:`ConfigErrors`' list, one :class:`ConfigError`, or none."""
+    try:
+        check()
+    except ConfigErrors as e:
+        return list(e.errors)
+    except ConfigError as e:
+        return [e]
+    return []
+
+
+def raise_all(errors: list[ConfigError]) -> None:
+    """Raise ``errors``: the one error, a :class:`ConfigErrors` holding several, nothing when empty."""
+    if len(errors) > 1:
+        raise ConfigErrors(errors)
+    if errors:
+        raise errors[0]
+
+
+def first_error(read: Callable[[Any, list[ConfigError]], T], table: Any) -> T:
+    """``read(table, errors)`` (a reader that collects every error), its first error raised."""
+    errors: list[ConfigError] = []
+    out = read(table, errors)
+    if errors:
+        raise errors[0]
+    return out
 
 
 class DataFileError(ValueError):

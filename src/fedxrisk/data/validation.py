@@ -98,7 +98,7 @@ def carve_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     ``x_val``/``y_val``; ``val_shards[k]`` are client k's positions in ``x_val``. The test set is
     untouched. Client k draws from its own generator, seeded by ``(seed, CARVE_TAG, k)``, so its
     split depends on its own shard only (a site can carve it alone); this is the split
-    ``benchmarks/evidence.py`` made before the run layer had one, so its results reproduce. The
+    ``benchmarks/evidence/study.py`` made before the run layer had one, so its results reproduce. The
     quotas couple a client's records (removing one can move others across the split), which only
     instance-level DP cares about: it carves with :func:`carve_records` instead.
     """

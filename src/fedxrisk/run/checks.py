@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fedxrisk.catalog import table
-from fedxrisk.errors import ConfigError, ConfigErrors, missing_data_dir
+from fedxrisk.errors import ConfigError, caught, missing_data_dir, raise_all
 from fedxrisk.run.configtypes import check_value, hyperparameter_types
 from fedxrisk.run.rules import ALGORITHM_CHECKS, CHECKS, MONITORS, SELECTIONS, schedule  # noqa: F401  (re-exported)
 from fedxrisk.run.spec import (
@@ -59,11 +59,7 @@ def checked(cfg: RunConfig | CheckedConfig) -> CheckedConfig:
     """``cfg`` as a :class:`CheckedConfig`, or its error raised (several: :class:`ConfigErrors`)."""
     if isinstance(cfg, CheckedConfig):
         return cfg
-    errors = check(cfg)
-    if len(errors) > 1:
-        raise ConfigErrors(errors)  # its message: the first, and how many more
-    if errors:
-        raise errors[0]
+    raise_all(check(cfg))  # several: a ConfigErrors, its message the first and how many more
     return CheckedConfig(cfg, CheckedConfig(pretrain_config(cfg)) if cfg.pretrain is not None else None)
 
 
@@ -92,11 +88,7 @@ def _messages(cfg: RunConfig, thorough: bool = False, table_name: str = "algorit
 
 def _collect(one: Callable[[RunConfig], None], cfg: RunConfig, out: list[str], typed: bool) -> None:
     try:
-        one(cfg)
-    except ConfigErrors as e:  # a rule that found several (run/privacy_rules.py)
-        out += [str(x) for x in e.errors]
-    except ConfigError as e:
-        out.append(str(e))
+        out += [str(e) for e in caught(lambda: one(cfg))]  # a rule may find several (run/privacy_rules.py)
     except TypeError:
         if typed:  # every value has its declared type: the check has a bug
             raise

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedxrisk import catalog
-from fedxrisk.errors import ConfigError, ConfigErrors
+from fedxrisk.errors import ConfigError, raise_all
 from fedxrisk.run import checks
 from fedxrisk.run.configtypes import MISMATCH, NONE, check_value, coerce, hyperparameter_types, unknown_key
 from fedxrisk.run.names import resolve
@@ -38,7 +38,7 @@ from fedxrisk.run.nested import (  # noqa: F401  (re-exported)
     server_table,
 )
 from fedxrisk.run.privacy import DEFAULTS as PRIVACY_DEFAULTS
-from fedxrisk.run.privacy import privacy_from_table
+from fedxrisk.run.privacy import privacy_table
 from fedxrisk.run.spec import (
     SECTION_ORDER,
     RunConfig,
@@ -82,10 +82,7 @@ def config_from_sections(doc: Mapping[str, Any]) -> RunConfig:
     """Build and validate a RunConfig from a sectioned dict (a parsed TOML file); its error raised,
     or a :class:`~fedxrisk.errors.ConfigErrors` holding every one (the CLI prints a line each)."""
     cfg, errors = read_sections(doc)
-    if len(errors) > 1:
-        raise ConfigErrors(errors)
-    if errors:
-        raise errors[0]
+    raise_all(errors)
     return cfg
 
 
@@ -105,7 +102,7 @@ def read_sections(doc: Mapping[str, Any], thorough: bool = False) -> tuple[RunCo
 
     for section, table in doc.items():
         if section in NESTED and table is not None:  # every unknown key and wrong type at once
-            read = {PRETRAIN: pretrain_table, PRIVACY: privacy_from_table, SERVER: server_table}[section]
+            read = {PRETRAIN: pretrain_table, PRIVACY: privacy_table, SERVER: server_table}[section]
             value = collect(lambda r=read, t=table: r(t, errors))
             if value is not MISMATCH:  # the well-typed keys, checked with the rest
                 values[section] = value

@@ -3,7 +3,7 @@
 Like the main sections (:func:`fedxrisk.run.configfile.read_sections`), a table's unknown keys and
 wrongly typed values are all reported at once, and a wrong value keeps its default so that the range
 checks (:mod:`fedxrisk.run.checks`) still run on the rest. ``[privacy]``'s reader is
-:func:`fedxrisk.run.privacy.privacy_from_table`, which collects the same way.
+:func:`fedxrisk.run.privacy.privacy_table`, which collects the same way.
 """
 
 from __future__ import annotations
@@ -12,28 +12,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedxrisk.engines.server_rules import KEYS as SERVER_KEYS
-from fedxrisk.errors import ConfigError
+from fedxrisk.errors import ConfigError, first_error
 from fedxrisk.run.configtypes import check_value, hyperparameter_types, unknown_key
 from fedxrisk.run.spec import PRETRAIN_ALGORITHM, STAGE_KEYS, check_stage_algorithm, settings, stage_algorithm
 
 
-def _first(read: Any, table: Any) -> dict[str, Any]:
-    errors: list[ConfigError] = []
-    out = read(table, errors)
-    if errors:
-        raise errors[0]
-    return out
-
-
 def server_from_table(table: Any) -> dict[str, Any]:
     """Type-check a ``[server]`` table (its values: run/combos.py); the first error raised."""
-    return _first(server_table, table)
+    return first_error(server_table, table)
 
 
 def pretrain_from_table(table: Any) -> dict[str, Any]:
     """Type-check a ``[pretrain]`` table (stage keys plus the algorithm's hyperparameters); the first
     error raised."""
-    return _first(pretrain_table, table)
+    return first_error(pretrain_table, table)
 
 
 def server_table(table: Any, errors: list[ConfigError]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fedxrisk.errors import ConfigError
+from fedxrisk.errors import ConfigError, first_error
 from fedxrisk.run.privacy_outputs import privacy_block, unit_of
 
 if TYPE_CHECKING:
@@ -84,36 +84,36 @@ def _value(key: str, value: Any) -> Any:
     raise ConfigError(f"privacy.{key}: expected {names}, got {value!r} ({type(value).__name__})")
 
 
-def privacy_from_table(table: Any, errors: list[ConfigError] | None = None) -> dict[str, Any]:
-    """A ``[privacy]`` table, type-checked, with every key filled (defaults). With ``errors`` every
-    error is appended (a wrong key or value is left out: its default stays), else the first raised."""
+def privacy_from_table(table: Any) -> dict[str, Any]:
+    """A ``[privacy]`` table, type-checked, with every key filled (defaults); the first error raised."""
+    return first_error(privacy_table, table)
+
+
+def privacy_table(table: Any, errors: list[ConfigError]) -> dict[str, Any]:
+    """A ``[privacy]`` table, type-checked, with every key filled (defaults); every error appended (a
+    wrong key or value is left out: its default stays), as :mod:`fedxrisk.run.nested`'s readers."""
     if not isinstance(table, Mapping):
         raise ConfigError(f"[privacy] must be a table of keys, got {table!r}")
-    found: list[ConfigError] = []
     allowed = ", ".join(k for k in KEYS if k != "noise_seed")
-    found += [
+    errors += [
         ConfigError(f"unknown key privacy.{k}; [privacy] allows: {allowed}")
         for k in sorted(set(table) - set(KEYS))
     ]
     if "clip" not in table:
-        found.append(ConfigError("privacy.clip is missing: the L2 clipping norm C (e.g. clip = 1.0)"))
+        errors.append(ConfigError("privacy.clip is missing: the L2 clipping norm C (e.g. clip = 1.0)"))
     values = dict(DEFAULTS)
     for key in (k for k in table if k in KEYS):
         try:
             values[key] = _value(key, table[key])
         except ConfigError as e:
-            found.append(e)
+            errors.append(e)
     if values.pop("noise_seed", None) is not None:
-        found.append(
+        errors.append(
             ConfigError(
                 "privacy.noise_seed is gone: noise is secret by default; privacy.reproducible_noise = SEED "
                 "is the test mode (the run is then not private)"
             )
         )
-    if errors is None and found:
-        raise found[0]
-    if errors is not None:
-        errors.extend(found)
     return values
 
 

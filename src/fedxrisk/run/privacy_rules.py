@@ -14,8 +14,8 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fedxrisk.errors import ConfigError, ConfigErrors
-from fedxrisk.run.privacy import LEVELS, privacy_from_table
+from fedxrisk.errors import ConfigError, raise_all
+from fedxrisk.run.privacy import LEVELS, privacy_table
 
 
 def _algorithm_stub(cfg: Any) -> Any:
@@ -38,11 +38,7 @@ def _algorithm_stub(cfg: Any) -> Any:
 
 def check_privacy(cfg: Any) -> None:
     """Raise the refusal of a ``[privacy]`` table the run cannot honour (several: :class:`ConfigErrors`)."""
-    errors = privacy_errors(cfg)
-    if len(errors) == 1:
-        raise errors[0]
-    if errors:
-        raise ConfigErrors(errors)
+    raise_all(privacy_errors(cfg))
 
 
 def privacy_errors(cfg: Any) -> list[ConfigError]:
@@ -52,7 +48,7 @@ def privacy_errors(cfg: Any) -> list[ConfigError]:
     if not isinstance(cfg.privacy, Mapping):
         return [ConfigError(f"privacy must be a table of settings or None, got {cfg.privacy!r}")]
     errors: list[ConfigError] = []
-    p = privacy_from_table(cfg.privacy, errors)
+    p = privacy_table(cfg.privacy, errors)
 
     def rule(broken: bool, message: str) -> bool:
         if broken:

@@ -42,8 +42,8 @@ from fedxrisk.stats.histogram import logit_edges
 VALIDATION_STREAM = 0x56414C  # the noise source's sub-stream key of validation releases
 SITE_MASS = 256  # client level: each site's per-class histogram is scaled to this mass
 LIMIT = 8.0  # the released bins split [−LIMIT, LIMIT] logits; the end bins are open
-DEFAULT_BINS = 16  # benchmarks/privacy_validation.py
-DEFAULT_NOISE = 10.0  # z: ≈ 10 % of ε in the plans of benchmarks/privacy_validation.py
+DEFAULT_BINS = 16  # benchmarks/privacy/privacy_validation.py
+DEFAULT_NOISE = 10.0  # z: ≈ 10 % of ε in the plans of benchmarks/privacy/privacy_validation.py
 LEVELS = ("client", "instance")
 
 
