@@ -111,6 +111,29 @@ def test_positives_per_batch_is_a_data_setting_with_clear_errors():
         build(RunConfig(positives_per_batch=32, rounds=3))
 
 
+@pytest.mark.parametrize("algorithm", ["fedxl1", "fedxl2"])
+def test_fedxl_default_positives_fit_a_small_batch_and_stay_16_otherwise(algorithm):
+    """FeDXL's own B1 = 16 left a batch of 16 no negatives and was refused: the default is halved
+    to batch_size // 2 there; a batch above 16 keeps 16; a P the user sets is refused as before."""
+    from fedxrisk.experiment import build
+    from fedxrisk.run.checks import check
+
+    def positives(batch_size: int, **changes) -> tuple[int, float]:
+        cfg = RunConfig(dataset="digits", algorithm=algorithm, clients=2, rounds=1, stages=1,
+                        batch_size=batch_size, eval_every=1, **changes)  # fmt: skip
+        assert check(cfg) == []
+        alg = build(cfg).algorithm
+        return alg.positives_per_batch, alg.problem.sampled_pos_ratio
+
+    assert positives(16) == (8, 0.5)
+    assert positives(8) == (4, 0.5)
+    assert positives(17) == (16, 16 / 17)
+    assert positives(32) == (16, 0.5)
+    assert positives(16, positives_per_batch=4) == (4, 0.25)
+    [error] = check(RunConfig(algorithm=algorithm, batch_size=16, positives_per_batch=16))
+    assert "positives_per_batch must lie in [1, batch_size − 1] = [1, 15], got 16" in str(error)
+
+
 def test_mnist1d_size_is_configurable_and_seeded_and_cnn1d_reads_both_layouts():
     pytest.importorskip("mnist1d")
     from fedxrisk.data.mnist1d import load_mnist1d

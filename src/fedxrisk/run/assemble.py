@@ -156,7 +156,7 @@ def assemble(
     schedule = run_schedule(cfg)  # the one rule (run/rules.py)
     with users_error():  # hyperparameters that meet the model or the data
         algorithm = ALGORITHMS[cfg.algorithm](problem, **cfg.options)
-        algorithm = class_aware_batches(algorithm, cfg.positives_per_batch, cfg.batch_size)
+        algorithm = class_aware_batches(algorithm, cfg.resolved_positives(), cfg.batch_size)
         algorithm.validate_schedule(schedule)  # a data-dependent default lr (with_data_lr) included
         client_dp = privacy = None
         if facts.train_samples is not None:  # the party that plans, clips and adds the noise

@@ -106,19 +106,12 @@ def _instance_batchnorm(cfg: RunConfig) -> None:
 
 def _positives(cfg: RunConfig) -> None:
     """Class-aware batches (classaware.class_aware_batches): P in [1, B − 1], not with local p."""
-    own = table("algorithms")[cfg.algorithm]["hyperparameters"].get("positives_per_batch", 0)
-    positives = cfg.positives_per_batch or cfg.options.get("positives_per_batch", own)
+    positives = cfg.resolved_positives()
     if not positives:
         return
     if not 1 <= positives < cfg.batch_size:
-        own_default = not (cfg.positives_per_batch or "positives_per_batch" in cfg.options)
-        whose = (
-            f" ({cfg.algorithm}'s default; set data.positives_per_batch below batch_size)"
-            if own_default
-            else ""
-        )
         raise ConfigError(
-            f"positives_per_batch must lie in [1, batch_size − 1] = [1, {cfg.batch_size - 1}], got {positives}{whose}"
+            f"positives_per_batch must lie in [1, batch_size − 1] = [1, {cfg.batch_size - 1}], got {positives}"
         )
     if cfg.pos_ratio_mode == "local":
         raise ConfigError(

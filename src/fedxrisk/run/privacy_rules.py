@@ -29,7 +29,7 @@ def _algorithm_stub(cfg: Any) -> Any:
     )  # BatchNorm refusals need the model: build() runs the full check
     names = ("couples_samples", "uses_pos_ratio", "declares_sample_loss", "touches_labels")
     declared = {k: getattr(cls, k) for k in names}
-    positives = cfg.positives_per_batch or cfg.options.get("positives_per_batch", 0)
+    positives = cfg.resolved_positives()
     return types.SimpleNamespace(
         name=cfg.algorithm, collectives=cls.collectives, problem=problem, positives_per_batch=positives,
         **declared, **attrs,

@@ -257,6 +257,15 @@ class RunConfig:
             return self.lr
         return (algorithm(self.algorithm) or {}).get("default_lr", 0.1)
 
+    def resolved_positives(self) -> int:
+        """P of class-aware batches (0: plain batches): ``data.positives_per_batch``, else the
+        algorithm's option, else its own default (FeDXL's B1 = 16) — halved to ``batch_size // 2`` when
+        it would leave a batch no negatives, so that the default runs at any batch size ≥ 2."""
+        if self.positives_per_batch or "positives_per_batch" in self.options:
+            return self.positives_per_batch or self.options["positives_per_batch"]
+        own = (algorithm(self.algorithm) or {}).get("hyperparameters", {}).get("positives_per_batch", 0)
+        return own if own < self.batch_size else max(1, self.batch_size // 2)
+
     def resolved_monitor(self) -> str:
         """The column selection, early stopping and ``tune`` follow: ``monitor``, else the algorithm's
         ``val_*``; in a run whose sites train their own models (``model.personal``, Ditto; not the
