@@ -337,3 +337,27 @@ def test_the_torch_free_rule_sees_an_import_through_a_package_init():
     assert "torch" in loaded_on_import("fedxrisk.models")  # imports torch itself
     assert "torch" in loaded_on_import("fedxrisk.data.types")  # idem
     assert "fedxrisk.data" in loaded_on_import("fedxrisk.data.stream_choice")  # its package runs first
+
+
+def _config_parameters(folder: str) -> list[str]:
+    """Functions under ``fedxrisk/<folder>`` that take a run config: a parameter annotated ``RunConfig``,
+    or one named ``cfg``, or ``config`` without an annotation naming another type."""
+    found = []
+    for path in sorted((PACKAGE / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                hints = [ast.unparse(a.annotation) if a.annotation else "" for a in args]
+                if any(
+                    "RunConfig" in h or a.arg == "cfg" or (a.arg == "config" and not h)
+                    for a, h in zip(args, hints, strict=True)
+                ):
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    return found
+
+
+def test_the_layers_below_the_run_take_values_not_the_run_config():
+    """data/, engines/, algorithms/ and objectives/ receive the values they use: reading a run's
+    settings is the run layer's job (run/build.py, run/assemble.py), so a setting's walk stops there."""
+    assert [f for d in ("data", "engines", "algorithms", "objectives") for f in _config_parameters(d)] == []
+    assert "run/build.py:build" in _config_parameters("run")  # the finder finds such a function

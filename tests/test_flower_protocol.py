@@ -129,10 +129,13 @@ def test_sites_of_unequal_size_agree_on_max_samples(tmp_path):
 
 
 def test_positives_per_batch_must_leave_room_for_negatives_in_the_run_config():
-    with pytest.raises(
-        ConfigError, match=r"positives-per-batch must lie in .* = \[1, 7\], got 16 \(fedxl2's default"
-    ):
-        FlowerConfig.from_run_config({"algorithm": "fedxl2", "batch-size": 8})
+    """FeDXL's default B1 = 16 is halved at batch 8 (RunConfig.resolved_positives), as in ``fedxrisk
+    run``; a P the user sets that leaves no negatives is refused."""
+    assert (
+        FlowerConfig.from_run_config({"algorithm": "fedxl2", "batch-size": 8}).run.resolved_positives() == 4
+    )
+    with pytest.raises(ConfigError, match=r"positives-per-batch must lie in .* = \[1, 7\], got 8"):
+        FlowerConfig.from_run_config({"algorithm": "fedxl2", "batch-size": 8, "positives-per-batch": 8})
     cfg = FlowerConfig.from_run_config(
         {"algorithm": "fedxl2", "batch-size": 8, "options": '{"positives_per_batch": 3}'}
     )

@@ -44,8 +44,9 @@ def test_every_client_equals_a_run_without_the_setting_bit_for_bit():
     full = run_all(build(RunConfig(**small, clients_per_round=1.0)).simulation)
     assert full.participation is None  # m = K: no sampling at all
     assert max_abs_diff(plain.states, full.states) == 0.0
-    every = RunConfig(**small, clients_per_round=3, participation="weighted")
-    assert participation_of(every, [10, 20, 30]) is None
+    assert participation_of(3, [10, 20, 30], seed=0, weighted=True) is None
+    every = build(RunConfig(**small, clients_per_round=3, participation="weighted")).simulation
+    assert every.participation is None
 
 
 # -- (b) only the participants' own state changes -------------------------------------------------

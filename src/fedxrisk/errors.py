@@ -28,15 +28,9 @@ class ConfigErrors(ConfigError):
         super().__init__(f"{self.errors[0]}{more}")
 
 
-def caught(check: Callable[[], Any]) -> list[ConfigError]:
-    """The errors ``check()`` raises: a :class:`ConfigErrors`' list, one :class:`ConfigError`, or none."""
-    try:
-        check()
-    except ConfigErrors as e:
-        return list(e.errors)
-    except ConfigError as e:
-        return [e]
-    return []
+def errors_in(error: ConfigError) -> list[ConfigError]:
+    """The errors ``error`` reports: a :class:`ConfigErrors`' list, else ``error`` itself."""
+    return list(error.errors) if isinstance(error, ConfigErrors) else [error]
 
 
 def raise_all(errors: list[ConfigError]) -> None:

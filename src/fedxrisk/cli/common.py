@@ -13,7 +13,7 @@ from rich.console import Console
 
 # Only torch-free modules at the top: `fedxrisk --help`, `fedxrisk list` and argument errors must not
 # import torch (benchmarks/timing/startup.py); commands import what they need when they run.
-from fedxrisk.errors import ConfigError, ConfigErrors
+from fedxrisk.errors import ConfigError, errors_in
 from fedxrisk.run.spec import RunConfig
 
 console = Console(stderr=True)
@@ -45,7 +45,7 @@ def config_errors() -> Iterator[None]:
     except ConfigError as e:
         if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
             sys.exit(2)
-        *before, last = e.errors if isinstance(e, ConfigErrors) else [e]  # a line each, as `fedxrisk check`
+        *before, last = errors_in(e)  # ConfigErrors: a line each, as `fedxrisk check`
         for one in before:
             click.echo(f"Error: {printable(str(one))}", err=True)
         raise BadConfig(str(last)) from None

@@ -203,42 +203,6 @@ def plan_memory(
 BATCHED_ENGINES = ("vmap", "compile", "auto")  # engines that step several clients at once
 
 
-def plan_for_run(cfg: Any, fed: Any, model: torch.nn.Module, batch_size: int) -> MemoryPlan | None:
-    """The :class:`MemoryPlan` of the run ``cfg`` (a ``RunConfig``) on ``fed`` (its
-    ``FederatedData``, stream attached), or None where the budget does not reach: a CUDA or MPS
-    device (activations live there) and the ``distributed`` engine (each rank its own process).
-    Applies the plan's prefetch depth to the stream. A budget the user set is refused when it
-    cannot hold one client's step (:class:`BudgetError`); the default one only warns, and the
-    run keeps one client per step and one step prefetched."""
-    from fedxrisk.data.stream_choice import eval_batch_size, parse_bytes
-
-    if str(cfg.device) != "cpu" or cfg.engine == "distributed":
-        return None
-    stream = getattr(fed, "stream", None)
-    workers = stream.workers if stream is not None else 0
-    shape = tuple(fed.data.input_shape)
-    args = (model, shape, parse_bytes(cfg.memory_budget), batch_size, fed.num_clients)
-    kwargs = {
-        "batched": cfg.engine in BATCHED_ENGINES,
-        "workers": workers,
-        "eval_setting": cfg.eval_batch_size,
-    }
-    try:
-        plan = plan_memory(*args, **kwargs)
-    except BudgetError as e:
-        if cfg.memory_budget is not None:
-            raise
-        import warnings
-
-        warnings.warn(f"{e} (the default budget, a quarter of the machine's RAM: continuing)", stacklevel=2)
-        plan = plan_memory(*args[:2], 2**62, *args[3:], **kwargs)
-        plan.clients_per_step, plan.prefetch, plan.budget = 1, min(1, workers), parse_bytes(None)
-        plan.eval_batch = eval_batch_size(shape, plan.budget, cfg.eval_batch_size)
-    if stream is not None:
-        stream.prefetch = max(1, plan.prefetch)
-    return plan
-
-
 def chunking(engine: str, plan: MemoryPlan | None, clients: int) -> dict[str, int] | None:
     """The engine options of ``plan``: a batched engine steps ``clients_per_step`` clients at a
     time when all ``clients`` would not fit (``vmap``'s ``chunk_size``), else as it would."""

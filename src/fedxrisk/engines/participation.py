@@ -97,13 +97,15 @@ def participation_csv(participation: Participation, rounds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def participation_of(cfg: Any, shard_sizes: Sequence[int]) -> Participation | None:
-    """The run's :class:`Participation` (None: every client every round)."""
-    if cfg.clients_per_round is None:
+def participation_of(
+    clients_per_round: int | float | None, shard_sizes: Sequence[int], seed: int, weighted: bool = False
+) -> Participation | None:
+    """The :class:`Participation` of ``clients_per_round`` (``data.clients_per_round``) among clients
+    of ``shard_sizes``, drawn uniformly or ``weighted`` by shard size (None: every client every round)."""
+    if clients_per_round is None:
         return None
-    seed = cfg.seed if cfg.participation_seed is None else cfg.participation_seed
-    weights = tuple(float(n) for n in shard_sizes) if cfg.participation == "weighted" else None
-    out = Participation(cfg.clients_per_round, len(shard_sizes), seed, weights)
+    weights = tuple(float(n) for n in shard_sizes) if weighted else None
+    out = Participation(clients_per_round, len(shard_sizes), seed, weights)
     return None if out.everyone else out
 
 

@@ -29,7 +29,6 @@ import torch
 
 from fedxrisk.algorithms import RoundPlan
 from fedxrisk.engines.ledger import ByteLedger
-from fedxrisk.engines.participation import participation_of
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.engines.privacy.validation import SITE_MASS
 from fedxrisk.engines.reporting import RunReporting
@@ -123,7 +122,7 @@ class Federation(RunReporting):
                 "set validation = FRACTION (trial sites) or give the sites a val.npz / val.csv"
             )
         self.dp = server_dp(self.cfg, parts, sites, self.log)
-        self.participation = participation_of(run, [s.samples for s in sites])  # among the connected sites
+        self.participation = parts.participation  # among the connected sites (server_facts)
         self.log(
             f"{len(sites)} sites, {sum(s.samples for s in sites)} samples, positive ratio "
             f"{self.pos_ratio:.4f}; {run.algorithm} for {run.rounds} rounds, lr {self.plans[0].lr:.4g}"
@@ -341,7 +340,15 @@ def server_facts(sites: list[Site], val_sites: int) -> Facts:
     masses = (lambda dp: [(float(SITE_MASS * val_sites),) * 2]) if val_sites else None  # noqa: E731
     pos_ratio = sum(s.positives for s in sites) / sum(samples)
     return Facts(
-        sites[0].input_shape, 1, pos_ratio, len(sites), max(samples), sum(samples), min(samples), masses
+        sites[0].input_shape,
+        1,
+        pos_ratio,
+        len(sites),
+        max(samples),
+        sum(samples),
+        min(samples),
+        masses,
+        shard_sizes=tuple(samples),
     )
 
 

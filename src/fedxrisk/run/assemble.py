@@ -2,7 +2,8 @@
 
 :func:`assemble` builds the problem, the algorithm with its wrappers (class-aware batches, privacy,
 the server optimizer: in that order, the server step outermost so that it acts on the privatized
-mean), the schedule and the one privacy plan (:class:`~fedxrisk.run.privacy.PrivacyPlan`);
+mean), the schedule, the one privacy plan (:class:`~fedxrisk.run.privacy.PrivacyPlan`) and the
+clients drawn each round;
 :func:`assemble_model` builds the model every party starts from. ``fedxrisk run``
 (:func:`fedxrisk.run.build.build`, every engine), the Flower server
 (:meth:`fedxrisk.flower.federation.Federation.connect`) and every Flower site
@@ -23,6 +24,7 @@ from typing import Any
 
 from fedxrisk.algorithms import ALGORITHMS, Algorithm, Schedule
 from fedxrisk.classaware import class_aware_batches
+from fedxrisk.engines.participation import Participation, participation_of
 from fedxrisk.engines.server_opt import ServerOptimizer, with_server_optimizer
 from fedxrisk.errors import ConfigError
 from fedxrisk.models import build_model
@@ -44,7 +46,8 @@ class Facts:
     q), ``validation`` (the per-label class masses the summed validation histograms would carry
     under a given ``ValidationDP``; None: no party holds validation data) and ``evaluates_start``
     (the run loop evaluates the starting weights: a release at round 0). A party without
-    ``train_samples`` (a Flower site) plans no privacy: the server clips and adds the noise."""
+    ``train_samples`` (a Flower site) plans no privacy: the server clips and adds the noise; one
+    with ``shard_sizes`` (every client's training samples) draws the clients of each round."""
 
     input_shape: tuple[int, ...]
     num_labels: int
@@ -55,12 +58,14 @@ class Facts:
     smallest_shard: int | None = None
     validation: ClassMass | None = None
     evaluates_start: bool = False
+    shard_sizes: tuple[int, ...] | None = None  # the party that draws each round's participants
 
 
 @dataclass
 class Assembly:
     """A run's parts: the config with its step size fixed for the data, the problem, the algorithm
-    with its wrappers, the schedule, the engine's client-level DP and the privacy plan."""
+    with its wrappers, the schedule, the engine's client-level DP, the privacy plan and the clients
+    drawn each round (``data.clients_per_round``)."""
 
     config: RunConfig
     problem: Problem
@@ -68,6 +73,7 @@ class Assembly:
     schedule: Schedule
     client_dp: Any = None  # engines.privacy.ClientDP: the server's clipping and noise; None without
     privacy: PrivacyPlan | None = None
+    participation: Participation | None = None  # the clients of each round; None: every client
 
 
 @contextmanager
@@ -94,7 +100,7 @@ def data_facts(cfg: RunConfig, data: Any) -> Facts:
     sizes = data.shard_sizes
     return Facts(
         tuple(d.input_shape), d.num_labels, d.pos_ratio, len(sizes), max(sizes), len(d.y_train), min(sizes),
-        validation, bool(start),
+        validation, bool(start), tuple(sizes),
     )  # fmt: skip
 
 
@@ -165,4 +171,10 @@ def assemble(
             )
         if cfg.server is not None:  # outermost: it acts on the (privatized) mean of w
             algorithm = with_server_optimizer(algorithm, ServerOptimizer(**cfg.server))
-    return Assembly(cfg, algorithm.problem, algorithm, schedule, client_dp, privacy)
+        participation = None
+        if facts.shard_sizes is not None:  # data.clients_per_round against the number of clients
+            seed = cfg.seed if cfg.participation_seed is None else cfg.participation_seed
+            participation = participation_of(
+                cfg.clients_per_round, facts.shard_sizes, seed, cfg.participation == "weighted"
+            )
+    return Assembly(cfg, algorithm.problem, algorithm, schedule, client_dp, privacy, participation)

@@ -18,7 +18,6 @@ from fedxrisk.algorithms import ALGORITHMS, Algorithm
 from fedxrisk.data import FederatedData, make_federated
 from fedxrisk.data.preprocessing import normalization, value_range
 from fedxrisk.engines import DistributedSimulation, Simulation
-from fedxrisk.engines.participation import participation_of
 from fedxrisk.problem import Problem
 from fedxrisk.run.assemble import assemble, assemble_model, data_facts, users_error, with_data_lr
 from fedxrisk.run.checks import CheckedConfig, checked
@@ -40,10 +39,58 @@ class Setup:
     privacy: PrivacyPlan | None = None  # the DP guarantee ([privacy], run.privacy)
 
 
+def open_training_data(cfg: RunConfig) -> tuple[Any, Any]:
+    """What ``make_federated`` should read for the run ``cfg``: the
+    dataset's name (bundled data, or ``data.stream = false``: read into memory as always),
+    or a binarized dataset read lazily, either decoded into memory here (``auto`` within
+    the budget) or left lazy to be streamed; and the choice made (``data.stream.StreamChoice``)."""
+    from fedxrisk.data.checks import check_labeled, check_test_classes
+    from fedxrisk.data.loading import load_dataset
+    from fedxrisk.data.registry import FILE_DATASETS
+    from fedxrisk.data.stream import BadFileError, StreamChoice, choose, default_workers, is_lazy, materialize
+    from fedxrisk.data.stream_choice import parse_bytes
+    from fedxrisk.data.types import binarize
+    from fedxrisk.errors import DataFileError
+
+    if cfg.dataset not in FILE_DATASETS:
+        return cfg.dataset, StreamChoice(False, "a bundled dataset, held in memory")
+    if cfg.stream is False:
+        return cfg.dataset, StreamChoice(False, "data.stream = false: the files are decoded into memory")
+    lazy = load_dataset(
+        cfg.dataset, cfg.data_dir, lazy=True, image_size=cfg.image_size, on_missing=cfg.on_missing
+    )
+    workers = default_workers() if cfg.workers is None else cfg.workers
+    budget = parse_bytes(cfg.memory_budget)
+    choice = choose(cfg.stream, int(lazy.x_train.nbytes), budget, workers)
+    choice.on_bad_file = cfg.on_bad_file
+    if getattr(cfg, "cache", False):  # decoded once into a memory-mapped file (data/cache.py)
+        from fedxrisk.data.cache import use_cache
+
+        choice.cache = use_cache(lazy, cfg.cache, workers)
+    for split in ("train", "test", "val"):
+        x, y = getattr(lazy, f"x_{split}"), getattr(lazy, f"y_{split}")
+        if is_lazy(x):
+            x.attach(y, workers=workers, on_bad_file=cfg.on_bad_file, bad_log=choice.bad_log)
+            if not choice.streamed:
+                try:
+                    setattr(lazy, f"x_{split}", materialize(x).numpy())
+                except BadFileError as e:  # before training: nothing to resume, so keep only what failed
+                    raise DataFileError(e.detail) from None
+    if choice.streamed and cfg.feature_shift:
+        raise ValueError("data.feature_shift shifts inputs in memory; it cannot be combined with streaming "
+                         "(set data.stream = false)")  # fmt: skip
+    check_labeled(lazy, cfg.data_dir or cfg.dataset)  # what is in memory now; streamed inputs are not scanned
+    data = binarize(lazy, cfg.positive_classes)
+    check_test_classes(data, cfg.data_dir or cfg.dataset)
+    for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test), (data.x_val, data.y_val)):
+        if is_lazy(x):
+            x.attach(y.numpy())  # binary labels: a replacement keeps the task's label
+    return data, choice
+
+
 def build_data(cfg: RunConfig) -> tuple[FederatedData, Any]:
     """The run's training shards and test set as training sees them (``fedxrisk evaluate`` too),
     and the streaming choice (``data.stream.StreamChoice``, None for bundled data); no stream attached."""
-    from fedxrisk.data.stream import open_training_data
     from fedxrisk.data.validation import with_validation
 
     source, choice = open_training_data(cfg)
@@ -76,7 +123,7 @@ def build(
     ``privacy_ledger``: the DP ledger of the rounds a resumed or extended run already ran.
     """
     cfg = checked(cfg).config
-    from fedxrisk.data.budget import chunking, plan_for_run
+    from fedxrisk.data.budget import chunking
     from fedxrisk.data.stream import attach_stream, eval_batch_size, parse_bytes
 
     if init is None and cfg.pretrain is None:
@@ -115,15 +162,14 @@ def build(
         else eval_batch_size(data.data.input_shape, parse_bytes(cfg.memory_budget), cfg.eval_batch_size)
     )
     parts = assemble(cfg, facts, model, batch_size, eval_batch, privacy_ledger)
-    cfg, algorithm, schedule, client_dp, privacy = (
+    cfg, algorithm, schedule, client_dp, privacy, participation = (
         parts.config,
         parts.algorithm,
         parts.schedule,
         parts.client_dp,
         parts.privacy,
+        parts.participation,
     )
-    with users_error():  # data.clients_per_round against the data's number of clients
-        participation = participation_of(cfg, data.shard_sizes)
     if cfg.engine == "distributed":
         sim: Simulation = DistributedSimulation(
             algorithm, data, schedule, batch_size, cfg.seed, cfg.device, cfg.clients_per_rank,
@@ -136,6 +182,43 @@ def build(
             participation=participation,
         )  # fmt: skip
     return Setup(cfg, data, algorithm.problem, algorithm, sim, choice, source, privacy)
+
+
+def plan_for_run(cfg: RunConfig, fed: Any, model: torch.nn.Module, batch_size: int) -> Any:
+    """The ``data.budget.MemoryPlan`` of the run ``cfg`` on ``fed`` (its
+    ``FederatedData``, stream attached), or None where the budget does not reach: a CUDA or MPS
+    device (activations live there) and the ``distributed`` engine (each rank its own process).
+    Applies the plan's prefetch depth to the stream. A budget the user set is refused when it
+    cannot hold one client's step (:class:`BudgetError`); the default one only warns, and the
+    run keeps one client per step and one step prefetched."""
+    from fedxrisk.data.budget import BATCHED_ENGINES, BudgetError, plan_memory
+    from fedxrisk.data.stream_choice import eval_batch_size, parse_bytes
+
+    if str(cfg.device) != "cpu" or cfg.engine == "distributed":
+        return None
+    stream = getattr(fed, "stream", None)
+    workers = stream.workers if stream is not None else 0
+    shape = tuple(fed.data.input_shape)
+    args = (model, shape, parse_bytes(cfg.memory_budget), batch_size, fed.num_clients)
+    kwargs = {
+        "batched": cfg.engine in BATCHED_ENGINES,
+        "workers": workers,
+        "eval_setting": cfg.eval_batch_size,
+    }
+    try:
+        plan = plan_memory(*args, **kwargs)
+    except BudgetError as e:
+        if cfg.memory_budget is not None:
+            raise
+        import warnings
+
+        warnings.warn(f"{e} (the default budget, a quarter of the machine's RAM: continuing)", stacklevel=2)
+        plan = plan_memory(*args[:2], 2**62, *args[3:], **kwargs)
+        plan.clients_per_step, plan.prefetch, plan.budget = 1, min(1, workers), parse_bytes(None)
+        plan.eval_batch = eval_batch_size(shape, plan.budget, cfg.eval_batch_size)
+    if stream is not None:
+        stream.prefetch = max(1, plan.prefetch)
+    return plan
 
 
 def run_lr(cfg: RunConfig) -> float:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fedxrisk.catalog import table
-from fedxrisk.errors import ConfigError, caught, missing_data_dir, raise_all
+from fedxrisk.errors import ConfigError, errors_in, missing_data_dir, raise_all
 from fedxrisk.run.configtypes import check_value, hyperparameter_types
 from fedxrisk.run.rules import ALGORITHM_CHECKS, CHECKS, MONITORS, SELECTIONS, schedule  # noqa: F401  (re-exported)
 from fedxrisk.run.spec import (
@@ -88,7 +88,9 @@ def _messages(cfg: RunConfig, thorough: bool = False, table_name: str = "algorit
 
 def _collect(one: Callable[[RunConfig], None], cfg: RunConfig, out: list[str], typed: bool) -> None:
     try:
-        out += [str(e) for e in caught(lambda: one(cfg))]  # a rule may find several (run/privacy_rules.py)
+        one(cfg)
+    except ConfigError as e:  # a rule may find several (run/privacy_rules.py)
+        out += [str(x) for x in errors_in(e)]
     except TypeError:
         if typed:  # every value has its declared type: the check has a bug
             raise

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fedxrisk.errors import ConfigError, first_error
+from fedxrisk.errors import ConfigError, raise_all
 from fedxrisk.run.privacy_outputs import privacy_block, unit_of
 
 if TYPE_CHECKING:
@@ -86,7 +86,10 @@ def _value(key: str, value: Any) -> Any:
 
 def privacy_from_table(table: Any) -> dict[str, Any]:
     """A ``[privacy]`` table, type-checked, with every key filled (defaults); the first error raised."""
-    return first_error(privacy_table, table)
+    errors: list[ConfigError] = []
+    values = privacy_table(table, errors)
+    raise_all(errors[:1])
+    return values
 
 
 def privacy_table(table: Any, errors: list[ConfigError]) -> dict[str, Any]:

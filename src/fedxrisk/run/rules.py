@@ -12,7 +12,7 @@ from typing import Any
 
 from fedxrisk.catalog import table
 from fedxrisk.engines.launch import check_launch
-from fedxrisk.errors import ConfigError, caught, raise_all
+from fedxrisk.errors import ConfigError, errors_in, raise_all
 from fedxrisk.run import combos
 from fedxrisk.run.privacy_rules import check_privacy
 from fedxrisk.run.spec import RunConfig
@@ -22,7 +22,13 @@ def _each(*parts: Callable[[RunConfig], None]) -> Callable[[RunConfig], None]:
     """One rule of independent parts: every part's error, not only the first (several: ConfigErrors)."""
 
     def one(cfg: RunConfig) -> None:
-        raise_all([e for part in parts for e in caught(lambda p=part: p(cfg))])
+        errors: list[ConfigError] = []
+        for part in parts:
+            try:
+                part(cfg)
+            except ConfigError as e:
+                errors += errors_in(e)
+        raise_all(errors)
 
     return one
 
