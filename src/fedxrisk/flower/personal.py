@@ -38,12 +38,12 @@ PRIVATE_NOTE = "per-site metrics are not sent under DP or SecAgg+ (as no site AU
 def personalized(cfg: Any) -> bool:
     """Whether the run ends with one model per site (``model.personal``, fine-tuning, Ditto), as
     for ``fedxrisk run`` (``run/personalize.ends_personal``)."""
-    return ends_personal(cfg.run, ALGORITHMS.get(cfg.run.algorithm))
+    return ends_personal(cfg.run.personal, cfg.run.finetune_steps, ALGORITHMS.get(cfg.run.algorithm))
 
 
 def sites_differ(cfg: Any) -> bool:
     """The sites' models differ during training (personal entries, Ditto): history.csv's per-site columns."""
-    return run_sites_differ(cfg.run, ALGORITHMS.get(cfg.run.algorithm))
+    return run_sites_differ(cfg.run.personal, ALGORITHMS.get(cfg.run.algorithm))
 
 
 def to_wire(numbers: dict[str, float], prefix: str) -> dict[str, float]:

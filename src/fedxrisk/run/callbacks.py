@@ -206,12 +206,11 @@ class EarlyStopping(Callback):
         self.best, self.wait, self.stopped_round = state["best"], state["wait"], state["stopped_round"]
 
 
-def selection_callbacks(cfg: RunConfig) -> list[Callback]:
-    """The callbacks ``cfg`` asks for: :class:`BestModel` (``selection = "best"``) and
-    :class:`EarlyStopping` (``early_stopping > 0``), both on ``cfg.resolved_monitor()``."""
-    monitor = cfg.resolved_monitor()
-    out: list[Callback] = [BestModel(monitor)] if cfg.selection == "best" else []
-    return out + ([EarlyStopping(monitor, cfg.early_stopping)] if cfg.early_stopping else [])
+def selection_callbacks(selection: str, monitor: str, early_stopping: int) -> list[Callback]:
+    """The callbacks a run's settings ask for: :class:`BestModel` (``selection = "best"``) and
+    :class:`EarlyStopping` (``early_stopping > 0``), both on ``monitor`` (``RunConfig.resolved_monitor``)."""
+    out: list[Callback] = [BestModel(monitor)] if selection == "best" else []
+    return out + ([EarlyStopping(monitor, early_stopping)] if early_stopping else [])
 
 
 def default_callbacks(progress: ProgressFn | None, extra: Sequence[Callback] = ()) -> list[Callback]:

@@ -71,7 +71,8 @@ def train(
     ``status: failed`` and the error is raised."""
     cfg, sim = setup.config, setup.simulation
     primary = sim.is_primary
-    callbacks = [*selection_callbacks(cfg), *callbacks]  # selection first: later hooks see its choice
+    chooses = selection_callbacks(cfg.selection, cfg.resolved_monitor(), cfg.early_stopping)
+    callbacks = [*chooses, *callbacks]  # selection first: later hooks see its choice
     history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
     best: dict[str, Any] | None = ckpt["best"] if ckpt else None
     resumed: list[int] = [*ckpt["resumed_at"], sim.round] if ckpt else []

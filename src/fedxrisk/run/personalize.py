@@ -37,20 +37,21 @@ from fedxrisk.tree import Tree, tmap
 DEPLOYED = "_deployed_models"  # finish_personal's models, handed to save_site_models (not in summary.json)
 
 
-def ends_personal(cfg: Any, algorithm: Any) -> bool:
-    """Whether a run of ``cfg`` with ``algorithm`` (an instance or its class) ends with one model per
-    site: ``model.personal``, fine-tuning, Ditto. The Flower app asks the same (flower/personal.py)."""
-    return cfg.personal != "none" or cfg.finetune_steps > 0 or hasattr(algorithm, "personal_model")
+def ends_personal(personal: str, finetune_steps: int, algorithm: Any) -> bool:
+    """Whether a run with ``model.personal = personal``, ``finetune_steps`` and ``algorithm`` (an
+    instance or its class) ends with one model per site: personal entries, fine-tuning, Ditto. The
+    Flower app asks the same (flower/personal.py)."""
+    return personal != "none" or finetune_steps > 0 or hasattr(algorithm, "personal_model")
 
 
-def sites_differ(cfg: Any, algorithm: Any) -> bool:
+def sites_differ(personal: str, algorithm: Any) -> bool:
     """Whether the sites' models differ during training (personal entries, Ditto's v)."""
-    return cfg.personal != "none" or hasattr(algorithm, "personal_model")
+    return personal != "none" or hasattr(algorithm, "personal_model")
 
 
 def personalized(setup: Setup) -> bool:
     """Whether the run ends with one model per site (``model.personal``, fine-tuning, Ditto)."""
-    return ends_personal(setup.config, setup.algorithm)
+    return ends_personal(setup.config.personal, setup.config.finetune_steps, setup.algorithm)
 
 
 def finish_personal(setup: Setup, selected: Any = None) -> tuple[tuple[Tree, Tree], dict[str, Any] | None]:
@@ -149,7 +150,7 @@ def site_snapshot(setup: Setup) -> Any:
 def _site_rows_during_training(setup: Setup) -> bool:
     """Sites differ during training (personal entries, Ditto) and all of them are in this process."""
     return (
-        sites_differ(setup.config, setup.algorithm)
+        sites_differ(setup.config.personal, setup.algorithm)
         and setup.config.engine != "distributed"
         and not remote_sites(setup)
     )
