@@ -88,9 +88,10 @@ def test_personal_entries_on_the_distributed_engine_equal_the_loop_engine(worker
         )
         assert max_abs_diff(loop.states, r["states"]) < 1e-5, r["spec"]
         assert r["ledger"] == loop.ledger.summary(), r["spec"]
-        if alg != "codaplus":  # the evaluated model: equal where communicate leaves personal entries alone
-            (lp, lb), (dp, db) = loop.global_model(), r["global_model"]
-            assert max_abs_diff({"p": lp, "b": lb}, {"p": dp, "b": db}) < 1e-5, r["spec"]
+        # the evaluated model too: CODA+'s stage restart moves the personal entries in communicate,
+        # and the distributed engine takes their mean after it, as the loop engine
+        (lp, lb), (dp, db) = loop.global_model(), r["global_model"]
+        assert max_abs_diff({"p": lp, "b": lb}, {"p": dp, "b": db}) < 1e-5, r["spec"]
 
 
 @pytest.mark.slow  # torchrun: 2 real ranks
@@ -130,10 +131,13 @@ def test_one_packed_all_reduce_per_round(worker_results):
         alg = r["spec"][0]
         plans = list(_loop_reference(r["spec"]).plans)
         expected = []
+        local = r["spec"][6] == "local"  # float buffers that differ across clients
         for i, plan in enumerate(plans):
             # CoDA averages its class score sums once more at a stage end (comm.mean called twice)
             extra = alg == "coda" and plan.stage_end and i + 1 < len(plans)
-            expected.append({"all_reduce": 2 if extra else 1})
+            # entries that differ across clients are summed again after a stage end's communicate
+            again = local and plan.stage_end
+            expected.append({"all_reduce": 1 + extra + again})
         assert r["calls"] == expected, alg
 
 

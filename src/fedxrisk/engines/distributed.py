@@ -106,7 +106,9 @@ class DistributedSimulation(Simulation):
 
     def _local_buffers(self) -> dict[str, torch.Tensor]:
         """Entries that differ across clients (float buffers under the ``local`` policy, personal
-        parameters and buffers): their global mean is tracked for the evaluated model."""
+        parameters and buffers): their global mean is tracked for the evaluated model (summed with
+        the round's statistics before ``communicate``; again after it at a stage end, which may
+        restart them)."""
         problem = self.algorithm.problem
         local = getattr(problem, "local_names", frozenset())
         params, buffers = self.algorithm.model(self.states)
@@ -128,6 +130,13 @@ class DistributedSimulation(Simulation):
     def _finite(self, comm: Any) -> bool:  # type: ignore[override]
         self._stats = comm.finish()
         assert self._stats is not None
+        local = self._local_buffers()
+        if local and self.plans[self.round - 1].stage_end:  # every rank alike: the schedule's
+            # a stage end may restart the entries that differ across clients (CODA+'s restart point):
+            # the evaluated mean is taken after communicate, as the simulation's, by one more all_reduce
+            sums = torch.cat([v.double().sum(0).reshape(-1) for v in local.values()])
+            self.group.all_reduce(sums, "personal entries after the stage end (all_reduce)")
+            self._stats = torch.cat([self._stats[:2], sums])
         return bool(torch.isfinite(self._stats[0])) and float(self._stats[1]) == 0.0
 
     def train_loss(self) -> float:
