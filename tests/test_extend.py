@@ -67,3 +67,48 @@ def test_stage_end_algorithm_extension_warns_and_cli_extends(tmp_path):
     result = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "coda"), "--rounds", "4", "-q"])
     assert result.exit_code == 0, result.output
     assert '"rounds": 4' in (tmp_path / "coda" / "summary.json").read_text()
+
+
+def _files(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("mend", ["extra", "missing", "shape"])
+def test_a_checkpoint_that_does_not_fit_the_run_is_refused_in_one_line_and_the_folder_kept(tmp_path, mend):
+    """A checkpoint whose saved state has other entries or shapes than the run (a ``[server]`` +
+    ``model.personal`` run saved before the server step left personal entries alone held them in
+    its server state) failed mid-round with a traceback; now one line, exit 2, nothing rewritten,
+    on both ways back in: extending a finished run and resuming a killed one."""
+    cfg = RunConfig(algorithm="localsgdm", model="mlp", personal="head", rounds=2,
+                    server={"optimizer": "adam", "lr": 0.01}, **CFG)  # fmt: skip
+    run_experiment(cfg, tmp_path / "run")
+    for name in ("final_state.pt", "checkpoint.pt"):
+        path = tmp_path / "run" / name
+        if name == "checkpoint.pt":  # a run killed after its checkpoint: resumed without --rounds
+            (tmp_path / "run" / "summary.json").unlink()
+            path.write_bytes((tmp_path / "run" / "final_state.pt").read_bytes())
+        ckpt = torch.load(path, weights_only=False)
+        states = ckpt["simulation"]["states"]
+        if mend == "extra":  # the server state of the old release: the personal head included
+            for part in ("x", "m", "v"):
+                states["server_opt"][part]["net.4.weight"] = states["w"]["net.4.weight"].clone()
+        elif mend == "missing":
+            states["server_opt"]["v"].pop("net.0.bias", None)
+        else:
+            states["m"]["net.0.bias"] = states["m"]["net.0.bias"][:, :3]
+        torch.save(ckpt, path)
+        before = _files(tmp_path / "run")
+        args = [
+            "run",
+            "--resume",
+            str(tmp_path / "run"),
+            *(["--rounds", "4"] if name == "final_state.pt" else []),
+        ]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        [line] = [x for x in result.output.splitlines() if x.startswith("Error:")]
+        assert "the checkpoint's saved state does not fit this run" in line
+        assert {"extra": "server_opt.", "missing": "it lacks server_opt.v.net.0.bias",
+                "shape": "its m.net.0.bias has shape"}[mend] in line  # fmt: skip
+        assert "Traceback" not in result.output
+        assert _files(tmp_path / "run") == before  # nothing rewritten

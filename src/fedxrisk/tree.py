@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from fedxrisk.errors import ConfigError
+
 Tree = Any  # a Tensor or a dict[str, Tree]
 
 
@@ -29,6 +31,29 @@ def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
             yield from leaves(v, f"{prefix}.{k}" if prefix else k)
     else:
         yield prefix, tree
+
+
+def fitting(fresh: Tree, saved: Tree) -> Tree:
+    """``saved`` (a checkpoint's state) when its entries and shapes are ``fresh``'s; else one
+    :class:`ConfigError` line naming the first difference: the checkpoint was written by another
+    version of fedxrisk, or for other settings, and would fail mid-round."""
+    mine = {k: tuple(getattr(v, "shape", ())) for k, v in leaves(fresh)}
+    theirs = {k: tuple(getattr(v, "shape", ())) for k, v in leaves(saved)}
+    if mine == theirs:
+        return saved
+    extra, missing = sorted(theirs.keys() - mine.keys()), sorted(mine.keys() - theirs.keys())
+    shaped = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
+    why = (
+        f"it holds {extra[0]}, which this run has not"
+        if extra
+        else f"it lacks {missing[0]}"
+        if missing
+        else f"its {shaped[0]} has shape {list(theirs[shaped[0]])}, this run's {list(mine[shaped[0]])}"
+    )
+    raise ConfigError(
+        f"the checkpoint's saved state does not fit this run: {why} (written by another version of "
+        "fedxrisk, or for other settings); start a new run"
+    )
 
 
 def stack(trees: list[Tree]) -> Tree:

@@ -36,7 +36,7 @@ from fedxrisk.engines.participation import Participation, round_collective
 from fedxrisk.engines.privacy import ClientDP
 from fedxrisk.engines.simulation import Simulation
 from fedxrisk.errors import ConfigError, DistributedError
-from fedxrisk.tree import Tree, index, is_finite, leaves, tmap
+from fedxrisk.tree import Tree, fitting, index, is_finite, leaves, tmap
 
 # re-exported: the run layer imports these from here until it imports them from their rooms
 __all__ = [
@@ -189,7 +189,8 @@ class DistributedSimulation(Simulation):
             raise ValueError(f"checkpoint holds {first.shape[0]} clients, this run {self.num_clients}")
         rows = torch.tensor(self.clients)
         self.round = state["round"]
-        self.states = tmap(lambda x: x[rows].to(self.device), state["states"])
+        mine = fitting(self.states, tmap(lambda x: x[rows], state["states"]))  # this rank's clients
+        self.states = tmap(lambda x: x.to(self.device), mine)
         self.sampler.load_state_dict(_slice_sampler(state["sampler"], self.clients))
         self.aux_sampler.load_state_dict(_slice_sampler(state["aux_sampler"], self.clients))
         self.ledger.load_state_dict(state["ledger"])

@@ -37,7 +37,7 @@ from fedxrisk.engines.participation import Participation, round_collective, roun
 from fedxrisk.engines.pooling import merge_pool
 from fedxrisk.engines.reporting import RunReporting
 from fedxrisk.errors import NonFiniteLoss  # noqa: F401  (re-exported)
-from fedxrisk.tree import Tree, broadcast, index, is_finite, leaves, stack, tmap
+from fedxrisk.tree import Tree, broadcast, fitting, index, is_finite, leaves, stack, tmap
 
 
 class Engine:
@@ -390,7 +390,7 @@ class Simulation(LazyStates, RunReporting):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = state["round"]
-        self.states = tmap(lambda x: x.to(self.device), state["states"])
+        self.states = tmap(lambda x: x.to(self.device), fitting(self.states, state["states"]))
         self.sampler.load_state_dict(state["sampler"])
         self.aux_sampler.load_state_dict(state["aux_sampler"])
         self.ledger.load_state_dict(state["ledger"])

@@ -132,13 +132,16 @@ def resume_experiment(
         raise ConfigError(f"{out} holds neither {CHECKPOINT} nor config.toml: not a fedxrisk run folder")
     if overrides:
         cfg = resume_overrides(cfg, overrides)
-        write_config(out, cfg)
     checked = checks.checked(cfg)
     if cfg.pretrain is not None:
+        if overrides:
+            write_config(out, cfg)
         return resume_two_stage(checked, out, ckpt, callback, callbacks)
     setup = build(checked, privacy_ledger=ckpt.get("privacy_ledger") if ckpt else None)
     if ckpt is not None:
-        setup.simulation.load_state_dict(ckpt["simulation"])
+        setup.simulation.load_state_dict(ckpt["simulation"])  # a checkpoint that does not fit: refused
+    if overrides:
+        write_config(out, cfg)  # once the run can go on: a refusal leaves config.toml as it was
     folder = RunFolder(out, setup.simulation.is_primary)
     return train(setup, folder, default_callbacks(callback, callbacks), ckpt)
 
@@ -259,8 +262,8 @@ def extend_experiment(
     if cfg.privacy is not None and "privacy_ledger" not in ckpt:
         raise ConfigError(f"{out} kept no DP ledger (run before issue 30): its ε cannot be extended")
     setup = build(checked, privacy_ledger=ckpt.get("privacy_ledger"))
-    write_config(out, cfg)
-    setup.simulation.load_state_dict(ckpt["simulation"])
+    setup.simulation.load_state_dict(ckpt["simulation"])  # a checkpoint that does not fit: refused here
+    write_config(out, cfg)  # only then: a refusal leaves the folder as it was
     result = train(
         setup, RunFolder(out, setup.simulation.is_primary), default_callbacks(callback, callbacks), ckpt
     )
