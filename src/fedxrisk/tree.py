@@ -34,22 +34,15 @@ def leaves(tree: Tree, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def fitting(fresh: Tree, saved: Tree) -> Tree:
-    """``saved`` (a checkpoint's state) when its entries and shapes are ``fresh``'s; else one
-    :class:`ConfigError` line naming the first difference: the checkpoint was written by another
-    version of fedxrisk, or for other settings, and would fail mid-round."""
-    mine = {k: tuple(getattr(v, "shape", ())) for k, v in leaves(fresh)}
-    theirs = {k: tuple(getattr(v, "shape", ())) for k, v in leaves(saved)}
+    """``saved`` (a checkpoint's state) when it holds ``fresh``'s entries; else one :class:`ConfigError`
+    line naming the first extra or missing entry: the checkpoint was written by another version of
+    fedxrisk, or for other settings, and would fail mid-round. Shapes are not compared: some states
+    grow as a run goes (FeDXL's score pools)."""
+    mine, theirs = {k for k, _ in leaves(fresh)}, {k for k, _ in leaves(saved)}
     if mine == theirs:
         return saved
-    extra, missing = sorted(theirs.keys() - mine.keys()), sorted(mine.keys() - theirs.keys())
-    shaped = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
-    why = (
-        f"it holds {extra[0]}, which this run has not"
-        if extra
-        else f"it lacks {missing[0]}"
-        if missing
-        else f"its {shaped[0]} has shape {list(theirs[shaped[0]])}, this run's {list(mine[shaped[0]])}"
-    )
+    extra, missing = sorted(theirs - mine), sorted(mine - theirs)
+    why = f"it holds {extra[0]}, which this run has not" if extra else f"it lacks {missing[0]}"
     raise ConfigError(
         f"the checkpoint's saved state does not fit this run: {why} (written by another version of "
         "fedxrisk, or for other settings); start a new run"
