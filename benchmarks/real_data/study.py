@@ -180,10 +180,7 @@ def run_config(regime: str, method: str, lr: float, seed: int):
         rounds=r["rounds"], local_steps=LOCAL_STEPS, batch_size=r["batch"], lr=lr, stages=STAGES,
         lr_decay=LR_DECAY, seed=seed, engine="vmap", eval_every=EVAL_EVERY, allow_missing_class=True,
         data_dir=str(DATA["root"] / r["path"]), validation=VALIDATION if r["val"] == "carve" else "official",
-        selection=SELECTION, checkpoint_every=0, tensorboard=False,
-        # class-aware rows: a valid stand-in so the config passes its check before the data is built;
-        # the cell's adjust() sets the data's own value (FeDXL2's default, 16, is refused at batch 16)
-        **({"positives_per_batch": 1} if METHODS[method][1] else {}),
+        selection=SELECTION, checkpoint_every=0, tensorboard=False,  # class-aware rows: adjust() sets P
     )  # fmt: skip
 
 
