@@ -45,8 +45,8 @@ CONFIGS = {  # a config file → the start of each error line, in the order both
         '[privacy]\nclip = 1.0\nnoise_multiplier = 1.0\ndelta = 2.0\nlevel = "site"\n',
         [
             "unknown key 'server.momentum'",
+            "experiment.rounds must be ≥ 1, got -2",  # the declared ranges: in the config file's order
             "data.clients must be ≥ 1, got 0",
-            "experiment.rounds must be ≥ 1, got -2",
             "server.lr must be a finite number > 0, got -1.0",
             "server.tau must be a finite number > 0, got 0.0",
             "privacy.level must be one of ('client', 'instance'), got 'site'",
@@ -57,15 +57,15 @@ CONFIGS = {  # a config file → the start of each error line, in the order both
         '[experiment]\nselection = "worst"\nearly_stopping = -1\n[data]\nstream = "maybe"\nworkers = -1\n'
         'image_size = 0\naugment = "rotate"\n[model]\npersonal = "all"\n[algorithm]\nfinetune_steps = -1\n',
         [
-            "data.stream must be true, false or \"auto\", got 'maybe'",
-            "data.workers must be between 0 (decode in the training process) and 64, got -1",
-            "data.image_size must be an integer between 1 and 4096, got 0",
-            "unknown data.augment 'rotate'",
-            "data.image_size, data.normalize and data.augment apply to image datasets",
-            "unknown selection 'worst' (experiment.selection)",
+            "unknown selection 'worst' (experiment.selection)",  # the declared ones first, in file order
             "experiment.early_stopping must be ≥ 0 (0: off), got -1",
+            "data.image_size must lie in [1, 4096], got 0",
             "unknown personal 'all' (model.personal)",
             "algorithm.finetune_steps must be ≥ 0 (0: no fine-tuning), got -1",
+            "data.stream must be true, false or \"auto\", got 'maybe'",
+            "data.workers must be between 0 (decode in the training process) and 64, got -1",
+            "unknown data.augment 'rotate'",
+            "data.image_size, data.normalize and data.augment apply to image datasets",
         ],
     ),
 }

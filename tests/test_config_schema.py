@@ -290,3 +290,43 @@ def test_every_algorithm_checks_its_values_without_a_problem():
         with pytest.raises(ValueError, match=key):
             ALGORITHMS[name].check_values({key: bad})
         assert [e for e in check(RunConfig(algorithm=name, options={key: bad})) if key in str(e)], name
+
+
+def _outside(allowed) -> list:
+    """Values just outside what a declaration allows (run/spec.py Allowed), and a non-finite one."""
+    if allowed.choices is not None:
+        return ["no-such-choice"]
+    out = [float("inf")] if allowed.finite else []
+    if allowed.above is not None:
+        out.append(allowed.above)
+    if allowed.at_least is not None:
+        out.append(allowed.at_least - 1)
+    if allowed.below is not None:
+        out.append(allowed.below)
+    return out
+
+
+CONTEXT = {"image_size": {"dataset": "folder"}}  # where the setting applies: no second refusal
+DECLARED = [(name, value) for name, s in SETTINGS.items() if s.allowed for value in _outside(s.allowed)]
+
+
+@pytest.mark.parametrize(("name", "value"), DECLARED, ids=[f"{n}={v}" for n, v in DECLARED])
+def test_each_declared_bound_refuses_the_value_beyond_it_in_one_line(name, value):
+    """Every bound and choice a setting declares is checked: the value just beyond it is refused in
+    one line naming the setting with its section, and nothing else is (the default passes)."""
+    cfg = dataclasses.replace(RunConfig(), **{name: value}, **CONTEXT.get(name, {}))
+    errors = [str(e) for e in check(cfg)]
+    assert len(errors) == 1, errors
+    assert f"{SETTINGS[name].section}.{name}" in errors[0] and "\n" not in errors[0], errors
+    assert check(RunConfig()) == []
+
+
+def test_the_declarations_cover_the_ranges_the_rules_once_checked_one_by_one():
+    """The bounds that were one function each before the declarations (run/rules.py) are declared."""
+    declared = {name for name, s in SETTINGS.items() if s.allowed}
+    assert declared >= {
+        "seed", "rounds", "eval_every", "checkpoint_every", "early_stopping", "imratio", "clients",
+        "dirichlet_alpha", "test_imratio", "batch_size", "lr", "stages", "finetune_steps", "lr_decay",
+        "window_growth", "dist_timeout", "algorithm", "dataset", "partition", "model", "engine",
+        "buffer_policy", "pos_ratio_mode", "selection", "personal_monitor", "personal", "image_size",
+    }  # fmt: skip

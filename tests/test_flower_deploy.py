@@ -52,9 +52,10 @@ ALGORITHM_ROUNDS = {"codasca": 2, "fedxl2": 1}  # 4 and 5 messages per site
 SECURE_ROUNDS = 1  # CODASCA through Flower's SecAgg+: 1 + 2 × 4 messages per site (multi-round: in-process)
 SECURE_TOL = 1e-5  # each secure mean is within 2R/levels = 1.2e-7 of the plain one (R = 64, 2 sites)
 # tests/test_one_path.py's config through flwr run (DP, validation, selection = best, SecAgg+); lr and
-# stages back to fedxrisk run's defaults, which this module's app overrides (SETTINGS)
+# stages back to what fedxrisk run resolves (the default lr; the default 3 stages capped at the 2
+# rounds), which this module's app overrides (SETTINGS)
 ONE_PATH = {
-    "rounds": 3, "eval-every": 1, "validation": 0.25, "lr": "none", "stages": 3, "selection": "best",
+    "rounds": 2, "eval-every": 1, "validation": 0.25, "lr": "none", "stages": 2, "selection": "best",
     "privacy": json.dumps({"clip": 0.5, "noise_multiplier": 0.8, "reproducible_noise": 7, "validation_noise_multiplier": 0.02}),
     "secure-aggregation": True,
 }  # fmt: skip

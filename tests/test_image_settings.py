@@ -69,7 +69,7 @@ def test_augment_choice_sets_the_training_augmenter(image_folder):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"image_size": 0}, "data.image_size must be an integer between 1 and 4096, got 0"),
+        ({"image_size": 0}, "data.image_size must lie in [1, 4096], got 0"),
         ({"normalize": "imagenett"}, "data.normalize must be \"none\", ['imagenet'] or"),
         ({"normalize": {"mean": [0.5], "std": [0.0]}}, "data.normalize std must be > 0"),
         (

@@ -23,7 +23,7 @@ from fedxrisk.models import MODELS, DenseNet, build_model
 from fedxrisk.run import recipes
 from fedxrisk.run.configfile import config_to_toml, load_config
 from fedxrisk.run.folder import PRETRAIN_DIR
-from fedxrisk.run.spec import pretrain_config
+from fedxrisk.run.stage import pretrain_config
 from fedxrisk.run.weights import head_name, load_weights
 
 # BatchNorm model: buffers must travel with the weights

@@ -1,7 +1,8 @@
 """One run path (issue 31): one config through ``fedxrisk run`` on loop, vmap and distributed, and
 through the Flower trial in one process, gives the same model, the same history columns and the
 same ε. Nothing is set that a default would set: no ``lr`` (CODASCA's step size follows the data,
-whose positive ratio 0.3 is far from 0.1), the default stages; client-level DP in the reproducible
+whose positive ratio 0.3 is far from 0.1), the default stages (capped at the 2 rounds: a stage restart
+after round 1); client-level DP in the reproducible
 test mode (``privacy.reproducible_noise``) so the engines can be compared; validation data and
 ``selection = "best"``: under DP the validation is a released statistic (the summed histograms through
 the Gaussian mechanism, accounted in ε; docs/privacy.md), drawn from the same noise on every engine,
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.slow  # fedxrisk run in real processes on every engine,
 SRC = Path(__file__).resolve().parents[1] / "src"
 CONFIG = """\
 [experiment]
-rounds = 3
+rounds = 2
 eval_every = 1
 selection = "best"
 

@@ -56,11 +56,11 @@ def test_check_lists_every_error_and_caches_nothing():
     assert checks.check(cfg) == [] and not set(vars(cfg)) - {f.name for f in dataclasses.fields(cfg)}
     cfg.rounds, cfg.imratio, cfg.seed = 0, 1.5, -1
     assert [str(e) for e in checks.check(cfg)] == [
-        "data.imratio must lie in (0, 1), got 1.5",
+        "experiment.seed must be ≥ 0, got -1",  # in the config file's order (run/spec.py)
         "experiment.rounds must be ≥ 1, got 0",
-        "experiment.seed must be ≥ 0, got -1",
+        "data.imratio must lie in (0, 1), got 1.5",
     ]
-    with pytest.raises(ConfigError, match=r"imratio must lie in \(0, 1\), got 1.5 \(and 2 more: "):
+    with pytest.raises(ConfigError, match=r"seed must be ≥ 0, got -1 \(and 2 more: "):
         checks.checked(cfg)
 
 

@@ -52,7 +52,10 @@ CONFIG_ERRORS = {  # argument list → a piece of its one-line message (exit sta
     "unknown key": (["run", "--set", "data.imratoi=0.2"], "unknown key 'data.imratoi'"),
     "hyperparameter type": (["run", "--set", "algorithm.eta_g=x"], "algorithm.eta_g: expected a number"),
     "range": (["run", "--rounds", "0"], "experiment.rounds must be ≥ 1"),
-    "schedule": (["run", "--set", "algorithm.lr_decay=0.5"], "lr_decay and window_growth must be ≥ 1"),
+    "schedule": (
+        ["run", "--set", "algorithm.lr_decay=0.5"],
+        "lr_decay and window_growth must be finite numbers ≥ 1",
+    ),
     "no data dir": (["run", "--dataset", "cifar10"], "dataset 'cifar10' reads files: set data_dir"),
     "distributed without torchrun": (["run", "--engine", "distributed"], "rendezvous variable(s)"),
 }

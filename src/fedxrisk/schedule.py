@@ -7,6 +7,7 @@ a list of :class:`Stage`; engines iterate over its rounds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -60,8 +61,8 @@ class Schedule:
             raise ValueError(
                 f"stages must lie in [1, rounds={rounds}], got {stages} (lower it: --stages N, or --set algorithm.stages=N)"
             )
-        if lr_decay < 1 or window_growth < 1:
-            raise ValueError("lr_decay and window_growth must be ≥ 1")
+        if not (1 <= lr_decay < math.inf and 1 <= window_growth < math.inf):
+            raise ValueError("lr_decay and window_growth must be finite numbers ≥ 1")
         base, extra = divmod(rounds, stages)
         return cls(
             tuple(

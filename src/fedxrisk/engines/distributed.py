@@ -130,8 +130,7 @@ class DistributedSimulation(Simulation):
     def _finite(self, comm: Any) -> bool:  # type: ignore[override]
         self._stats = comm.finish()
         assert self._stats is not None
-        local = self._local_buffers()
-        if local and self.plans[self.round - 1].stage_end:  # every rank alike: the schedule's
+        if self.plans[self.round - 1].stage_end and (local := self._local_buffers()):  # every rank alike
             # a stage end may restart the entries that differ across clients (CODA+'s restart point):
             # the evaluated mean is taken after communicate, as the simulation's, by one more all_reduce
             sums = torch.cat([v.double().sum(0).reshape(-1) for v in local.values()])

@@ -63,7 +63,7 @@ def open_training_data(cfg: RunConfig) -> tuple[Any, Any]:
     budget = parse_bytes(cfg.memory_budget)
     choice = choose(cfg.stream, int(lazy.x_train.nbytes), budget, workers)
     choice.on_bad_file = cfg.on_bad_file
-    if getattr(cfg, "cache", False):  # decoded once into a memory-mapped file (data/cache.py)
+    if cfg.cache:  # decoded once into a memory-mapped file (data/cache.py)
         from fedxrisk.data.cache import use_cache
 
         choice.cache = use_cache(lazy, cfg.cache, workers)

@@ -21,19 +21,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from fedxrisk.catalog import table
 from fedxrisk.errors import ConfigError, errors_in, missing_data_dir, raise_all
 from fedxrisk.run.configtypes import check_value, hyperparameter_types
 from fedxrisk.run.rules import ALGORITHM_CHECKS, CHECKS, MONITORS, SELECTIONS, schedule  # noqa: F401  (re-exported)
-from fedxrisk.run.spec import (
+from fedxrisk.run.spec import RunConfig, settings
+from fedxrisk.run.stage import (
     CENTRALIZED,
     PRETRAIN_ALGORITHM,
     STAGE_KEYS,
-    RunConfig,
     check_stage_algorithm,
     pretrain_config,
-    settings,
     stage_algorithm,
 )
 
@@ -74,21 +74,22 @@ def _messages(cfg: RunConfig, thorough: bool = False, table_name: str = "algorit
     out = type_errors(cfg, table_name)
     typed = not out  # with a value of the wrong type, a range check may meet it: reported already
     for one in CHECKS:
-        _collect(one, cfg, out, typed)
+        _collect(partial(one, cfg), out, typed)
     if isinstance(cfg.algorithm, str) and cfg.algorithm in table("algorithms"):
         for one in ALGORITHM_CHECKS:
-            _collect(one, cfg, out, typed)
+            _collect(partial(one, cfg), out, typed)
         if typed and (cfg.options or thorough):  # torch from here on
             out += algorithm_errors(cfg, table_name)
-    _collect(lambda c: check_device(c.device), cfg, out, typed)
+    _collect(lambda: check_device(cfg.device), out, typed)
     if cfg.pretrain is not None:
         out += [m for m in pretrain_errors(cfg, thorough) if m not in out]
     return out
 
 
-def _collect(one: Callable[[RunConfig], None], cfg: RunConfig, out: list[str], typed: bool) -> None:
+def _collect(one: Callable[[], None], out: list[str], typed: bool) -> None:
+    """``one()``'s refusals appended to ``out``; a TypeError is a bug only when every value is typed."""
     try:
-        one(cfg)
+        one()
     except ConfigError as e:  # a rule may find several (run/privacy_rules.py)
         out += [str(x) for x in errors_in(e)]
     except TypeError:
@@ -101,14 +102,12 @@ def type_errors(cfg: RunConfig, table_name: str = "algorithm") -> list[str]:
     out = []
     for name, s in settings().items():
         if s.section is not None:
-            _collect(lambda c, n=name, h=s.hint: check_value(n, getattr(c, n), h), cfg, out, True)
+            _collect(lambda n=name, h=s.hint: check_value(n, getattr(cfg, n), h), out, True)
     if isinstance(cfg.algorithm, str) and cfg.algorithm in table("algorithms"):
         hints = hyperparameter_types(cfg.algorithm)
         for key, value in cfg.options.items() if isinstance(cfg.options, Mapping) else ():
             if key in hints:
-                _collect(
-                    lambda c, k=key, v=value: check_value(f"{table_name}.{k}", v, hints[k]), cfg, out, True
-                )
+                _collect(lambda k=key, v=value: check_value(f"{table_name}.{k}", v, hints[k]), out, True)
     return out
 
 

@@ -42,7 +42,6 @@ from fedxrisk.run.privacy import privacy_table
 from fedxrisk.run.spec import (
     SECTION_ORDER,
     RunConfig,
-    non_default,
     settings,
 )
 
@@ -58,6 +57,11 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 PRETRAIN = "pretrain"  # the optional first stage's section (RunConfig.pretrain, fedxrisk.run.recipes)
 PRIVACY, SERVER = "privacy", "server"
 NESTED = (PRETRAIN, PRIVACY, SERVER)  # sections kept as one dict field of RunConfig
+
+
+def non_default(cfg: RunConfig) -> dict[str, Any]:
+    """The settings of ``cfg`` that differ from their defaults (``fedxrisk check`` prints them)."""
+    return {n: getattr(cfg, n) for n, s in settings().items() if getattr(cfg, n) != s.default}
 
 
 def _fields() -> dict[str, Any]:

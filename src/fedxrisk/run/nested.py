@@ -14,7 +14,8 @@ from typing import Any
 from fedxrisk.engines.server_rules import KEYS as SERVER_KEYS
 from fedxrisk.errors import ConfigError, first_error
 from fedxrisk.run.configtypes import check_value, hyperparameter_types, unknown_key
-from fedxrisk.run.spec import PRETRAIN_ALGORITHM, STAGE_KEYS, check_stage_algorithm, settings, stage_algorithm
+from fedxrisk.run.spec import settings
+from fedxrisk.run.stage import PRETRAIN_ALGORITHM, STAGE_KEYS, check_stage_algorithm, stage_algorithm
 
 
 def server_from_table(table: Any) -> dict[str, Any]:

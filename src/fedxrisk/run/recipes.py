@@ -57,7 +57,8 @@ from fedxrisk.run.folder import (
 )
 from fedxrisk.run.identity import config_difference, differing_keys, fingerprint, same_config
 from fedxrisk.run.loop import train
-from fedxrisk.run.spec import CENTRALIZED, RunConfig
+from fedxrisk.run.spec import RunConfig
+from fedxrisk.run.stage import CENTRALIZED
 from fedxrisk.run.threads import set_threads
 
 SUMMARY_KEYS = ("status", "algorithm", "rounds", "final", "selected", "wall_seconds", "communication")

@@ -1,5 +1,6 @@
-"""The rules of a run's settings, one function each: ``rule(cfg)`` raises one :class:`ConfigError`
-(one line, naming the setting without its section) or returns. :data:`CHECKS` reads only the config
+"""The rules of a run's settings: :func:`declared` checks each setting against the values it declares
+(:class:`~fedxrisk.run.fields.Allowed`); the rest are one function each: ``rule(cfg)``
+raises one :class:`ConfigError` (one line, naming the setting without its section) or returns. :data:`CHECKS` reads only the config
 and the catalogue; :data:`ALGORITHM_CHECKS` need a registered algorithm. :mod:`fedxrisk.run.checks`
 runs every rule and collects the errors; no torch here.
 """
@@ -12,25 +13,37 @@ from typing import Any
 
 from fedxrisk.catalog import table
 from fedxrisk.engines.launch import check_launch
-from fedxrisk.errors import ConfigError, errors_in, raise_all
+from fedxrisk.errors import ConfigError, raise_all
 from fedxrisk.run import combos
+from fedxrisk.run.configtypes import MISMATCH, coerce
+from fedxrisk.run.fields import PERSONAL, PERSONAL_MONITORS, SELECTIONS  # noqa: F401  (re-exported)
 from fedxrisk.run.privacy_rules import check_privacy
-from fedxrisk.run.spec import RunConfig
+from fedxrisk.run.spec import RunConfig, settings
 
 
-def _each(*parts: Callable[[RunConfig], None]) -> Callable[[RunConfig], None]:
-    """One rule of independent parts: every part's error, not only the first (several: ConfigErrors)."""
-
-    def one(cfg: RunConfig) -> None:
-        errors: list[ConfigError] = []
-        for part in parts:
-            try:
-                part(cfg)
-            except ConfigError as e:
-                errors += errors_in(e)
-        raise_all(errors)
-
-    return one
+def declared(cfg: RunConfig) -> None:
+    """Every setting within the values it declares (:class:`~fedxrisk.run.fields.Allowed`): each refusal."""
+    errors = []
+    for name, s in settings().items():
+        allowed, value = s.allowed, getattr(cfg, name)
+        if allowed is None or value is None or coerce(value, s.hint) is MISMATCH:
+            continue  # a wrong type: type_errors (run/checks.py) reports it
+        if allowed.choices is not None:
+            choices = table(allowed.choices) if isinstance(allowed.choices, str) else allowed.choices
+            if value not in choices:
+                errors.append(ConfigError(f"unknown {name} {value!r}; choose one of {sorted(choices)}"))
+            continue
+        inside = (
+            (allowed.above is None or value > allowed.above)
+            and (allowed.at_least is None or value >= allowed.at_least)
+            and (allowed.below is None or value < allowed.below)
+            and (allowed.at_most is None or value <= allowed.at_most)
+        )
+        if allowed.finite and not math.isfinite(value):
+            errors.append(ConfigError(f"{name} must be a finite number, got {value}"))
+        elif not inside:
+            errors.append(ConfigError(f"{name} must {allowed.bounds()}{allowed.note}, got {value}"))
+    raise_all(errors)
 
 
 def _choice(name: str, value: Any, allowed) -> None:
@@ -38,39 +51,6 @@ def _choice(name: str, value: Any, allowed) -> None:
         raise ConfigError(f"unknown {name} {value!r}; choose one of {sorted(allowed)}")
 
 
-def _at_least(name: str, low: int) -> Callable[[RunConfig], None]:
-    def one(cfg: RunConfig) -> None:
-        if getattr(cfg, name) < low:
-            raise ConfigError(f"{name} must be ≥ {low}, got {getattr(cfg, name)}")
-
-    return one
-
-
-def _choice_of(name: str, key: str) -> Callable[[RunConfig], None]:
-    return lambda cfg: _choice(name, getattr(cfg, name), table(key))
-
-
-def _imratio(cfg: RunConfig) -> None:
-    if cfg.imratio is not None and not 0.0 < cfg.imratio < 1.0:
-        raise ConfigError(f"imratio must lie in (0, 1), got {cfg.imratio}")
-
-
-def _lr(cfg: RunConfig) -> None:
-    if cfg.lr is not None and cfg.lr <= 0:
-        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
-
-
-def _checkpoint_every(cfg: RunConfig) -> None:
-    if cfg.checkpoint_every < 0:
-        raise ConfigError(f"checkpoint_every must be ≥ 0 (0: no checkpoints), got {cfg.checkpoint_every}")
-
-
-def _dirichlet_alpha(cfg: RunConfig) -> None:
-    if cfg.dirichlet_alpha <= 0:
-        raise ConfigError(f"dirichlet_alpha must be > 0, got {cfg.dirichlet_alpha}")
-
-
-SELECTIONS = ("last", "best")
 MONITORS = (
     "val_auroc",
     "val_ap",
@@ -81,7 +61,6 @@ MONITORS = (
 SURVIVAL_MONITORS = ("val_cindex",)  # survival data's (engines/validation.py exact_validation)
 # a site monitor's metric: personalization is a binary task's
 BINARY_MONITORS = tuple(m for m in MONITORS if m not in SURVIVAL_MONITORS)
-PERSONAL_MONITORS = ("mean", "worst", "weighted")  # engines/personal.py AGGREGATES
 SITE_MONITORS = tuple(f"site_{m}_{a}" for m in BINARY_MONITORS for a in PERSONAL_MONITORS)  # site_validation
 
 
@@ -110,11 +89,6 @@ def _monitor(cfg: RunConfig) -> None:
             )
 
 
-def _early_stopping(cfg: RunConfig) -> None:
-    if cfg.early_stopping < 0:
-        raise ConfigError(f"early_stopping must be ≥ 0 (0: off), got {cfg.early_stopping}")
-
-
 def _needs_validation(cfg: RunConfig) -> None:
     needs = (
         "selection = 'best'"
@@ -127,20 +101,21 @@ def _needs_validation(cfg: RunConfig) -> None:
         raise ConfigError(f"{needs} chooses on validation data: set data.validation (e.g. 0.2 or 'auto')")
 
 
-_selection = _each(  # ``selection``, ``monitor`` and ``early_stopping``; the last two need validation data
-    lambda c: _choice("selection", c.selection, SELECTIONS),
-    lambda c: _choice("personal_monitor", c.personal_monitor, PERSONAL_MONITORS),
-    _monitor,
-    _early_stopping,
-    _needs_validation,
-)
-
-
 def _stream_choice(cfg: RunConfig) -> None:
     from fedxrisk.data.stream_choice import STREAM_CHOICES
 
     if cfg.stream not in STREAM_CHOICES or not isinstance(cfg.stream, (bool, str)):
         raise ConfigError(f'data.stream must be true, false or "auto", got {cfg.stream!r}')
+
+
+def _missing(cfg: RunConfig) -> None:
+    from fedxrisk.data.missing import MISSING_DATASETS, POLICIES
+
+    _choice("data.on_missing", cfg.on_missing, POLICIES)
+    if cfg.on_missing != "error" and cfg.dataset not in MISSING_DATASETS:
+        raise ConfigError(
+            f"data.on_missing applies to {', '.join(MISSING_DATASETS)} CSVs, not {cfg.dataset!r}; drop it"
+        )
 
 
 def _workers(cfg: RunConfig) -> None:
@@ -158,47 +133,24 @@ def _on_bad_file(cfg: RunConfig) -> None:
     _choice("data.on_bad_file", cfg.on_bad_file, ON_BAD_FILE)
 
 
-def _missing(cfg: RunConfig) -> None:
-    from fedxrisk.data.missing import MISSING_DATASETS, POLICIES
-
-    _choice("data.on_missing", cfg.on_missing, POLICIES)
-    if cfg.on_missing != "error" and cfg.dataset not in MISSING_DATASETS:
-        raise ConfigError(
-            f"data.on_missing applies to {', '.join(MISSING_DATASETS)} CSVs, not {cfg.dataset!r}; drop it"
-        )
-
-
-def _parser(parse: Callable[[RunConfig], Any]) -> Callable[[RunConfig], None]:
-    """A rule from the data layer's own parser of a setting (its ValueError: the one-line refusal)."""
-
-    def one(cfg: RunConfig) -> None:
-        try:
-            parse(cfg)
-        except ConfigError:
-            raise
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-
-    return one
-
-
 def _reading(cfg: RunConfig) -> None:
-    """Memory budget, evaluation batch, normalization and cache: the data layer's own parsers."""
+    """Memory budget, evaluation batch, normalization and cache: the data layer's own parsers, whose
+    ValueError is the one-line refusal; each one's."""
     from fedxrisk.data.preprocessing import IMAGE_DATASETS, normalization
     from fedxrisk.data.stream_choice import check_cache, eval_batch_size, parse_bytes
 
-    _each(
-        _parser(lambda c: parse_bytes(c.memory_budget)),
-        _parser(lambda c: eval_batch_size((1,), 1, c.eval_batch_size)),
-        _parser(lambda c: normalization(c.normalize)),
-        _parser(lambda c: check_cache(c.cache, c.dataset, c.stream, IMAGE_DATASETS)),
-    )(cfg)
-
-
-def _image_size(cfg: RunConfig) -> None:
-    size = cfg.image_size
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 4096):
-        raise ConfigError(f"data.image_size must be an integer between 1 and 4096, got {size!r}")
+    errors = []
+    for parse in (
+        lambda: parse_bytes(cfg.memory_budget),
+        lambda: eval_batch_size((1,), 1, cfg.eval_batch_size),
+        lambda: normalization(cfg.normalize),
+        lambda: check_cache(cfg.cache, cfg.dataset, cfg.stream, IMAGE_DATASETS),
+    ):
+        try:
+            parse()
+        except ValueError as e:  # a ConfigError is one too
+            errors.append(e if isinstance(e, ConfigError) else ConfigError(str(e)))
+    raise_all(errors)
 
 
 def _augment(cfg: RunConfig) -> None:
@@ -227,28 +179,6 @@ def _num_samples(cfg: RunConfig) -> None:
         )
 
 
-FINITE = ("lr", "lr_decay", "window_growth", "dirichlet_alpha", "imratio", "dist_timeout")
-
-
-def _finite(name: str) -> Callable[[RunConfig], None]:
-    def one(cfg: RunConfig) -> None:
-        value = getattr(cfg, name, None)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number, got {value}")
-
-    return one
-
-
-def _seed(cfg: RunConfig) -> None:
-    if cfg.seed < 0:
-        raise ConfigError(f"seed must be ≥ 0, got {cfg.seed}")
-
-
-def _test_imratio(cfg: RunConfig) -> None:
-    if cfg.test_imratio is not None and not 0 < cfg.test_imratio < 1:
-        raise ConfigError(f'data.test_imratio must lie in (0, 1), or be "none", got {cfg.test_imratio}')
-
-
 def _positive_classes(cfg: RunConfig) -> None:
     if cfg.positive_classes is not None and len(cfg.positive_classes) == 0:
         raise ConfigError(
@@ -273,14 +203,6 @@ def _launch(cfg: RunConfig) -> None:
             raise ConfigError(str(e)) from None
 
 
-PERSONAL = ("none", "bn", "head")  # fedxrisk.problem.PERSONAL (this module imports no torch)
-
-
-def _finetune_steps(cfg: RunConfig) -> None:
-    if cfg.finetune_steps < 0:
-        raise ConfigError(f"finetune_steps must be ≥ 0 (0: no fine-tuning), got {cfg.finetune_steps}")
-
-
 def _personal_dp(cfg: RunConfig) -> None:
     if cfg.personal in PERSONAL[1:] and cfg.privacy and cfg.privacy.get("level", "client") == "client":
         raise ConfigError(
@@ -290,17 +212,9 @@ def _personal_dp(cfg: RunConfig) -> None:
 
 
 CHECKS: tuple[Callable[[RunConfig], None], ...] = (
-    _choice_of("algorithm", "algorithms"),
-    *(_choice_of(name, key) for name, key in (
-        ("dataset", "datasets"), ("partition", "partitions"), ("model", "models"), ("engine", "engines"),
-        ("buffer_policy", "buffer_policies"), ("pos_ratio_mode", "pos_ratio_modes"))),
-    _imratio,
-    *(_at_least(name, 1) for name in ("clients", "rounds", "batch_size", "eval_every", "stages")),
-    _lr, _checkpoint_every, _stream_choice, _workers, _on_bad_file, _missing, _reading,
-    _image_size, _augment, _image_dataset, _validation, _selection, _dirichlet_alpha,
-    *(_finite(name) for name in FINITE),
-    _seed, _test_imratio, _positive_classes, _clients_per_rank, _num_samples, _launch,
-    lambda c: _choice("personal", c.personal, PERSONAL), _finetune_steps, _personal_dp,
+    declared, _stream_choice, _workers, _on_bad_file, _missing, _reading, _augment,
+    _image_dataset, _validation, _monitor, _needs_validation, _positive_classes, _clients_per_rank,
+    _num_samples, _launch, _personal_dp,
     *combos.CHECKS,  # settings that meet each other (run/combos.py)
 )  # fmt: skip
 
@@ -336,6 +250,7 @@ def _schedule(cfg: RunConfig) -> None:
         or cfg.stages < 1
         or (cfg.lr is not None and cfg.lr <= 0)
         or cfg.resolved_local_steps() < 1
+        or not math.isfinite(cfg.lr_decay * cfg.window_growth)
     ):
         return
     try:

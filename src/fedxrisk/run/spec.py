@@ -1,14 +1,13 @@
-"""What defines a run (:class:`RunConfig`) and its optional first stage, without importing torch.
+"""What defines a run (:class:`RunConfig`), without importing torch.
 
 The bottom of the run layer and the one schema of a run: every setting is a
-:class:`RunConfig` field declared with :func:`setting`, which records its default,
-its config-file section, its help text and its command-line flag. The config
-file's sections (:mod:`fedxrisk.run.configfile`), the flags of ``fedxrisk run``
-(:mod:`fedxrisk.cli.flags`) and ``fedxrisk check`` are read from these fields
-(:func:`settings`). Default step sizes and windows come from the catalogue
-(:mod:`fedxrisk.catalog`), which is the live algorithm registry once that is
-loaded. :func:`pretrain_config` derives a two-stage run's first stage
-(``[pretrain]``, see :mod:`fedxrisk.run.recipes`).
+:class:`RunConfig` field declared with :func:`~fedxrisk.run.fields.setting`, which
+records its default, its config-file section, its help text, its command-line flag
+and the values it allows. The config file's sections (:mod:`fedxrisk.run.configfile`),
+the flags of ``fedxrisk run`` (:mod:`fedxrisk.cli.flags`) and ``fedxrisk check`` are
+read from these fields (:func:`settings`). Default step sizes and windows come from
+the catalogue (:mod:`fedxrisk.catalog`), which is the live algorithm registry once
+that is loaded. A two-stage run's first stage: :mod:`fedxrisk.run.stage`.
 """
 
 from __future__ import annotations
@@ -16,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass
 from typing import Any, NamedTuple
 
 from fedxrisk.catalog import algorithm  # registry facts without torch
 from fedxrisk.engines.launch import DEFAULT_TIMEOUT  # the engine owns it; torch-free
 from fedxrisk.errors import ConfigError  # noqa: F401  (re-exported)
+from fedxrisk.run.fields import COUNT, PERSONAL, PERSONAL_MONITORS, POSITIVE, SELECTIONS, Allowed, setting
 
 DEFAULT_LOCAL_STEPS = 8
 # the config file's tables, in the order a config file lists them; RunConfig's fields follow it
@@ -35,21 +35,6 @@ PARTICIPATION_DEFAULTS = (
 )
 
 
-def setting(
-    default: Any = MISSING,
-    *,
-    section: str | None,
-    help: str,  # noqa: A002  (click's word for it)
-    flag: str | None = None,
-    short: str | None = None,
-    factory: Any = MISSING,
-) -> Any:
-    """A :class:`RunConfig` field: its default, the config table it is written in (``None``: a table
-    of its own), a one-line help text and its ``fedxrisk run`` flag (``None``: ``--set`` only)."""
-    meta = {"section": section, "help": help, "flag": flag, "short": short}
-    return field(default=default, default_factory=factory, metadata=meta)
-
-
 @dataclass
 class RunConfig:
     """Everything that defines a run, one field per setting (see :func:`setting`); ``options`` holds
@@ -57,18 +42,31 @@ class RunConfig:
 
     # [experiment]
     seed: int = setting(
-        0, section="experiment", help="seed of the data split, model and sampling", flag="--seed"
+        0,
+        section="experiment",
+        help="seed of the data split, model and sampling",
+        flag="--seed",
+        allowed=Allowed(at_least=0),
     )
-    rounds: int = setting(100, section="experiment", help="communication rounds", flag="--rounds")
-    eval_every: int = setting(5, section="experiment", help="rounds between evaluations", flag="--eval-every")
+    rounds: int = setting(
+        100, section="experiment", help="communication rounds", flag="--rounds", allowed=COUNT
+    )
+    eval_every: int = setting(
+        5, section="experiment", help="rounds between evaluations", flag="--eval-every", allowed=COUNT
+    )
     checkpoint_every: int = setting(
-        10, section="experiment", help="rounds between checkpoints (0: none)", flag="--checkpoint-every"
+        10,
+        section="experiment",
+        help="rounds between checkpoints (0: none)",
+        flag="--checkpoint-every",
+        allowed=Allowed(at_least=0, note=" (0: no checkpoints)"),
     )
     tensorboard: bool = setting(True, section="experiment", help="write TensorBoard events when installed")
     selection: str = setting(
         "last",
         section="experiment",
         help='model.pt: "last" (the final model) or "best" (best validation evaluation)',
+        allowed=Allowed(choices=SELECTIONS),
     )
     monitor: str | None = setting(
         None,
@@ -80,12 +78,22 @@ class RunConfig:
         section="experiment",
         help="a personalized run chooses on its sites' own models: mean | worst | weighted (by validation "
         "rows) of their validation values; docs/personalization.md",
+        allowed=Allowed(choices=PERSONAL_MONITORS),
     )
     early_stopping: int = setting(
-        0, section="experiment", help="stop after this many evaluations without improvement (0: off)"
+        0,
+        section="experiment",
+        help="stop after this many evaluations without improvement (0: off)",
+        allowed=Allowed(at_least=0, note=" (0: off)"),
     )
     # [data]
-    dataset: str = setting("digits", section="data", help="see `fedxrisk list`", flag="--dataset")
+    dataset: str = setting(
+        "digits",
+        section="data",
+        help="see `fedxrisk list`",
+        flag="--dataset",
+        allowed=Allowed(choices="datasets"),
+    )
     data_dir: str | None = setting(
         None, section="data", help="folder of a file dataset (see docs/data.md)", flag="--data-dir"
     )
@@ -93,11 +101,22 @@ class RunConfig:
         0.1, section="data", flag="--imratio",
         help="positive ratio kept in training data; 'none' keeps the data's own (the default for any dataset "
         "but the resampled benchmarks: synthetic, digits, breast_cancer, mnist1d, mnist, fashionmnist, cifar*, stl10)",
+        allowed=Allowed(above=0, below=1, finite=True),
     )  # fmt: skip
-    partition: str = setting("class", section="data", help="see `fedxrisk list`", flag="--partition")
-    clients: int = setting(8, section="data", help="clients K", flag="--clients", short="-K")
+    partition: str = setting(
+        "class",
+        section="data",
+        help="see `fedxrisk list`",
+        flag="--partition",
+        allowed=Allowed(choices="partitions"),
+    )
+    clients: int = setting(8, section="data", help="clients K", flag="--clients", short="-K", allowed=COUNT)
     dirichlet_alpha: float = setting(
-        0.5, section="data", help="concentration of the dirichlet partition", flag="--dirichlet-alpha"
+        0.5,
+        section="data",
+        help="concentration of the dirichlet partition",
+        flag="--dirichlet-alpha",
+        allowed=POSITIVE,
     )
     positive_classes: list[int | str] | None = setting(
         None, section="data", help="class ids or names of the positive class; none: the upper half"
@@ -109,7 +128,10 @@ class RunConfig:
         '["cleveland"]: a local-only baseline); the test set stays whole; none: every site',
     )
     test_imratio: float | None = setting(
-        None, section="data", help="positive ratio of the test set; none: the test set's own prevalence"
+        None,
+        section="data",
+        help="positive ratio of the test set; none: the test set's own prevalence",
+        allowed=Allowed(above=0, below=1, note=', or be "none"'),
     )
     clients_per_round: int | float | None = setting(
         None, section="data", flag="--clients-per-round",
@@ -124,7 +146,9 @@ class RunConfig:
     participation_seed: int | None = setting(
         None, section="data", help="seed of the clients drawn each round; none: the run seed"
     )
-    batch_size: int = setting(32, section="data", help="samples per local step", flag="--batch-size")
+    batch_size: int = setting(
+        32, section="data", help="samples per local step", flag="--batch-size", allowed=COUNT
+    )
     allow_missing_class: bool = setting(
         False, section="data", help="train even if a client lacks a class", flag="--allow-missing-class"
     )
@@ -142,7 +166,9 @@ class RunConfig:
         "auto", section="data", help="file datasets: decode from disk while training (true, false, auto)"
     )
     workers: int | None = setting(
-        None, section="data", help="decoding worker processes when streaming; none: half the cores"
+        None,
+        section="data",
+        help="decoding worker processes when streaming; none: half the cores",
     )
     memory_budget: int | str | None = setting(
         None, section="data", help='"auto" streams above it, e.g. "4GB"; none: a quarter of the RAM'
@@ -157,13 +183,18 @@ class RunConfig:
         'or "impute" (each site its own training mean); docs/data.md',
     )
     on_bad_file: str = setting(
-        "error", section="data", help='an undecodable file met while streaming: "error" or "skip"'
+        "error",
+        section="data",
+        help='an undecodable file met while streaming: "error" or "skip"',
     )
     validation: float | str = setting(
         0.0, section="data", help='per-client validation: a fraction, "official" or "auto"; 0: none'
     )
     image_size: int | None = setting(
-        None, section="data", help="image datasets: resize to S×S; none: the reader's default (32 or 224)"
+        None,
+        section="data",
+        help="image datasets: resize to S×S; none: the reader's default (32 or 224)",
+        allowed=Allowed(at_least=1, at_most=4096),
     )
     normalize: str | dict | None = setting(
         None, section="data", help='images: "none", "imagenet" or {mean = [...], std = [...]} per channel'
@@ -177,13 +208,20 @@ class RunConfig:
         help="streamed images: decode once into a file; true: the user cache, or a path",
     )
     # [model]
-    model: str = setting("mlp", section="model", help="see `fedxrisk list`", flag="--model")
+    model: str = setting(
+        "mlp", section="model", help="see `fedxrisk list`", flag="--model", allowed=Allowed(choices="models")
+    )
     buffer_policy: str = setting(
-        "average", section="model", help="BatchNorm statistics: average | local", flag="--buffer-policy"
+        "average",
+        section="model",
+        help="BatchNorm statistics: average | local",
+        flag="--buffer-policy",
+        allowed=Allowed(choices="buffer_policies"),
     )
     personal: str = setting(
         "none", section="model", flag="--personal",
         help="entries kept per site: none, bn (FedBN) or head (FedPer); docs/personalization.md",
+        allowed=Allowed(choices=PERSONAL),
     )  # fmt: skip
     init_from: str | None = setting(
         None, section="model", flag="--init-from",
@@ -197,31 +235,56 @@ class RunConfig:
     )
     # [algorithm]
     algorithm: str = setting(
-        "codasca", section="algorithm", help="see `fedxrisk list`", flag="--algorithm", short="-a"
+        "codasca",
+        section="algorithm",
+        help="see `fedxrisk list`",
+        flag="--algorithm",
+        short="-a",
+        allowed=Allowed(choices="algorithms"),
     )
     lr: float | None = setting(
         None,
         section="algorithm",
         help="step size (default: the algorithm's, see `fedxrisk list`)",
         flag="--lr",
+        allowed=POSITIVE,
     )
     local_steps: int | None = setting(
         None, section="algorithm", flag="--local-steps", short="-I",
         help=f"window I; none: the algorithm's fixed window, else {DEFAULT_LOCAL_STEPS}",
     )  # fmt: skip
-    stages: int = setting(3, section="algorithm", help="lr ÷ lr-decay per stage", flag="--stages")
+    stages: int = setting(
+        3, section="algorithm", help="lr ÷ lr-decay per stage", flag="--stages", allowed=COUNT
+    )
     finetune_steps: int = setting(
         0, section="algorithm", flag="--finetune-steps",
         help="local steps per site after training, each site keeping its model (0: none)",
+        allowed=Allowed(at_least=0, note=" (0: no fine-tuning)"),
     )  # fmt: skip
-    lr_decay: float = setting(3.0, section="algorithm", help="step size divisor per stage", flag="--lr-decay")
-    window_growth: float = setting(1.0, section="algorithm", help="window multiplier per stage")
+    lr_decay: float = setting(
+        3.0,
+        section="algorithm",
+        help="step size divisor per stage",
+        flag="--lr-decay",
+        allowed=Allowed(finite=True),
+    )
+    window_growth: float = setting(
+        1.0, section="algorithm", help="window multiplier per stage", allowed=Allowed(finite=True)
+    )
     pos_ratio_mode: str = setting(
-        "global", section="algorithm", help="global | local | batch", flag="--pos-ratio"
+        "global",
+        section="algorithm",
+        help="global | local | batch",
+        flag="--pos-ratio",
+        allowed=Allowed(choices="pos_ratio_modes"),
     )
     # [engine]
     engine: str = setting(
-        "vmap", section="engine", help="loop | vmap | compile | auto | distributed", flag="--engine"
+        "vmap",
+        section="engine",
+        help="loop | vmap | compile | auto | distributed",
+        flag="--engine",
+        allowed=Allowed(choices="engines"),
     )
     device: str = setting(
         "cpu", section="engine", help="torch device: cpu, cuda, cuda:N, mps", flag="--device"
@@ -232,7 +295,7 @@ class RunConfig:
     )  # fmt: skip
     dist_timeout: float = setting(
         DEFAULT_TIMEOUT, section="engine", help="distributed: seconds before a collective fails",
-        flag="--dist-timeout",
+        flag="--dist-timeout", allowed=Allowed(finite=True),
     )  # fmt: skip
     # tables of their own
     pretrain: dict[str, Any] | None = setting(
@@ -264,7 +327,7 @@ class RunConfig:
         if self.positives_per_batch or "positives_per_batch" in self.options:
             return self.positives_per_batch or self.options["positives_per_batch"]
         own = (algorithm(self.algorithm) or {}).get("hyperparameters", {}).get("positives_per_batch", 0)
-        return own if own < self.batch_size else max(1, self.batch_size // 2)
+        return own if own < self.batch_size or not own else max(1, self.batch_size // 2)
 
     def resolved_monitor(self) -> str:
         """The column selection, early stopping and ``tune`` follow: ``monitor``, else the algorithm's
@@ -312,6 +375,7 @@ class Setting(NamedTuple):
     help: str
     flag: str | None  # `fedxrisk run`'s flag; None: --set only
     short: str | None
+    allowed: Allowed | None  # the values it allows beyond its type (run/rules.py declared)
 
 
 def settings() -> dict[str, Setting]:
@@ -326,55 +390,7 @@ def _settings() -> dict[str, Setting]:
     for f in dataclasses.fields(RunConfig):
         default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
         m = f.metadata
-        out[f.name] = Setting(f.name, default, hints[f.name], m["section"], m["help"], m["flag"], m["short"])
-    return out
-
-
-def non_default(cfg: RunConfig) -> dict[str, Any]:
-    """The settings of ``cfg`` that differ from their defaults (``fedxrisk check`` prints them)."""
-    return {n: getattr(cfg, n) for n, s in settings().items() if getattr(cfg, n) != s.default}
-
-
-PRETRAIN_ALGORITHM = "localsgdm"  # cross-entropy FedAvg with local momentum
-CENTRALIZED = "centralized"  # PRETRAIN_ALGORITHM on one client holding all training data
-STAGE_KEYS = (
-    "algorithm", "rounds", "lr", "local_steps", "batch_size", "stages", "lr_decay", "window_growth",
-    "eval_every", "checkpoint_every", "reset_head",
-)  # fmt: skip
-INHERITED = ("rounds", "batch_size", "stages", "lr_decay", "window_growth", "eval_every", "checkpoint_every")
-
-
-def stage_algorithm(name: str) -> str:
-    """The registry key a ``pretrain.algorithm`` value trains with."""
-    return PRETRAIN_ALGORITHM if name == CENTRALIZED else name
-
-
-def check_stage_algorithm(name: Any) -> None:
-    """``pretrain.algorithm`` is ``centralized`` or a registered algorithm."""
-    from fedxrisk.catalog import table
-
-    if name != CENTRALIZED and algorithm(name) is None:
-        raise ConfigError(
-            f"pretrain.algorithm: unknown algorithm {name!r}; choose {CENTRALIZED!r} or one of {sorted(table('algorithms'))}"
+        out[f.name] = Setting(
+            f.name, default, hints[f.name], m["section"], m["help"], m["flag"], m["short"], m["allowed"]
         )
-
-
-def pretrain_config(cfg: RunConfig) -> RunConfig:
-    """The first stage's RunConfig: ``cfg`` with the ``[pretrain]`` settings applied."""
-    if cfg.pretrain is None:
-        raise ValueError("this config has no [pretrain] section")
-    p = dict(cfg.pretrain)
-    name = p.pop("algorithm", PRETRAIN_ALGORITHM)
-    stage = {k: p.pop(k) for k in STAGE_KEYS if k in p}
-    changes: dict[str, Any] = {k: stage[k] for k in INHERITED if k in stage}
-    changes |= {
-        "algorithm": stage_algorithm(name),
-        "lr": stage.get("lr"),
-        "local_steps": stage.get("local_steps"),
-        "options": p,  # what is left: the pretrain algorithm's hyperparameters
-        "reset_head": stage.get("reset_head", False),
-        "pretrain": None,
-    }
-    if name == CENTRALIZED:
-        changes |= {"clients": 1, "partition": "iid", "clients_per_rank": 1}
-    return dataclasses.replace(cfg, **changes)
+    return out

@@ -20,7 +20,8 @@ from typing import Any
 from fedxrisk.errors import ConfigError
 from fedxrisk.run.configfile import NESTED, PRIVACY, SECTIONS, SERVER, SERVER_KEYS, _fields, parse_value
 from fedxrisk.run.configtypes import hyperparameter_types
-from fedxrisk.run.spec import STAGE_KEYS, RunConfig
+from fedxrisk.run.spec import RunConfig
+from fedxrisk.run.stage import STAGE_KEYS
 
 INT_FIELDS = ("local_steps", "batch_size", "rounds", "stages", "positives_per_batch")
 FLOAT_FIELDS = ("lr", "lr_decay", "window_growth", "dirichlet_alpha")
