@@ -21,6 +21,21 @@ import pytest
 
 from helpers import TINY_RUN, write_image_folder
 
+# modules of real processes that take minutes: collected first, so that pytest-xdist (pyproject.toml's
+# ``-n auto --dist loadfile``: one module per worker) starts them while other workers take the rest
+LONG_FIRST = (
+    "test_flower_deploy.py",
+    "test_flower_evaluate_deploy.py",
+    "test_one_path.py",
+    "test_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules of :data:`LONG_FIRST` first, in that order; the rest as collected."""
+    rank = {name: k for k, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
+
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:

@@ -10,10 +10,10 @@ starts, and the runs are as short as the checks allow.
 
 Three runs submitted together are checked against the loop engine: CODASCA over
 two rounds (state kept in the node's context across messages and rounds,
-``mean``), CODASCA over one round with ``secure-aggregation = true`` (every
-exchange through Flower's SecAgg+ workflow and mod; equal to the quantization's
-tolerance) and
-FeDXL2 over one round (its ``begin`` hook and ``pool``); the
+``mean``), FeDXL2 over one round (its ``begin`` hook and ``pool``) and
+tests/test_one_path.py's config (DP, validation, ``selection = "best"`` and
+``secure-aggregation = true``: every exchange through Flower's SecAgg+ workflow
+and mod; ``fedxrisk run``'s model to the quantization's tolerance); the
 other algorithms' numbers are checked through the same protocol in-process
 (test_flower_protocol.py). ``flwr log`` shows CODASCA's ``[fedxrisk] round
 k/R`` lines; the unregistered SuperNode was refused. Last, a SuperNode is
@@ -49,7 +49,6 @@ SPLIT = {"partition": "iid", "imratio": 0.3, "seed": 0}
 SETTINGS = {"local-steps": 2, "batch-size": 8, "lr": 0.1, "stages": 1, "test-data": "digits", **SPLIT}
 SETTINGS |= {"eval-every": 1, "min-nodes": 2}
 ALGORITHM_ROUNDS = {"codasca": 2, "fedxl2": 1}  # 4 and 5 messages per site
-SECURE_ROUNDS = 1  # CODASCA through Flower's SecAgg+: 1 + 2 × 4 messages per site (multi-round: in-process)
 SECURE_TOL = 1e-5  # each secure mean is within 2R/levels = 1.2e-7 of the plain one (R = 64, 2 sites)
 # tests/test_one_path.py's config through flwr run (DP, validation, selection = best, SecAgg+); lr and
 # stages back to what fedxrisk run resolves (the default lr; the default 3 stages capped at the 2
@@ -94,9 +93,6 @@ def runs(federation, tmp_path_factory):
         )
         for name, rounds in ALGORITHM_ROUNDS.items()
     }
-    ids["codasca-secure"] = federation.submit(
-        root / "codasca-secure", algorithm="codasca", rounds=SECURE_ROUNDS, **{"secure-aggregation": True}
-    )
     ids["one-path"] = federation.submit(root / "one-path", algorithm="codasca", **ONE_PATH)
     return {
         name: (run, root / name, federation.wait_summary(root / name, RUN_WAIT)) for name, run in ids.items()
@@ -151,35 +147,25 @@ def test_flower_runs_over_tls_match_the_loop_engine(runs, name):
     assert summary["communication"] == sim.ledger.summary()
 
 
-def test_flower_secagg_over_tls_gives_the_plain_model(federation, runs):
-    """secure-aggregation = true: every mean through Flower's SecAgg+ workflow and mod; the loop
-    engine's model to the quantization's tolerance, and the ServerApp log shows the protocol."""
-    run, out, summary = runs["codasca-secure"]
-    assert summary["status"] == "completed", summary["error"]
-    sim, params, metrics = _reference("codasca", SECURE_ROUNDS)
-    assert 0 < max_abs_diff(torch.load(out / "model.pt")["params"], params) < SECURE_TOL
-    for key in ("test_auroc", "test_ap"):
-        assert summary["final"][key] == pytest.approx(metrics[key], abs=SECURE_TOL), key
-    assert summary["final"]["client_auroc_mean"] is None  # not released under SecAgg+
-    assert summary["communication"] == sim.ledger.summary()
-    logs = federation.flwr("log", str(run), "secure", "--show").stdout
-    assert logs.count("Secure aggregation completed") == 2, logs[-3000:]  # one per step exchange
-
-
-def test_one_config_over_real_processes_equals_fedxrisk_run(runs, tmp_path):
+def test_one_config_over_real_processes_equals_fedxrisk_run(federation, runs, tmp_path):
     """Issue 31's one path with real SuperNodes: the config of tests/test_one_path.py gives
-    fedxrisk run's (loop engine's) model.pt, history columns, ε and selected round."""
+    fedxrisk run's (loop engine's) model.pt (to SecAgg+'s quantization: every mean went through
+    Flower's SecAgg+ workflow and mod), history columns, ε, communication and selected round."""
     from fedxrisk.run.configfile import load_config
     from fedxrisk.run.recipes import run_experiment
     from test_one_path import CONFIG, _column, _header
 
-    _, out, summary = runs["one-path"]
+    run, out, summary = runs["one-path"]
     assert summary["status"] == "completed", summary["error"]
     (tmp_path / "run.toml").write_text(CONFIG)
     cfg = load_config(tmp_path / "run.toml", ["engine.engine=loop"])
     ref = run_experiment(cfg, tmp_path / "loop").summary
     a, b = torch.load(tmp_path / "loop" / "model.pt"), torch.load(out / "model.pt")
-    assert max_abs_diff(a["params"], b["params"]) < SECURE_TOL
+    assert 0 < max_abs_diff(a["params"], b["params"]) < SECURE_TOL  # > 0: SecAgg+'s quantization
+    assert summary["final"]["client_auroc_mean"] is None  # no site's own AUROC under SecAgg+
+    assert summary["communication"] == ref["communication"]
+    logs = federation.flwr("log", str(run), "secure", "--show").stdout
+    assert "Secure aggregation completed" in logs, logs[-3000:]  # Flower's SecAgg+ workflow ran
     assert _header(out) == _header(tmp_path / "loop")
     for key in ("epsilon", "epsilon_replace_one"):
         assert _column(out, key) == pytest.approx(_column(tmp_path / "loop", key), rel=1e-9), key

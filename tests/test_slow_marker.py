@@ -47,7 +47,7 @@ def test_the_real_process_tests_are_slow_and_their_cheap_neighbours_are_not():
         "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n0", "-m", "slow", "-p", "no:cacheprovider",
          *(str(TESTS / m) for m in modules)],
         cwd=TESTS.parent, env=env, capture_output=True, text=True,
     )  # fmt: skip

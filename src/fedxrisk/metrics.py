@@ -7,7 +7,6 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from fedxrisk.data.federated import FederatedData
 from fedxrisk.problem import Problem
@@ -25,12 +24,16 @@ def _rankable(scores: np.ndarray) -> np.ndarray | None:
 
 def auroc(y: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve; NaN when ``y`` holds a single class or a score is NaN."""
+    from sklearn.metrics import roc_auc_score  # on first use, as the others: not at a Flower site's start
+
     ranked = _rankable(scores)
     return float(roc_auc_score(y, ranked)) if ranked is not None and 0 < y.sum() < len(y) else math.nan
 
 
 def average_precision(y: np.ndarray, scores: np.ndarray) -> float:
     """Average precision (area under the precision-recall curve); NaN without positives or with NaN scores."""
+    from sklearn.metrics import average_precision_score
+
     ranked = _rankable(scores)
     return float(average_precision_score(y, ranked)) if ranked is not None and y.sum() > 0 else math.nan
 
@@ -45,6 +48,8 @@ def partial_auroc(y: np.ndarray, scores: np.ndarray, max_fpr: float, mcclish: bo
     (the ROC curve interpolated linearly at max_fpr). ``mcclish=True``: scikit-learn's
     McClish-standardized value ``roc_auc_score(max_fpr=...)`` (0.5 = chance, 1 = perfect).
     """
+    from sklearn.metrics import roc_auc_score, roc_curve
+
     if not 0.0 < max_fpr <= 1.0:
         raise ValueError(f"max_fpr must lie in (0, 1], got {max_fpr}")
     scores = _rankable(scores)

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.stats import binom
 
 OVERFLOW = 1e-12  # P(a Poisson batch holds more records than its capacity), per client and step
 PADDING = -1  # the position of an empty slot of a padded Poisson batch
@@ -188,6 +187,8 @@ class ClassSampler(ClientSampler):
 def poisson_capacity(shard_sizes: Sequence[int], batch_size: int, overflow: float = OVERFLOW) -> int:
     """Slots of a padded Poisson batch: the smallest c with P(Binomial(n_k, q_k) > c) ≤ ``overflow``
     for every shard (q_k = min(1, B/n_k)); one width for all clients, so vmap sees equal shapes."""
+    from scipy.stats import binom  # on first use: scipy.stats costs a Flower site's every process ~0.7 s
+
     return max(int(binom.isf(overflow, n, min(1.0, batch_size / n))) for n in shard_sizes)
 
 

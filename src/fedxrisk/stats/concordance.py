@@ -29,7 +29,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
 
 
 def _survival_arrays(times, events, scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -75,6 +74,8 @@ def concordance(times, events, scores, level: float = 0.95) -> Concordance:
     O(n²) memory and time (n = a few thousand subjects is fine). Raises ValueError
     when no pair is comparable (no events, or only simultaneous events).
     """
+    from scipy.stats import norm  # on first use: scipy.stats is slow to import
+
     t, e, s = _survival_arrays(times, events, scores)
     m = comparable_pairs(t, e)
     b = m.sum()

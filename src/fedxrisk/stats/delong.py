@@ -30,7 +30,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
 
 
 def midranks(x: np.ndarray) -> np.ndarray:
@@ -90,6 +89,8 @@ def delong(y: np.ndarray, scores: np.ndarray, level: float = 0.95) -> DeLong:
 
 def wald_interval(auroc: float, variance: float, level: float = 0.95) -> tuple[float, float]:
     """auroc ± z_{(1+level)/2}·√variance, clipped to [0, 1]."""
+    from scipy.stats import norm  # on first use: scipy.stats is slow to import
+
     if math.isnan(variance) or math.isnan(auroc):
         return math.nan, math.nan
     half = float(norm.ppf(0.5 + level / 2)) * math.sqrt(variance)
@@ -124,6 +125,8 @@ def delong_paired(
 
     NaN fields when a class has fewer than 2 samples or a score is NaN (AUROCs kept when defined).
     """
+    from scipy.stats import norm  # on first use: scipy.stats is slow to import
+
     y = np.asarray(y).astype(bool)
     s1, s2 = np.asarray(scores1, dtype=np.float64), np.asarray(scores2, dtype=np.float64)
     if s1.shape != y.shape or s2.shape != y.shape:

@@ -50,7 +50,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
 
 from fedxrisk.stats.delong import wald_interval
 from fedxrisk.stats.histogram import (
@@ -204,6 +203,8 @@ def federated_delong(
     total: np.ndarray, moments: np.ndarray, model: int = 0, level: float = 0.95, max_fpr: float = 0.3
 ) -> FederatedAUROC:
     """Model ``model``'s pooled AUROC from the pooled histograms ``[M, 2, B + 1]`` and pooled moments."""
+    from scipy.stats import norm  # on first use: scipy.stats is slow to import
+
     totals = np.asarray(total)
     t = totals[model]
     P, N = int(t[1, :-1].sum()), int(t[0, :-1].sum())
@@ -262,6 +263,8 @@ class FederatedPaired:
 
 def federated_paired(total: np.ndarray, moments: np.ndarray, level: float = 0.95) -> FederatedPaired:
     """DeLong's paired test of models 0 and 1 (same patients) from pooled ``[2, 2, B + 1]`` histograms and moments."""
+    from scipy.stats import norm  # on first use: scipy.stats is slow to import
+
     totals = np.asarray(total)
     if len(totals) != 2:
         raise ValueError(f"the paired test needs 2 models' histograms, got {len(totals)}")
