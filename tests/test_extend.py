@@ -109,3 +109,20 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_in_one_line_and_the_f
         assert {"extra": "server_opt.", "missing": "it lacks server_opt.v.net.0.bias"}[mend] in line
         assert "Traceback" not in result.output
         assert _files(tmp_path / "run") == before  # nothing rewritten
+
+
+def test_a_two_stage_resume_with_a_new_step_size_keeps_config_toml_when_its_checkpoint_is_refused(tmp_path):
+    """``--resume RUN --set algorithm.lr=…`` of a two-stage run rewrote config.toml before its
+    checkpoint was read; a checkpoint that does not fit now leaves every file as it was."""
+    cfg = RunConfig(algorithm="localsgdm", model="mlp", rounds=2, pretrain={"rounds": 1}, **CFG)
+    run_experiment(cfg, tmp_path / "run")
+    (tmp_path / "run" / "summary.json").unlink()  # killed after its last checkpoint
+    ckpt = torch.load(tmp_path / "run" / "final_state.pt", weights_only=False)
+    ckpt["simulation"]["states"]["w"]["bogus"] = torch.zeros(3, 1)  # an entry the run has not
+    torch.save(ckpt, tmp_path / "run" / "checkpoint.pt")
+    before = _files(tmp_path / "run")
+    result = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "run"), "--set", "algorithm.lr=0.05"])
+    assert result.exit_code == 2, result.output
+    [line] = [x for x in result.output.splitlines() if x.startswith("Error:")]
+    assert "the checkpoint's saved state does not fit this run" in line and "bogus" in line, line
+    assert _files(tmp_path / "run") == before  # config.toml included

@@ -34,7 +34,7 @@ stage starts. Run folder::
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,15 +134,14 @@ def resume_experiment(
     if overrides:
         cfg = resume_overrides(cfg, overrides)
     checked = checks.checked(cfg)
+    loaded = (lambda: write_config(out, cfg)) if overrides else None  # once the saved state loads
     if cfg.pretrain is not None:
-        if overrides:
-            write_config(out, cfg)
-        return resume_two_stage(checked, out, ckpt, callback, callbacks)
+        return resume_two_stage(checked, out, ckpt, callback, callbacks, loaded)
     setup = build(checked, privacy_ledger=ckpt.get("privacy_ledger") if ckpt else None)
     if ckpt is not None:
         setup.simulation.load_state_dict(ckpt["simulation"])  # a checkpoint that does not fit: refused
-    if overrides:
-        write_config(out, cfg)  # once the run can go on: a refusal leaves config.toml as it was
+    if loaded:
+        loaded()  # the run can go on: a refusal leaves config.toml as it was
     folder = RunFolder(out, setup.simulation.is_primary)
     return train(setup, folder, default_callbacks(callback, callbacks), ckpt)
 
@@ -320,8 +319,10 @@ def _main_stage(
     ckpt: dict[str, Any] | None,
     data_from: Setup | None = None,
     stage1: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    loaded: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Build the main stage from stage 1's network (``stage1``, else ``out/pretrain``) and train it."""
+    """Build the main stage from stage 1's network (``stage1``, else ``out/pretrain``) and train it;
+    ``loaded()`` once the checkpoint (if any) has loaded."""
     if stage1 is None:
         stage1 = _summary_of(out / PRETRAIN_DIR), None
     pre, weights = stage1
@@ -333,6 +334,8 @@ def _main_stage(
     }
     if ckpt is not None:
         setup.simulation.load_state_dict(ckpt["simulation"])
+    if loaded:
+        loaded()
     return train(setup, RunFolder(out, setup.simulation.is_primary), callbacks, ckpt)
 
 
@@ -369,8 +372,10 @@ def resume_two_stage(
     ckpt: dict[str, Any] | None,
     callback: ProgressFn | None = None,
     callbacks: Sequence[Callback] = (),
+    loaded: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Continue a killed two-stage run: finish stage 1 if needed, then the main stage."""
+    """Continue a killed two-stage run: finish stage 1 if needed, then the main stage; ``loaded()``
+    once the saved state it continues from has loaded (``config.toml`` rewritten only then)."""
     checked = checks.checked(cfg)
     folder = out / PRETRAIN_DIR
     stage1 = None
@@ -382,6 +387,11 @@ def resume_two_stage(
             pre.simulation.load_state_dict(pre_ckpt["simulation"])
         else:  # killed before stage 1's first checkpoint
             pre_folder.start(pre.config)
+        if loaded:
+            loaded()
+            loaded = None
         stage1 = _finish_stage1(pre, pre_folder, default_callbacks(callback, callbacks), pre_ckpt)
         del pre, pre_ckpt  # stage 1's client states
-    return _main_stage(checked, out, default_callbacks(callback, callbacks), ckpt, stage1=stage1)
+    return _main_stage(
+        checked, out, default_callbacks(callback, callbacks), ckpt, stage1=stage1, loaded=loaded
+    )
