@@ -121,7 +121,9 @@ def test_a_two_stage_resume_with_a_new_step_size_keeps_config_toml_when_its_chec
     ckpt["simulation"]["states"]["w"]["bogus"] = torch.zeros(3, 1)  # an entry the run has not
     torch.save(ckpt, tmp_path / "run" / "checkpoint.pt")
     before = _files(tmp_path / "run")
-    result = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "run"), "--set", "algorithm.lr=0.05"])
+    result = CliRunner().invoke(
+        main, ["run", "--resume", str(tmp_path / "run"), "--set", "algorithm.lr=0.05"]
+    )
     assert result.exit_code == 2, result.output
     [line] = [x for x in result.output.splitlines() if x.startswith("Error:")]
     assert "the checkpoint's saved state does not fit this run" in line and "bogus" in line, line
